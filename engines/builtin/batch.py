@@ -1,0 +1,166 @@
+"""Turns one scheduled step into model inputs and the attention metadata of all layers."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from parrot.engines.builtin.attention.base import (
+    AttentionBatch,
+    DecodeGroup,
+    PrefillSeq,
+    SharedPrefixGroup,
+)
+from parrot.engines.builtin.context import Context
+
+
+@dataclass(frozen=True)
+class SharedPrefixPolicy:
+    """When the shared-prefix attention path is worth taking (measured in the benchmark)."""
+
+    enabled: bool = True
+    min_seqs: int = 2
+    min_prefix_tokens: int = 16
+
+
+@dataclass
+class StepItem:
+    """Compute ``num_tokens`` tokens of a context from ``start``; then sample if ``sample``.
+
+    ``num_tokens == 0`` with ``sample`` means the context is fully computed and its stored
+    last hidden state is sampled from directly.
+    """
+
+    context: Context
+    start: int
+    num_tokens: int
+    sample: bool
+
+
+@dataclass(frozen=True)
+class StepInputs:
+    input_ids: torch.Tensor  # [num_tokens]
+    positions: torch.Tensor  # [num_tokens]
+    attention: AttentionBatch
+    last_rows: list[int]  # per item, the row of its last computed token (-1 if none)
+
+
+def build_step(
+    items: list[StepItem], block_size: int, policy: SharedPrefixPolicy, device: torch.device
+) -> StepInputs:
+    ids: list[int] = []
+    positions: list[int] = []
+    slots: list[int] = []
+    last_rows: list[int] = []
+    token_start: list[int] = []
+    for item in items:
+        ctx = item.context
+        token_start.append(len(ids))
+        end = item.start + item.num_tokens
+        ids.extend(ctx.token_ids[item.start : end])
+        pos = range(item.start, end)
+        positions.extend(pos)
+        slots.extend(ctx.blocks[p // block_size] * block_size + p % block_size for p in pos)
+        last_rows.append(len(ids) - 1 if item.num_tokens else -1)
+
+    computed = [i for i, item in enumerate(items) if item.num_tokens]
+    kv_start = dict.fromkeys(computed, 0)
+    groups = _shared_groups(items, computed, block_size, policy, kv_start)
+
+    decode_idx = [i for i in computed if items[i].num_tokens == 1]
+    decode = (
+        _decode_group(items, decode_idx, token_start, kv_start, block_size, device) if decode_idx else None
+    )
+    prefills = tuple(
+        _prefill_seq(items[i], token_start[i], kv_start[i], block_size, device)
+        for i in computed
+        if items[i].num_tokens > 1
+    )
+    shared = tuple(
+        SharedPrefixGroup(
+            token_rows=torch.tensor(
+                [r for i in members for r in range(token_start[i], token_start[i] + items[i].num_tokens)],
+                dtype=torch.long,
+                device=device,
+            ),
+            prefix_slots=_slots(
+                items[members[0]].context.blocks[:nblocks], block_size, nblocks * block_size, device
+            ),
+            num_seqs=len(members),
+        )
+        for members, nblocks in groups
+    )
+    return StepInputs(
+        input_ids=torch.tensor(ids, dtype=torch.long, device=device),
+        positions=torch.tensor(positions, dtype=torch.long, device=device),
+        attention=AttentionBatch(
+            num_tokens=len(ids),
+            slot_mapping=torch.tensor(slots, dtype=torch.long, device=device),
+            decode=decode,
+            prefills=prefills,
+            shared_groups=shared,
+        ),
+        last_rows=last_rows,
+    )
+
+
+def _shared_groups(items, computed, block_size, policy, kv_start) -> list[tuple[list[int], int]]:
+    """Groups of items whose block tables share leading blocks, with the shared block count."""
+    if not policy.enabled:
+        return []
+    by_first: dict[int, list[int]] = {}
+    for i in computed:
+        ctx = items[i].context
+        if items[i].start >= block_size and ctx.blocks:
+            by_first.setdefault(ctx.blocks[0], []).append(i)
+    groups = []
+    for members in by_first.values():
+        if len(members) < policy.min_seqs:
+            continue
+        # Leading blocks common to all members that lie wholly before every member's queries.
+        limit = min(items[i].start // block_size for i in members)
+        tables = [items[i].context.blocks for i in members]
+        n = 0
+        while n < limit and all(t[n] == tables[0][n] for t in tables):
+            n += 1
+        if n * block_size < policy.min_prefix_tokens:
+            continue
+        for i in members:
+            kv_start[i] = n * block_size
+        groups.append((members, n))
+    return groups
+
+
+def _slots(blocks: list[int], block_size: int, length: int, device) -> torch.Tensor:
+    table = torch.tensor(blocks, dtype=torch.long)
+    pos = torch.arange(length)
+    return (table[pos // block_size] * block_size + pos % block_size).to(device)
+
+
+def _decode_group(items, idx, token_start, kv_start, block_size, device) -> DecodeGroup:
+    starts = torch.tensor([kv_start[i] for i in idx])
+    ends = torch.tensor([items[i].start + 1 for i in idx])  # kv length after this token
+    width = max(len(items[i].context.blocks) for i in idx)
+    table = torch.zeros(len(idx), width, dtype=torch.long)
+    for row, i in enumerate(idx):
+        blocks = items[i].context.blocks
+        table[row, : len(blocks)] = torch.tensor(blocks)
+    max_len = int((ends - starts).max())
+    pos = starts[:, None] + torch.arange(max_len)[None, :]  # [b, max_len]
+    valid = pos < ends[:, None]
+    pos = torch.minimum(pos, ends[:, None] - 1)
+    slots = table.gather(1, pos // block_size) * block_size + pos % block_size
+    return DecodeGroup(
+        token_rows=torch.tensor([token_start[i] for i in idx], dtype=torch.long, device=device),
+        kv_slots=slots.to(device),
+        kv_valid=valid[:, None, None, :].to(device),
+    )
+
+
+def _prefill_seq(item: StepItem, token_start: int, kv_start: int, block_size: int, device) -> PrefillSeq:
+    end = item.start + item.num_tokens
+    slots = _slots(item.context.blocks, block_size, end, device)[kv_start:]
+    qpos = torch.arange(item.start, end)
+    kpos = torch.arange(kv_start, end)
+    mask = (kpos[None, :] <= qpos[:, None]).to(device)
+    return PrefillSeq(token_start=token_start, num_tokens=item.num_tokens, kv_slots=slots, causal_mask=mask)

@@ -1,0 +1,96 @@
+"""Reference-counted KV blocks with a content-addressed prefix cache.
+
+Invariant: a block referenced by more than one context is full, and full blocks are never
+written again, so sharing needs no copy. A full block is registered under the hash of all
+tokens from the start of its sequence up to its end; when its last reference goes it stays
+cached (LRU) until the space is needed, so an identical prefix later reuses it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections import OrderedDict, deque
+from collections.abc import Sequence
+
+
+def chain_hash(previous: bytes | None, tokens: Sequence[int]) -> bytes:
+    """Hash of a full block given the hash of the block before it (None for the first)."""
+    h = hashlib.blake2b(digest_size=16)
+    if previous is not None:
+        h.update(previous)
+    h.update(b",".join(str(t).encode() for t in tokens))
+    return h.digest()
+
+
+class BlockManager:
+    def __init__(self, num_blocks: int, block_size: int) -> None:
+        if num_blocks < 1 or block_size < 1:
+            raise ValueError("num_blocks and block_size must be positive")
+        self.num_blocks = num_blocks
+        self.block_size = block_size
+        self._refs = [0] * num_blocks
+        self._free: deque[int] = deque(range(num_blocks))
+        self._cached: OrderedDict[int, None] = OrderedDict()  # refcount 0, hashed, LRU first
+        self._hash_of: dict[int, bytes] = {}
+        self._block_of: dict[bytes, int] = {}
+
+    # -- counts -------------------------------------------------------------------------
+    @property
+    def num_free(self) -> int:
+        """Blocks that can be allocated now (never used, or cached and evictable)."""
+        return len(self._free) + len(self._cached)
+
+    @property
+    def num_used(self) -> int:
+        return self.num_blocks - self.num_free
+
+    @property
+    def num_cached(self) -> int:
+        return len(self._cached)
+
+    @property
+    def num_shared(self) -> int:
+        return sum(1 for r in self._refs if r > 1)
+
+    def ref_count(self, block: int) -> int:
+        return self._refs[block]
+
+    # -- allocation ---------------------------------------------------------------------
+    def allocate(self) -> int | None:
+        """A fresh block with one reference, evicting the oldest cached block if needed."""
+        if self._free:
+            block = self._free.popleft()
+        elif self._cached:
+            block, _ = self._cached.popitem(last=False)
+            del self._block_of[self._hash_of.pop(block)]
+        else:
+            return None
+        self._refs[block] = 1
+        return block
+
+    def acquire(self, block: int) -> None:
+        if self._refs[block] == 0:
+            self._cached.pop(block, None)
+        self._refs[block] += 1
+
+    def release(self, block: int) -> None:
+        refs = self._refs[block] - 1
+        if refs < 0:
+            raise RuntimeError(f"block {block} released more often than acquired")
+        self._refs[block] = refs
+        if refs == 0:
+            if block in self._hash_of:
+                self._cached[block] = None
+            else:
+                self._free.append(block)
+
+    # -- prefix cache -------------------------------------------------------------------
+    def register(self, block: int, block_hash: bytes) -> None:
+        """Make a full block findable by content. The first block with a hash keeps it."""
+        if block_hash in self._block_of or block in self._hash_of:
+            return
+        self._block_of[block_hash] = block
+        self._hash_of[block] = block_hash
+
+    def lookup(self, block_hash: bytes) -> int | None:
+        return self._block_of.get(block_hash)

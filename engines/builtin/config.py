@@ -1,0 +1,93 @@
+"""Engine configuration: one frozen dataclass built from CLI flags and PARROT_* variables."""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass, field
+
+import torch
+from parrot.engines.builtin.batch import SharedPrefixPolicy
+from parrot.engines.builtin.scheduler import SchedulerConfig
+
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?i?b?)?\s*$", re.IGNORECASE)
+_UNITS = {
+    "": 1,
+    "b": 1,
+    "k": 10**3,
+    "kb": 10**3,
+    "kib": 2**10,
+    "m": 10**6,
+    "mb": 10**6,
+    "mib": 2**20,
+    "g": 10**9,
+    "gb": 10**9,
+    "gib": 2**30,
+    "t": 10**12,
+    "tb": 10**12,
+    "tib": 2**40,
+}
+
+
+def parse_size(text: str) -> int:
+    """'2GiB', '512MB', '1e9' style sizes in bytes."""
+    match = _SIZE.match(str(text))
+    if not match:
+        raise ValueError(f"not a size: {text!r} (examples: 512MiB, 2GiB)")
+    number, unit = match.groups()
+    return int(float(number) * _UNITS[(unit or "").lower()])
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    model: str | None = None  # HF folder or .gguf file; None = the bundled default model
+    device: str = "auto"  # auto | cpu | cuda | cuda:N
+    dtype: str = "auto"  # auto (float32 on CPU, bfloat16 on CUDA) | float32 | bfloat16 | float16
+    block_size: int = 16
+    kv_cache_bytes: int = 2 * 2**30
+    max_model_len: int | None = None  # defaults to the model's max_position_embeddings
+    scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
+    shared_prefix: SharedPrefixPolicy = field(default_factory=SharedPrefixPolicy)
+    attention_backend: str | None = None  # None: the registry's default for the device
+    cache_dir: str | None = None  # converted models; default ~/.cache/parrot/models
+    num_threads: int | None = None  # torch intra-op threads on CPU
+
+    def __post_init__(self) -> None:
+        if self.block_size < 1 or self.block_size > 1024:
+            raise ValueError(f"block_size must be in 1..1024, got {self.block_size}")
+        if self.kv_cache_bytes < 1:
+            raise ValueError("the KV cache memory budget must be positive")
+        if self.dtype not in ("auto", "float32", "bfloat16", "float16"):
+            raise ValueError(f"dtype must be auto, float32, bfloat16 or float16, got {self.dtype!r}")
+        if self.scheduler.max_batched_tokens < 1 or self.scheduler.max_running < 1:
+            raise ValueError("max_batched_tokens and max_running must be positive")
+
+    def torch_device(self) -> torch.device:
+        if self.device == "auto":
+            return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        return torch.device(self.device)
+
+    def torch_dtype(self) -> torch.dtype:
+        if self.dtype == "auto":
+            return torch.bfloat16 if self.torch_device().type == "cuda" else torch.float32
+        return getattr(torch, self.dtype)
+
+    @classmethod
+    def from_env(cls, **overrides) -> EngineConfig:
+        """Defaults, then PARROT_* environment variables, then explicit overrides (CLI flags)."""
+        env = os.environ
+        values: dict = {}
+        if "PARROT_MODEL" in env:
+            values["model"] = env["PARROT_MODEL"]
+        if "PARROT_DEVICE" in env:
+            values["device"] = env["PARROT_DEVICE"]
+        if "PARROT_DTYPE" in env:
+            values["dtype"] = env["PARROT_DTYPE"]
+        if "PARROT_KV_CACHE_MEMORY" in env:
+            values["kv_cache_bytes"] = parse_size(env["PARROT_KV_CACHE_MEMORY"])
+        if "PARROT_ATTENTION_BACKEND" in env:
+            values["attention_backend"] = env["PARROT_ATTENTION_BACKEND"]
+        if "PARROT_CACHE_DIR" in env:
+            values["cache_dir"] = env["PARROT_CACHE_DIR"]
+        values.update({k: v for k, v in overrides.items() if v is not None})
+        return cls(**values)

@@ -1,0 +1,93 @@
+"""Fill and Generate jobs as the local scheduler sees them, and how results travel back."""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from parrot.engines.builtin.context import Context
+
+if TYPE_CHECKING:
+    from parrot.engines.protocol.sampling import SamplingParams
+
+
+class JobKind(enum.Enum):
+    FILL = "fill"
+    GENERATE = "generate"
+
+
+class JobSink:
+    """Delivers a job's events from the engine thread to the asyncio side.
+
+    ``result`` resolves once with the final result (or an exception); ``events`` receives
+    streamed tokens when the caller asked for a stream.
+    """
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, stream: bool = False) -> None:
+        self.loop = loop
+        self.result: asyncio.Future[Any] = loop.create_future()
+        self.events: asyncio.Queue[Any] | None = asyncio.Queue() if stream else None
+
+    def emit(self, event: Any) -> None:
+        if self.events is not None:
+            self.loop.call_soon_threadsafe(self.events.put_nowait, event)
+
+    def finish(self, result: Any) -> None:
+        self.loop.call_soon_threadsafe(self._set, result, None)
+
+    def fail(self, error: BaseException) -> None:
+        self.loop.call_soon_threadsafe(self._set, None, error)
+
+    def _set(self, result: Any, error: BaseException | None) -> None:
+        if self.result.done():
+            return
+        if error is not None:
+            self.result.set_exception(error)
+        else:
+            self.result.set_result(result)
+        if self.events is not None:
+            self.events.put_nowait(None)  # end of stream; the caller then reads ``result``
+
+
+@dataclass(frozen=True)
+class FillResult:
+    context_id: int
+    filled_tokens: int
+    context_len: int
+    cached_tokens: int
+
+
+@dataclass(frozen=True)
+class GenerateResult:
+    context_id: int
+    token_ids: list[int]
+    text: str
+    finish_reason: str  # "stop" | "length"
+    prompt_tokens: int
+    cached_tokens: int
+
+
+@dataclass(frozen=True)
+class TokenEvent:
+    token_id: int
+    text: str  # the text delta that is safe to show now
+
+
+@dataclass(eq=False)
+class Job:
+    kind: JobKind
+    context: Context
+    sink: JobSink
+    seq: int  # submission order
+    fill_tokens: list[int] = field(default_factory=list)
+    sampling: SamplingParams | None = None
+    # Filled in while the job runs (engine thread only).
+    prepared: bool = False
+    admitted_seq: int = -1
+    cached_tokens: int = 0
+    prompt_tokens: int = 0
+    generated: list[int] = field(default_factory=list)
+    state: Any = None  # GenerationState for generate jobs
+    preemptions: int = 0

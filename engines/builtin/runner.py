@@ -1,0 +1,44 @@
+"""Runs one step of the model over a batch of contexts and returns logits to sample from."""
+
+from __future__ import annotations
+
+import torch
+from parrot.engines.builtin.batch import SharedPrefixPolicy, StepItem, build_step
+from parrot.engines.builtin.context import ContextPool
+from parrot.engines.builtin.model.llama import LlamaForCausalLM
+
+
+class ModelRunner:
+    def __init__(
+        self, model: LlamaForCausalLM, pool: ContextPool, policy: SharedPrefixPolicy, device: torch.device
+    ) -> None:
+        self.model = model
+        self.pool = pool
+        self.policy = policy
+        self.device = device
+        self.shared_prefix_steps = 0  # steps that took the shared-prefix attention path
+
+    @torch.inference_mode()
+    def run(self, items: list[StepItem]) -> torch.Tensor | None:
+        """Computes the items' tokens into the KV cache; logits [num_sampled, vocab] or None."""
+        hidden = None
+        inputs = None
+        if any(item.num_tokens for item in items):
+            inputs = build_step(items, self.pool.block_size, self.policy, self.device)
+            if inputs.attention.uses_shared_prefix:
+                self.shared_prefix_steps += 1
+            hidden = self.model(inputs.input_ids, inputs.positions, inputs.attention, self.pool.kv_cache)
+        rows = []
+        for n, item in enumerate(items):
+            ctx = item.context
+            if item.num_tokens:
+                row = hidden[inputs.last_rows[n]]
+                ctx.num_computed = item.start + item.num_tokens
+                if ctx.num_computed == len(ctx.token_ids):
+                    ctx.last_hidden = row.clone()
+                self.pool.register_full_blocks(ctx)
+            if item.sample:
+                rows.append(ctx.last_hidden)
+        if not rows:
+            return None
+        return self.model.compute_logits(torch.stack(rows))

@@ -1,0 +1,124 @@
+"""HTTP server of the builtin engine: the Fill / Generate engine API (and OpenAI routes)."""
+
+from __future__ import annotations
+
+import msgspec
+from litestar import Litestar, get, post
+from litestar.datastructures import State
+from litestar.params import JSONBody
+from litestar.response import ServerSentEvent
+from parrot.engines.builtin.engine import BuiltinEngine
+from parrot.engines.builtin.jobs import GenerateResult
+from parrot.engines.protocol.errors import BadRequestError
+from parrot.engines.protocol.http import exception_handlers
+from parrot.engines.protocol.schemas import (
+    FillRequest,
+    FillResponse,
+    FreeContextRequest,
+    FreeContextResponse,
+    GenerateRequest,
+    GenerateResponse,
+    StreamEnd,
+    TokenizeRequest,
+    TokenizeResponse,
+    TokenStreamEvent,
+)
+
+
+def _engine(state: State) -> BuiltinEngine:
+    return state.engine
+
+
+@post("/fill", status_code=200)
+async def fill(data: JSONBody[FillRequest], state: State) -> FillResponse:
+    engine = _engine(state)
+    if (data.token_ids is None) == (data.text is None):
+        raise BadRequestError("fill needs exactly one of token_ids or text")
+    tokens = data.token_ids if data.token_ids is not None else engine.tokenize(data.text or "")
+    result = await engine.fill(data.context_id, tokens, data.parent_context_id)
+    return FillResponse(
+        context_id=result.context_id,
+        filled_tokens=result.filled_tokens,
+        context_len=result.context_len,
+        cached_tokens=result.cached_tokens,
+    )
+
+
+def _generate_response(result: GenerateResult) -> GenerateResponse:
+    return GenerateResponse(
+        context_id=result.context_id,
+        token_ids=result.token_ids,
+        text=result.text,
+        finish_reason=result.finish_reason,
+        prompt_tokens=result.prompt_tokens,
+        cached_tokens=result.cached_tokens,
+    )
+
+
+@post("/generate", status_code=200)
+async def generate(data: JSONBody[GenerateRequest], state: State) -> GenerateResponse:
+    result = await _engine(state).generate(data.context_id, data.sampling, data.parent_context_id)
+    return _generate_response(result)
+
+
+@post("/generate_stream", status_code=200)
+async def generate_stream(data: JSONBody[GenerateRequest], state: State) -> ServerSentEvent:
+    engine = _engine(state)
+    stream = engine.generate_stream(data.context_id, data.sampling, data.parent_context_id)
+    # Pull the first event before answering, so a bad request still gets its 4xx status.
+    first = await anext(stream)
+
+    async def events():
+        event = first
+        while True:
+            if isinstance(event, GenerateResult):
+                end = StreamEnd(
+                    finish_reason=event.finish_reason,
+                    context_id=event.context_id,
+                    token_ids=event.token_ids,
+                    text=event.text,
+                )
+                yield {"event": "end", "data": msgspec.json.encode(end).decode()}
+                return
+            token = TokenStreamEvent(token_id=event.token_id, text=event.text)
+            yield {"event": "token", "data": msgspec.json.encode(token).decode()}
+            event = await anext(stream)
+
+    return ServerSentEvent(events())
+
+
+@post("/free_context", status_code=200)
+async def free_context(data: JSONBody[FreeContextRequest], state: State) -> FreeContextResponse:
+    freed = await _engine(state).free_context(data.context_id)
+    return FreeContextResponse(context_id=data.context_id, freed_tokens=freed)
+
+
+@get("/ping")
+async def ping(state: State) -> dict:
+    return _engine(state).stats()
+
+
+@post("/tokenize", status_code=200)
+async def tokenize(data: JSONBody[TokenizeRequest], state: State) -> TokenizeResponse:
+    return TokenizeResponse(token_ids=_engine(state).tokenize(data.text))
+
+
+def create_app(engine: BuiltinEngine, manage_engine: bool = True) -> Litestar:
+    """The engine's Litestar app; with ``manage_engine`` the engine thread runs for the app's lifetime."""
+
+    def start() -> None:
+        engine.start()
+
+    def stop() -> None:
+        engine.stop()
+
+    from parrot.engines.builtin.server.openai_api import openai_router
+
+    return Litestar(
+        route_handlers=[fill, generate, generate_stream, free_context, ping, tokenize, openai_router()],
+        state=State({"engine": engine}),
+        exception_handlers=exception_handlers(),
+        on_startup=[start] if manage_engine else [],
+        on_shutdown=[stop] if manage_engine else [],
+        debug=False,
+    )

@@ -1,0 +1,322 @@
+"""OpenAI-compatible ``/v1/completions`` and ``/v1/chat/completions`` on the builtin engine.
+
+Each request runs in an engine-internal context (negative ids, so they never collide with
+the ids a ServeCore chooses) that is freed afterwards. Prompt blocks are content-addressed
+in the engine's prefix cache, so a repeated prefix (a system prompt) is computed once and
+reported as ``usage.prompt_tokens_details.cached_tokens``. ``n > 1`` forks the prompt
+context instead of filling it n times.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import time
+import uuid
+from collections.abc import AsyncIterator
+
+import msgspec
+from litestar import Router, get, post
+from litestar.datastructures import State
+from litestar.params import JSONBody
+from litestar.response import Stream
+from parrot.engines.builtin.engine import BuiltinEngine
+from parrot.engines.builtin.jobs import GenerateResult, TokenEvent
+from parrot.engines.builtin.server.openai_schemas import (
+    AssistantMessage,
+    ChatChoice,
+    ChatChunkChoice,
+    ChatCompletionChunk,
+    ChatCompletionRequest,
+    ChatCompletionResponse,
+    ChatDelta,
+    CompletionChoice,
+    CompletionRequest,
+    CompletionResponse,
+    ModelCard,
+    ModelList,
+    PromptTokensDetails,
+    Usage,
+)
+from parrot.engines.protocol.errors import BadRequestError
+from parrot.engines.protocol.sampling import SamplingParams
+
+
+class _Contexts:
+    """Engine-internal context ids for OpenAI requests: -1, -2, ..."""
+
+    def __init__(self) -> None:
+        self._ids = itertools.count(1)
+
+    def next(self) -> int:
+        return -next(self._ids)
+
+
+def _engine(state: State) -> BuiltinEngine:
+    return state.engine
+
+
+def _sampling(req, prompt_len: int, max_model_len: int, default_max: int | None) -> SamplingParams:
+    max_tokens = getattr(req, "max_completion_tokens", None) or req.max_tokens or default_max
+    if max_tokens is None:
+        max_tokens = max(1, max_model_len - prompt_len)
+    stop = [req.stop] if isinstance(req.stop, str) else list(req.stop or [])
+    fields = {
+        "max_tokens": max_tokens,
+        "temperature": req.temperature,
+        "top_p": req.top_p,
+        "top_k": max(0, req.top_k),
+        "seed": req.seed,
+        "stop": stop,
+        "presence_penalty": req.presence_penalty,
+        "frequency_penalty": req.frequency_penalty,
+        "repetition_penalty": req.repetition_penalty,
+        "ignore_eos": req.ignore_eos,
+    }
+    return msgspec.convert(fields, SamplingParams)
+
+
+def _check_model(engine: BuiltinEngine, model: str | None) -> None:
+    if model and model != engine.model_name:
+        raise BadRequestError(f"model {model!r} is not served here; this engine serves {engine.model_name!r}")
+
+
+class _Run:
+    """One OpenAI request: a prompt context, ``n`` generations, then everything freed."""
+
+    def __init__(
+        self, engine: BuiltinEngine, ids: _Contexts, tokens: list[int], sampling: SamplingParams, n: int
+    ):
+        self.engine = engine
+        self.tokens = tokens
+        self.sampling = sampling
+        self.n = n
+        self.prompt_id = ids.next()
+        self.child_ids = [ids.next() for _ in range(n)] if n > 1 else [self.prompt_id]
+        self.cached_tokens = 0
+
+    async def fill(self) -> None:
+        result = await self.engine.fill(self.prompt_id, self.tokens)
+        self.cached_tokens = result.cached_tokens
+
+    def parent(self) -> int | None:
+        return self.prompt_id if self.n > 1 else None
+
+    async def free(self) -> None:
+        for cid in {self.prompt_id, *self.child_ids}:
+            await self.engine.free_context(cid)
+
+    def usage(self, completion_tokens: int) -> Usage:
+        return Usage(
+            prompt_tokens=len(self.tokens),
+            completion_tokens=completion_tokens,
+            total_tokens=len(self.tokens) + completion_tokens,
+            prompt_tokens_details=PromptTokensDetails(cached_tokens=self.cached_tokens),
+        )
+
+    async def generate_all(self) -> list[GenerateResult]:
+        await self.fill()
+        return list(
+            await asyncio.gather(
+                *(self.engine.generate(cid, self.sampling, self.parent()) for cid in self.child_ids)
+            )
+        )
+
+    async def stream_all(self) -> AsyncIterator[tuple[int, TokenEvent | GenerateResult]]:
+        """Merged events of all n generations, tagged with their choice index."""
+        await self.fill()
+        queue: asyncio.Queue = asyncio.Queue()
+
+        async def pump(index: int, cid: int) -> None:
+            try:
+                async for event in self.engine.generate_stream(cid, self.sampling, self.parent()):
+                    await queue.put((index, event))
+            except BaseException as error:
+                await queue.put((index, error))
+
+        tasks = [asyncio.create_task(pump(i, cid)) for i, cid in enumerate(self.child_ids)]
+        try:
+            done = 0
+            while done < self.n:
+                index, event = await queue.get()
+                if isinstance(event, BaseException):
+                    raise event
+                if isinstance(event, GenerateResult):
+                    done += 1
+                yield index, event
+        finally:
+            for task in tasks:
+                task.cancel()
+
+
+def _sse(payload: msgspec.Struct | str) -> bytes:
+    body = payload if isinstance(payload, str) else msgspec.json.encode(payload).decode()
+    return f"data: {body}\n\n".encode()
+
+
+def openai_router() -> Router:
+    ids = _Contexts()
+
+    @post("/completions", status_code=200)
+    async def completions(data: JSONBody[CompletionRequest], state: State) -> CompletionResponse | Stream:
+        engine = _engine(state)
+        _check_model(engine, data.model)
+        if data.echo or data.logprobs:
+            raise BadRequestError("echo and logprobs are not supported")
+        tokens = _prompt_tokens(engine, data.prompt)
+        sampling = _sampling(data, len(tokens), engine.core.max_model_len, default_max=16)
+        run = _Run(engine, ids, tokens, sampling, data.n)
+        rid, created, model = f"cmpl-{uuid.uuid4().hex}", int(time.time()), engine.model_name
+        if not data.stream:
+            try:
+                results = await run.generate_all()
+            finally:
+                await run.free()
+            return CompletionResponse(
+                id=rid,
+                created=created,
+                model=model,
+                choices=[
+                    CompletionChoice(index=i, text=r.text, finish_reason=r.finish_reason)
+                    for i, r in enumerate(results)
+                ],
+                usage=run.usage(sum(len(r.token_ids) for r in results)),
+            )
+        include_usage = bool(data.stream_options and data.stream_options.include_usage)
+        events = run.stream_all()
+        first = await anext(events)  # errors before the first token still get a 4xx
+
+        async def body():
+            completion_tokens = 0
+            try:
+                event: tuple | None = first
+                while event is not None:
+                    index, item = event
+                    if isinstance(item, GenerateResult):
+                        completion_tokens += len(item.token_ids)
+                        choice = CompletionChoice(index=index, text="", finish_reason=item.finish_reason)
+                    else:
+                        choice = CompletionChoice(index=index, text=item.text, finish_reason=None)
+                    if not isinstance(item, TokenEvent) or item.text:
+                        yield _sse(CompletionResponse(id=rid, created=created, model=model, choices=[choice]))
+                    event = await anext(events, None)
+                if include_usage:
+                    yield _sse(
+                        CompletionResponse(
+                            id=rid,
+                            created=created,
+                            model=model,
+                            choices=[],
+                            usage=run.usage(completion_tokens),
+                        )
+                    )
+                yield _sse("[DONE]")
+            finally:
+                await events.aclose()
+                await run.free()
+
+        return Stream(body(), media_type="text/event-stream")
+
+    @post("/chat/completions", status_code=200)
+    async def chat_completions(
+        data: JSONBody[ChatCompletionRequest], state: State
+    ) -> ChatCompletionResponse | Stream:
+        engine = _engine(state)
+        _check_model(engine, data.model)
+        if data.logprobs:
+            raise BadRequestError("logprobs are not supported")
+        messages = [{"role": m.role, "content": _content_text(m.content)} for m in data.messages]
+        try:
+            text = engine.tokenizer.apply_chat_template(messages, add_generation_prompt=True)
+        except ValueError as error:
+            raise BadRequestError(str(error)) from None
+        tokens = engine.tokenize(text)
+        sampling = _sampling(data, len(tokens), engine.core.max_model_len, default_max=None)
+        run = _Run(engine, ids, tokens, sampling, data.n)
+        rid, created, model = f"chatcmpl-{uuid.uuid4().hex}", int(time.time()), engine.model_name
+        if not data.stream:
+            try:
+                results = await run.generate_all()
+            finally:
+                await run.free()
+            return ChatCompletionResponse(
+                id=rid,
+                created=created,
+                model=model,
+                choices=[
+                    ChatChoice(
+                        index=i, message=AssistantMessage(content=r.text), finish_reason=r.finish_reason
+                    )
+                    for i, r in enumerate(results)
+                ],
+                usage=run.usage(sum(len(r.token_ids) for r in results)),
+            )
+        include_usage = bool(data.stream_options and data.stream_options.include_usage)
+        events = run.stream_all()
+        first = await anext(events)
+
+        def chunk(choices: list[ChatChunkChoice], usage: Usage | None = None) -> bytes:
+            return _sse(
+                ChatCompletionChunk(id=rid, created=created, model=model, choices=choices, usage=usage)
+            )
+
+        async def body():
+            completion_tokens = 0
+            try:
+                for i in range(data.n):
+                    yield chunk([ChatChunkChoice(index=i, delta=ChatDelta(role="assistant", content=""))])
+                event: tuple | None = first
+                while event is not None:
+                    index, item = event
+                    if isinstance(item, GenerateResult):
+                        completion_tokens += len(item.token_ids)
+                        yield chunk(
+                            [
+                                ChatChunkChoice(
+                                    index=index, delta=ChatDelta(), finish_reason=item.finish_reason
+                                )
+                            ]
+                        )
+                    elif item.text:
+                        yield chunk([ChatChunkChoice(index=index, delta=ChatDelta(content=item.text))])
+                    event = await anext(events, None)
+                if include_usage:
+                    yield chunk([], run.usage(completion_tokens))
+                yield _sse("[DONE]")
+            finally:
+                await events.aclose()
+                await run.free()
+
+        return Stream(body(), media_type="text/event-stream")
+
+    @get("/models")
+    async def models(state: State) -> ModelList:
+        engine = _engine(state)
+        return ModelList(data=[ModelCard(id=engine.model_name, created=0)])
+
+    return Router(path="/v1", route_handlers=[completions, chat_completions, models])
+
+
+def _prompt_tokens(engine: BuiltinEngine, prompt: str | list[int | str]) -> list[int]:
+    """A prompt string, a one-element list of strings, or a list of token ids."""
+    if isinstance(prompt, list) and any(isinstance(p, str) for p in prompt):
+        if len(prompt) != 1 or not isinstance(prompt[0], str):
+            raise BadRequestError("send one prompt per request: a string or a list of token ids")
+        prompt = prompt[0]
+    tokens = engine.tokenize(prompt) if isinstance(prompt, str) else list(prompt)
+    if not tokens:
+        raise BadRequestError("the prompt is empty")
+    return tokens
+
+
+def _content_text(content: str | list[dict] | None) -> str:
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    parts = []
+    for part in content:
+        if part.get("type") != "text":
+            raise BadRequestError(f"only text message parts are supported, got {part.get('type')!r}")
+        parts.append(str(part.get("text", "")))
+    return "".join(parts)

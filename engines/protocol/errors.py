@@ -1,0 +1,67 @@
+"""The one exception hierarchy of Parrot.
+
+Every error a client can cause is a :class:`ParrotError` subclass that carries its HTTP
+status and a stable ``code``; :mod:`parrot.engines.protocol.http` turns them into JSON
+responses in one place. Anything else that escapes is a bug and becomes a 500 without a
+traceback in the response.
+"""
+
+
+class ParrotError(Exception):
+    """Base of all Parrot errors. ``str(error)`` is the message shown to the client."""
+
+    status_code = 500
+    code = "internal_error"
+
+
+class BadRequestError(ParrotError):
+    status_code = 400
+    code = "bad_request"
+
+
+class NotFoundError(ParrotError):
+    status_code = 404
+    code = "not_found"
+
+
+class ConflictError(ParrotError):
+    status_code = 409
+    code = "conflict"
+
+
+class UnknownContextError(NotFoundError):
+    code = "unknown_context"
+
+
+class ContextConflictError(ConflictError):
+    code = "context_conflict"
+
+
+class PromptTooLongError(BadRequestError):
+    code = "prompt_too_long"
+
+
+class CapacityError(BadRequestError):
+    """The request can never fit: more KV than the whole cache holds."""
+
+    code = "kv_capacity_exceeded"
+
+
+class InvalidTokenError(BadRequestError):
+    code = "invalid_token"
+
+
+class ContextFreedError(ConflictError):
+    """A job's context (or the parent it forks from) was freed before the job ran."""
+
+    code = "context_freed"
+
+
+class EngineShutdownError(ParrotError):
+    status_code = 503
+    code = "engine_shutdown"
+
+
+class ModelLoadError(ParrotError):
+    status_code = 500
+    code = "model_load_error"

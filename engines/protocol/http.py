@@ -1,0 +1,58 @@
+"""The one place where exceptions become HTTP responses (for every Litestar app of Parrot)."""
+
+from __future__ import annotations
+
+import logging
+
+import msgspec
+from litestar import Request, Response
+from litestar.exceptions import HTTPException, ValidationException
+from litestar.types import ExceptionHandlersMap
+from parrot.engines.protocol.errors import ParrotError
+from parrot.engines.protocol.schemas import ErrorBody, ErrorResponse
+
+log = logging.getLogger(__name__)
+
+
+def error_response(status: int, code: str, message: str) -> Response[ErrorResponse]:
+    return Response(ErrorResponse(error=ErrorBody(code=code, message=message)), status_code=status)
+
+
+def _parrot_error(_: Request, exc: ParrotError) -> Response:
+    if exc.status_code >= 500:
+        log.error("server error: %s", exc)
+    return error_response(exc.status_code, exc.code, str(exc))
+
+
+def _validation_error(_: Request, exc: ValidationException) -> Response:
+    details = []
+    for item in exc.extra or []:
+        if isinstance(item, dict):
+            where = item.get("key") or item.get("source") or ""
+            details.append(f"{item.get('message', '')}{f' ({where})' if where else ''}")
+    message = "; ".join(d for d in details if d) or str(exc.detail)
+    return error_response(400, "invalid_request", f"invalid request: {message}")
+
+
+def _msgspec_error(_: Request, exc: msgspec.ValidationError) -> Response:
+    return error_response(400, "invalid_request", f"invalid request: {exc}")
+
+
+def _http_error(_: Request, exc: HTTPException) -> Response:
+    code = {404: "not_found", 405: "method_not_allowed", 401: "unauthorized", 403: "forbidden"}
+    return error_response(exc.status_code, code.get(exc.status_code, "http_error"), str(exc.detail))
+
+
+def _unexpected(_: Request, exc: Exception) -> Response:
+    log.exception("unexpected error", exc_info=exc)
+    return error_response(500, "internal_error", "internal server error")
+
+
+def exception_handlers() -> ExceptionHandlersMap:
+    return {
+        ParrotError: _parrot_error,
+        ValidationException: _validation_error,
+        msgspec.ValidationError: _msgspec_error,
+        HTTPException: _http_error,
+        Exception: _unexpected,
+    }

@@ -1,0 +1,36 @@
+"""Sampling parameters: the wire format of Generate, validated by msgspec at the edge."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import msgspec
+
+StopString = Annotated[str, msgspec.Meta(min_length=1, max_length=256)]
+TokenId = Annotated[int, msgspec.Meta(ge=0)]
+
+
+class SamplingParams(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
+    """How to sample; ``temperature == 0`` is greedy. Out-of-range values fail validation."""
+
+    max_tokens: Annotated[int, msgspec.Meta(ge=1, le=1_000_000)] = 128
+    temperature: Annotated[float, msgspec.Meta(ge=0, le=10)] = 0.0
+    top_p: Annotated[float, msgspec.Meta(gt=0, le=1)] = 1.0
+    top_k: Annotated[int, msgspec.Meta(ge=0, le=1_000_000)] = 0  # 0 = no top-k
+    seed: Annotated[int, msgspec.Meta(ge=0, le=2**63 - 1)] | None = None
+    stop: Annotated[list[StopString], msgspec.Meta(max_length=16)] = msgspec.field(default_factory=list)
+    stop_token_ids: Annotated[list[TokenId], msgspec.Meta(max_length=64)] = msgspec.field(
+        default_factory=list
+    )
+    ignore_eos: bool = False
+    presence_penalty: Annotated[float, msgspec.Meta(ge=-2, le=2)] = 0.0
+    frequency_penalty: Annotated[float, msgspec.Meta(ge=-2, le=2)] = 0.0
+    repetition_penalty: Annotated[float, msgspec.Meta(gt=0, le=10)] = 1.0
+
+    @property
+    def is_greedy(self) -> bool:
+        return self.temperature == 0.0 or self.top_k == 1
+
+    @property
+    def has_penalties(self) -> bool:
+        return self.presence_penalty != 0 or self.frequency_penalty != 0 or self.repetition_penalty != 1

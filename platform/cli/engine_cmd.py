@@ -1,0 +1,63 @@
+"""``parrot engine``: serve one model with the builtin engine over HTTP."""
+
+from __future__ import annotations
+
+import argparse
+
+from parrot.engines.builtin.attention import available_backends
+from parrot.engines.builtin.batch import SharedPrefixPolicy
+from parrot.engines.builtin.config import EngineConfig, parse_size
+from parrot.engines.builtin.scheduler import SchedulerConfig
+
+
+def add_parser(commands) -> None:
+    p: argparse.ArgumentParser = commands.add_parser(
+        "engine", help="run a builtin engine (Fill/Generate + OpenAI API)"
+    )
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=9001)
+    p.add_argument(
+        "--model", default=None, help="HF model folder or .gguf file (default: bundled SmolLM2-135M)"
+    )
+    p.add_argument("--device", default=None, help="auto | cpu | cuda[:N]")
+    p.add_argument("--dtype", default=None, choices=["auto", "float32", "bfloat16", "float16"])
+    p.add_argument("--block-size", type=int, default=16)
+    p.add_argument("--kv-cache-memory", type=parse_size, default=None, help="KV cache budget, e.g. 2GiB")
+    p.add_argument("--max-model-len", type=int, default=None)
+    p.add_argument("--max-batched-tokens", type=int, default=1024, help="token budget of one step")
+    p.add_argument("--max-running", type=int, default=64, help="jobs batched together at most")
+    p.add_argument("--attention-backend", default=None, choices=available_backends())
+    p.add_argument("--no-shared-prefix", action="store_true", help="disable shared-prefix attention")
+    p.add_argument("--shared-prefix-min-seqs", type=int, default=2)
+    p.add_argument("--shared-prefix-min-tokens", type=int, default=16)
+    p.add_argument("--threads", type=int, default=None, help="torch CPU threads")
+    p.set_defaults(run=run)
+
+
+def config_from_args(args: argparse.Namespace) -> EngineConfig:
+    return EngineConfig.from_env(
+        model=args.model,
+        device=args.device,
+        dtype=args.dtype,
+        block_size=args.block_size,
+        kv_cache_bytes=args.kv_cache_memory,
+        max_model_len=args.max_model_len,
+        scheduler=SchedulerConfig(max_batched_tokens=args.max_batched_tokens, max_running=args.max_running),
+        shared_prefix=SharedPrefixPolicy(
+            enabled=not args.no_shared_prefix,
+            min_seqs=args.shared_prefix_min_seqs,
+            min_prefix_tokens=args.shared_prefix_min_tokens,
+        ),
+        attention_backend=args.attention_backend,
+        num_threads=args.threads,
+    )
+
+
+def run(args: argparse.Namespace) -> None:
+    import uvicorn
+    from parrot.engines.builtin.engine import BuiltinEngine
+    from parrot.engines.builtin.server.app import create_app
+
+    engine = BuiltinEngine(config_from_args(args))
+    print(f"parrot engine: serving {engine.model_name} on http://{args.host}:{args.port}", flush=True)
+    uvicorn.run(create_app(engine), host=args.host, port=args.port, log_level="warning")

@@ -1,0 +1,29 @@
+"""Maps the top-level code folders onto the ``parrot.*`` namespace.
+
+The folders ``platform/``, ``engines/``, ... deliberately have no ``__init__.py`` (a
+``platform`` package would shadow the standard library), so the package list is built
+here by walking them.
+"""
+
+import os
+
+from setuptools import setup
+
+ROOTS = ("platform", "engines", "sdk", "adapters", "web")
+
+
+def _packages() -> list[str]:
+    found = []
+    for root in ROOTS:
+        for dirpath, dirnames, _files in os.walk(root):
+            dirnames[:] = [d for d in dirnames if not d.startswith((".", "__"))]
+            found.append("parrot." + dirpath.replace(os.sep, "."))
+    return found
+
+
+setup(
+    packages=_packages(),
+    package_dir={f"parrot.{root}": root for root in ROOTS},
+    package_data={"": ["*.html", "*.js", "*.css", "*.txt", "*.json", "*.ini", "*.mako"]},
+    include_package_data=True,
+)

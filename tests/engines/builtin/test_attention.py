@@ -1,0 +1,135 @@
+"""The torch attention backend against a dense reference, with and without shared prefixes."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from parrot.engines.builtin.attention import create_backend
+from parrot.engines.builtin.batch import SharedPrefixPolicy, StepItem, build_step
+from parrot.engines.builtin.block_manager import BlockManager
+from parrot.engines.builtin.context import Context, ContextPool
+
+HEAD_DIM = 16
+
+
+def make_pool(block_size: int, kv_heads: int, num_blocks: int = 256) -> ContextPool:
+    cache = torch.randn(1, 2, num_blocks * block_size, kv_heads, HEAD_DIM)
+    return ContextPool(BlockManager(num_blocks, block_size), cache)
+
+
+def new_context(pool: ContextPool, cid: int, length: int, parent: Context | None = None) -> Context:
+    """A context whose first ``length`` tokens (beyond the parent's) are 'computed' (random KV)."""
+    ctx = Context(context_id=cid, parent=parent, parent_id=parent.context_id if parent else None)
+    pool.contexts[cid] = ctx
+    pool.materialize(ctx)
+    ctx.token_ids.extend(range(1000 + cid, 1000 + cid + length))
+    assert pool.ensure_blocks(ctx, len(ctx.token_ids))
+    ctx.num_computed = len(ctx.token_ids)
+    pool.register_full_blocks(ctx)
+    return ctx
+
+
+def reference(pool: ContextPool, items: list[StepItem], q, k, v, num_heads: int) -> torch.Tensor:
+    """Dense causal attention per sequence over its whole gathered KV."""
+    bs = pool.block_size
+    kc, vc = pool.kv_cache[0, 0], pool.kv_cache[0, 1]
+    outs, row = [], 0
+    for item in items:
+        ctx, n = item.context, item.num_tokens
+        end = item.start + n
+        slots = torch.tensor([ctx.blocks[p // bs] * bs + p % bs for p in range(end)])
+        keys, vals = kc[slots].clone(), vc[slots].clone()
+        keys[item.start :], vals[item.start :] = k[row : row + n], v[row : row + n]
+        mask = torch.arange(end)[None, :] <= torch.arange(item.start, end)[:, None]
+        o = F.scaled_dot_product_attention(
+            q[row : row + n].transpose(0, 1),
+            keys.transpose(0, 1),
+            vals.transpose(0, 1),
+            attn_mask=mask,
+            enable_gqa=True,
+        )
+        outs.append(o.transpose(0, 1))
+        row += n
+    return torch.cat(outs)
+
+
+def run_backend(pool, items, q, k, v, num_heads, kv_heads, policy):
+    batch = build_step(items, pool.block_size, policy, torch.device("cpu"))
+    backend = create_backend("torch", num_heads, kv_heads, HEAD_DIM)
+    cache = pool.kv_cache.clone()
+    out = backend.forward(q, k, v, cache[0, 0], cache[0, 1], batch.attention)
+    return out, batch.attention
+
+
+@pytest.mark.parametrize("block_size", [4, 16])
+@pytest.mark.parametrize(("num_heads", "kv_heads"), [(4, 4), (6, 2), (8, 1)])
+@pytest.mark.parametrize("parent_len", [37, 48])
+def test_shared_prefix_equals_plain_and_reference(block_size, num_heads, kv_heads, parent_len):
+    torch.manual_seed(0)
+    pool = make_pool(block_size, kv_heads)
+    parent = new_context(pool, 1, parent_len)
+    children = [new_context(pool, 10 + i, i % 3, parent=parent) for i in range(5)]
+    other = new_context(pool, 2, 21)  # an unrelated sequence in the same batch
+    grandchild = new_context(pool, 30, 2, parent=children[4])
+    items = []
+    for i, ctx in enumerate([*children, other, grandchild]):
+        n = 1 if i % 2 == 0 else 5  # decodes and multi-token fills mixed
+        ctx.token_ids.extend([7] * n)
+        assert pool.ensure_blocks(ctx, len(ctx.token_ids))
+        items.append(StepItem(ctx, ctx.num_computed, n, sample=True))
+    total = sum(i.num_tokens for i in items)
+    q = torch.randn(total, num_heads, HEAD_DIM)
+    k = torch.randn(total, kv_heads, HEAD_DIM)
+    v = torch.randn(total, kv_heads, HEAD_DIM)
+
+    shared, batch = run_backend(
+        pool, items, q, k, v, num_heads, kv_heads, SharedPrefixPolicy(min_prefix_tokens=1)
+    )
+    plain, plain_batch = run_backend(
+        pool, items, q, k, v, num_heads, kv_heads, SharedPrefixPolicy(enabled=False)
+    )
+    ref = reference(pool, items, q, k, v, num_heads)
+
+    assert batch.uses_shared_prefix and not plain_batch.uses_shared_prefix
+    group = batch.shared_groups[0]
+    assert group.num_seqs == 6  # five children and the grandchild share the parent's full blocks
+    assert group.prefix_slots.numel() == (parent_len // block_size) * block_size
+    torch.testing.assert_close(plain, ref, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(shared, ref, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(shared, plain, atol=1e-5, rtol=1e-5)
+
+
+def test_fork_shares_full_blocks_and_copies_partial_block():
+    pool = make_pool(4, 2, num_blocks=32)
+    parent = new_context(pool, 1, 10)  # two full blocks and a partial one of 2 tokens
+    used = pool.blocks.num_used
+    child = new_context(pool, 2, 0, parent=parent)
+    assert child.blocks[:2] == parent.blocks[:2]
+    assert child.blocks[2] != parent.blocks[2]
+    assert pool.blocks.num_used == used + 1  # only the copied partial block is new
+    bs = 4
+    src, dst = parent.blocks[2] * bs, child.blocks[2] * bs
+    torch.testing.assert_close(pool.kv_cache[:, :, dst : dst + 2], pool.kv_cache[:, :, src : src + 2])
+    assert child.num_computed == 10 and child.token_ids == parent.token_ids
+    pool.free(parent)
+    assert all(pool.blocks.ref_count(b) == 1 for b in child.blocks)  # the child keeps them alive
+
+
+def test_block_manager_prefix_cache_reuses_and_evicts_lru():
+    blocks = BlockManager(num_blocks=3, block_size=2)
+    a = blocks.allocate()
+    blocks.register(a, b"a")
+    blocks.release(a)
+    assert blocks.num_free == 3 and blocks.num_cached == 1
+    assert blocks.lookup(b"a") == a
+    blocks.acquire(a)
+    assert blocks.num_cached == 0 and blocks.ref_count(a) == 1
+    blocks.release(a)
+    got = [blocks.allocate() for _ in range(3)]
+    assert sorted(got) == [0, 1, 2]  # the cached block was evicted last
+    assert blocks.lookup(b"a") is None
+    assert blocks.allocate() is None
+    blocks.release(got[0])
+    with pytest.raises(RuntimeError, match="released more often"):
+        blocks.release(got[0])
