@@ -22,6 +22,7 @@ import transformers
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _report import machine, write_section
+
 from parrot.engines.builtin.batch import SharedPrefixPolicy
 from parrot.engines.builtin.config import EngineConfig
 from parrot.engines.builtin.engine import BuiltinEngine

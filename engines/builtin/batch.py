@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+
 from parrot.engines.builtin.attention.base import (
     AttentionBatch,
     DecodeGroup,

@@ -7,6 +7,7 @@ import re
 from dataclasses import dataclass, field
 
 import torch
+
 from parrot.engines.builtin.batch import SharedPrefixPolicy
 from parrot.engines.builtin.scheduler import SchedulerConfig
 

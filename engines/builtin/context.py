@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import torch
+
 from parrot.engines.builtin.block_manager import BlockManager, chain_hash
 from parrot.engines.protocol.errors import ContextFreedError
 

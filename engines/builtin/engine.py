@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import torch
+
 from parrot.engines.builtin.attention import create_backend
 from parrot.engines.builtin.attention.registry import default_backend
 from parrot.engines.builtin.block_manager import BlockManager
@@ -74,7 +75,6 @@ class BuiltinEngine:
         self._wake = threading.Event()
         self._stopping = False
         self._thread: threading.Thread | None = None
-        self._snapshot: dict = self.core.snapshot()
 
     # -- lifecycle -----------------------------------------------------------------------
     def start(self) -> None:
@@ -102,7 +102,6 @@ class BuiltinEngine:
                 log.exception("engine step failed")
                 self.core.fail_all(EngineShutdownError("internal engine error during a step"))
                 busy = False
-            self._snapshot = self.core.snapshot()
             if not busy:
                 self._wake.wait(timeout=1.0)
                 self._wake.clear()
@@ -173,8 +172,9 @@ class BuiltinEngine:
     def tokenize(self, text: str) -> list[int]:
         return self.tokenizer.encode(text)
 
-    def stats(self) -> dict:
-        return {"model": self.model_name, **self._snapshot}
+    async def stats(self) -> dict:
+        """Engine statistics, read on the engine thread between steps (so they are exact)."""
+        return {"model": self.model_name, **await self._call(self.core.snapshot)}
 
 
 def _settle(future: asyncio.Future, result: Any, error: BaseException | None) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import torch
+
 from parrot.engines.builtin.model.config import ModelConfig
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import torch
+
 from parrot.engines.builtin.batch import SharedPrefixPolicy, StepItem, build_step
 from parrot.engines.builtin.context import ContextPool
 from parrot.engines.builtin.model.llama import LlamaForCausalLM

@@ -13,6 +13,7 @@ from collections import Counter
 from collections.abc import Sequence
 
 import torch
+
 from parrot.engines.protocol.sampling import SamplingParams
 
 

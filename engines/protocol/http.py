@@ -8,6 +8,7 @@ import msgspec
 from litestar import Request, Response
 from litestar.exceptions import HTTPException, ValidationException
 from litestar.types import ExceptionHandlersMap
+
 from parrot.engines.protocol.errors import ParrotError
 from parrot.engines.protocol.schemas import ErrorBody, ErrorResponse
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Annotated
 
 import msgspec
+
 from parrot.engines.protocol.sampling import SamplingParams
 
 ContextId = Annotated[int, msgspec.Meta(ge=0, le=2**63 - 1)]

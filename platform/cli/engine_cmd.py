@@ -55,6 +55,7 @@ def config_from_args(args: argparse.Namespace) -> EngineConfig:
 
 def run(args: argparse.Namespace) -> None:
     import uvicorn
+
     from parrot.engines.builtin.engine import BuiltinEngine
     from parrot.engines.builtin.server.app import create_app
 

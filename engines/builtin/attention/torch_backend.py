@@ -9,6 +9,7 @@ softmax results are merged exactly with their log-sum-exps.
 from __future__ import annotations
 
 import torch
+
 from parrot.engines.builtin.attention.base import AttentionBackend, AttentionBatch
 
 

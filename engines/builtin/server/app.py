@@ -7,6 +7,7 @@ from litestar import Litestar, get, post
 from litestar.datastructures import State
 from litestar.params import JSONBody
 from litestar.response import ServerSentEvent
+
 from parrot.engines.builtin.engine import BuiltinEngine
 from parrot.engines.builtin.jobs import GenerateResult
 from parrot.engines.protocol.errors import BadRequestError
@@ -95,7 +96,7 @@ async def free_context(data: JSONBody[FreeContextRequest], state: State) -> Free
 
 @get("/ping")
 async def ping(state: State) -> dict:
-    return _engine(state).stats()
+    return await _engine(state).stats()
 
 
 @post("/tokenize", status_code=200)

@@ -20,6 +20,7 @@ from litestar import Router, get, post
 from litestar.datastructures import State
 from litestar.params import JSONBody
 from litestar.response import Stream
+
 from parrot.engines.builtin.engine import BuiltinEngine
 from parrot.engines.builtin.jobs import GenerateResult, TokenEvent
 from parrot.engines.builtin.server.openai_schemas import (
