@@ -13,6 +13,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import itertools
+import json
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -107,58 +109,105 @@ def hf_decode(model, tokenizer, batch: int, new_tokens: int) -> float:
     return batch * (new_tokens - 1) / elapsed
 
 
-async def main_async(args) -> str:
+def engine_part(args) -> dict:
     config = EngineConfig(
+        dtype=args.dtype,
         kv_cache_bytes=4 * 2**30,
         scheduler=SchedulerConfig(max_batched_tokens=2048, max_running=64),
     )
     engine = BuiltinEngine(config)
-    engine.start()
     bench = EngineBench(engine)
-    hf = transformers.AutoModelForCausalLM.from_pretrained(engine.model_folder, dtype=torch.float32).eval()
-    tok = transformers.AutoTokenizer.from_pretrained(engine.model_folder)
-    await bench.decode(4, 8)  # warm-up
-    hf_decode(hf, tok, 2, 4)
 
-    rows = []
-    for batch in args.batches:
-        ours = max([await bench.decode(batch, args.new_tokens) for _ in range(args.repeats)])
-        theirs = max(hf_decode(hf, tok, batch, args.new_tokens) for _ in range(args.repeats))
-        rows.append((batch, ours, theirs))
+    async def run() -> dict:
+        await bench.decode(4, 8)  # warm-up
+        decode = {}
+        for batch in args.batches:
+            decode[batch] = max([await bench.decode(batch, args.new_tokens) for _ in range(args.repeats)])
+        shared = max(
+            [await bench.shared_prefix(32, 1024, args.new_tokens, True) for _ in range(args.repeats)]
+        )
+        plain = max(
+            [await bench.shared_prefix(32, 1024, args.new_tokens, False) for _ in range(args.repeats)]
+        )
+        return {"decode": decode, "shared": shared, "plain": plain}
 
-    weight_bytes = sum(p.numel() * p.element_size() for p in engine.model.parameters())
-    bandwidth = measure_bandwidth()
-    step_s = 1.0 / rows[0][1] if rows and rows[0][0] == 1 else None
-
-    shared = max([await bench.shared_prefix(32, 1024, args.new_tokens, True) for _ in range(args.repeats)])
-    plain = max([await bench.shared_prefix(32, 1024, args.new_tokens, False) for _ in range(args.repeats)])
+    result = asyncio.run(run())
+    result["weight_bytes"] = sum(p.numel() * p.element_size() for p in engine.model.parameters())
+    result["model"] = engine.model_name
+    result["folder"] = str(engine.model_folder)
     engine.stop()
+    return result
 
+
+def transformers_part(args) -> dict:
+    engine_folder = args.model_folder
+    hf = transformers.AutoModelForCausalLM.from_pretrained(engine_folder, dtype=torch.float32).eval()
+    tok = transformers.AutoTokenizer.from_pretrained(engine_folder)
+    hf_decode(hf, tok, 2, 4)  # warm-up
+    decode = {
+        b: max(hf_decode(hf, tok, b, args.new_tokens) for _ in range(args.repeats)) for b in args.batches
+    }
+    return {"decode": decode, "bandwidth": measure_bandwidth()}
+
+
+def run_part(part: str, args, *extra: str) -> dict:
+    """Each side runs in a fresh process of its own, so neither inherits the other's threads."""
+    cmd = [
+        sys.executable,
+        __file__,
+        "--part",
+        part,
+        "--new-tokens",
+        str(args.new_tokens),
+        "--repeats",
+        str(args.repeats),
+        "--dtype",
+        args.dtype,
+        "--batches",
+        *map(str, args.batches),
+        *extra,
+    ]
+    out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
+    return json.loads(out.strip().splitlines()[-1], object_hook=_int_keys)
+
+
+def _int_keys(d: dict) -> dict:
+    return {int(k) if k.isdigit() else k: v for k, v in d.items()}
+
+
+def report(args) -> str:
+    ours = run_part("engine", args)
+    theirs = run_part("transformers", args, "--model-folder", ours["folder"])
     lines = [
         "## Engine throughput (`benchmarks/engine_throughput.py`)",
         "",
-        f"Machine: {machine()}. Model: {engine.model_name}, float32, greedy, {args.new_tokens} new tokens, "
-        f"best of {args.repeats}. Decode tokens/s (prefill excluded on both sides).",
+        f"Machine: {machine()}. Model: {ours['model']}, engine {args.dtype} vs transformers float32, "
+        f"greedy, {args.new_tokens} new tokens, best of {args.repeats}; decode tokens/s (prefill "
+        "excluded on both sides); each side in a fresh process of the same run.",
         "",
         "| case | Parrot engine tok/s | transformers tok/s | ratio |",
         "| --- | ---: | ---: | ---: |",
     ]
-    for batch, ours, theirs in rows:
-        lines.append(f"| batch {batch} | {ours:.1f} | {theirs:.1f} | {ours / theirs:.2f}x |")
+    for batch in args.batches:
+        a, b = ours["decode"][batch], theirs["decode"][batch]
+        lines.append(f"| batch {batch} | {a:.1f} | {b:.1f} | {a / b:.2f}x |")
+    shared, plain = ours["shared"], ours["plain"]
     lines += [
         "",
-        "| shared prefix: 32 seqs x 1,024-token prefix | tok/s | ratio |",
+        "| 32 seqs forked from one 1,024-token prefix, decode | tok/s | ratio |",
         "| --- | ---: | ---: |",
         f"| shared-prefix attention | {shared:.1f} | {shared / plain:.2f}x |",
         f"| plain paged attention | {plain:.1f} | 1.00x |",
     ]
-    if step_s is not None:
-        achieved = weight_bytes / step_s
+    if 1 in ours["decode"]:
+        steps = ours["decode"][1]
+        weight_bytes, bandwidth = ours["weight_bytes"], theirs["bandwidth"]
+        bound = bandwidth / weight_bytes
         lines += [
             "",
-            f"Batch-1 memory bound: weights {weight_bytes / 1e6:.0f} MB, measured read bandwidth "
-            f"{bandwidth / 1e9:.1f} GB/s -> bound {bandwidth / weight_bytes:.1f} steps/s; engine "
-            f"{1 / step_s:.1f} steps/s = {achieved / bandwidth:.0%} of the bound.",
+            f"Batch-1 memory bound: weights {weight_bytes / 1e6:.0f} MB; read bandwidth measured here "
+            f"(a sum over 1 GiB) {bandwidth / 1e9:.1f} GB/s, so at most {bound:.1f} steps/s; the engine "
+            f"runs {steps:.1f} steps/s = {steps / bound:.0%} of that bound.",
         ]
     return "\n".join(lines)
 
@@ -168,12 +217,21 @@ def main() -> None:
     parser.add_argument("--batches", type=int, nargs="+", default=[1, 8, 32])
     parser.add_argument("--new-tokens", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     parser.add_argument("--no-write", action="store_true", help="print only")
+    parser.add_argument("--part", choices=["engine", "transformers"], help=argparse.SUPPRESS)
+    parser.add_argument("--model-folder", help=argparse.SUPPRESS)
     args = parser.parse_args()
-    table = asyncio.run(main_async(args))
+    if args.part == "engine":
+        print(json.dumps(engine_part(args)))
+        return
+    if args.part == "transformers":
+        print(json.dumps(transformers_part(args)))
+        return
+    table = report(args)
     print(table)
     if not args.no_write:
-        write_section("engine-throughput", table)
+        write_section(f"engine-throughput-{args.dtype}", table)
 
 
 if __name__ == "__main__":
