@@ -84,9 +84,10 @@ def build_step(
                 dtype=torch.long,
                 device=device,
             ),
-            prefix_slots=_slots(
-                items[members[0]].context.blocks[:nblocks], block_size, nblocks * block_size, device
+            prefix_blocks=torch.tensor(
+                items[members[0]].context.blocks[:nblocks], dtype=torch.long, device=device
             ),
+            block_size=block_size,
             num_seqs=len(members),
         )
         for members, nblocks in groups
@@ -139,22 +140,21 @@ def _slots(blocks: list[int], block_size: int, length: int, device) -> torch.Ten
 
 
 def _decode_group(items, idx, token_start, kv_start, block_size, device) -> DecodeGroup:
-    starts = torch.tensor([kv_start[i] for i in idx])
-    ends = torch.tensor([items[i].start + 1 for i in idx])  # kv length after this token
-    width = max(len(items[i].context.blocks) for i in idx)
+    first = [kv_start[i] // block_size for i in idx]  # kv_start is block aligned
+    ends = [items[i].start + 1 for i in idx]  # kv length after this token
+    last = [-(-e // block_size) for e in ends]
+    width = max(b - a for a, b in zip(first, last, strict=True))
     table = torch.zeros(len(idx), width, dtype=torch.long)
     for row, i in enumerate(idx):
-        blocks = items[i].context.blocks
+        blocks = items[i].context.blocks[first[row] : last[row]]
         table[row, : len(blocks)] = torch.tensor(blocks)
-    max_len = int((ends - starts).max())
-    pos = starts[:, None] + torch.arange(max_len)[None, :]  # [b, max_len]
-    valid = pos < ends[:, None]
-    pos = torch.minimum(pos, ends[:, None] - 1)
-    slots = table.gather(1, pos // block_size) * block_size + pos % block_size
+    pos = torch.tensor(first)[:, None] * block_size + torch.arange(width * block_size)[None, :]
+    valid = pos < torch.tensor(ends)[:, None]  # [b, width * block_size]
     return DecodeGroup(
         token_rows=torch.tensor([token_start[i] for i in idx], dtype=torch.long, device=device),
-        kv_slots=slots.to(device),
+        block_table=table.to(device),
         kv_valid=valid[:, None, None, :].to(device),
+        block_size=block_size,
     )
 
 

@@ -29,14 +29,17 @@ class ModelRunner:
             if inputs.attention.uses_shared_prefix:
                 self.shared_prefix_steps += 1
             hidden = self.model(inputs.input_ids, inputs.positions, inputs.attention, self.pool.kv_cache)
+        last = None
+        if inputs is not None:
+            # One gather of every item's last row; contexts keep views of it.
+            last = hidden[torch.tensor([max(r, 0) for r in inputs.last_rows], device=hidden.device)]
         rows = []
         for n, item in enumerate(items):
             ctx = item.context
             if item.num_tokens:
-                row = hidden[inputs.last_rows[n]]
                 ctx.num_computed = item.start + item.num_tokens
                 if ctx.num_computed == len(ctx.token_ids):
-                    ctx.last_hidden = row.clone()
+                    ctx.last_hidden = last[n]
                 self.pool.register_full_blocks(ctx)
             if item.sample:
                 rows.append(ctx.last_hidden)

@@ -19,8 +19,10 @@ class DecodeGroup:
     """Sequences with one query token each, attended together over padded gathered KV."""
 
     token_rows: torch.Tensor  # [num_seqs] rows of the step's token dimension
-    kv_slots: torch.Tensor  # [num_seqs, max_kv] cache slots, padded with slot 0
-    kv_valid: torch.Tensor  # [num_seqs, 1, 1, max_kv] bool, False for padding
+    # Whole blocks are gathered (16x fewer, 16x larger copies than per-slot indexing).
+    block_table: torch.Tensor  # [num_seqs, max_blocks] blocks from the first attended one, padded with 0
+    kv_valid: torch.Tensor  # [num_seqs, 1, 1, max_blocks * block_size] bool, False past the end
+    block_size: int
 
 
 @dataclass(frozen=True)
@@ -43,7 +45,8 @@ class SharedPrefixGroup:
     """
 
     token_rows: torch.Tensor  # [num_group_tokens] rows of all queries of the group
-    prefix_slots: torch.Tensor  # [prefix_len] cache slots of the shared prefix
+    prefix_blocks: torch.Tensor  # [prefix_len // block_size] the shared (full) blocks
+    block_size: int
     num_seqs: int
 
 

@@ -50,7 +50,7 @@ class TorchAttentionBackend(AttentionBackend):
                 lse[rows] = l_
         for g in batch.shared_groups:
             qg = q.index_select(0, g.token_rows)
-            o_p, l_p = self._prefix(qg, k_cache, v_cache, g.prefix_slots)
+            o_p, l_p = self._prefix(qg, k_cache, v_cache, g.prefix_blocks, g.block_size)
             o, _ = merge_partial(
                 out.index_select(0, g.token_rows), lse.index_select(0, g.token_rows), o_p, l_p
             )
@@ -64,8 +64,10 @@ class TorchAttentionBackend(AttentionBackend):
     def _decode(self, q, k_cache, v_cache, d, need_lse):
         b = q.shape[0]
         qg = self._grouped(q)  # [b, kvh, g, d]
-        keys = k_cache[d.kv_slots].permute(0, 2, 3, 1)  # [b, kvh, d, L]
-        vals = v_cache[d.kv_slots].transpose(1, 2)  # [b, kvh, L, d]
+        keys = _blocks(k_cache, d.block_table, d.block_size)  # [b, L, kvh, d]
+        vals = _blocks(v_cache, d.block_table, d.block_size)
+        keys = keys.permute(0, 2, 3, 1)  # [b, kvh, d, L]
+        vals = vals.transpose(1, 2)  # [b, kvh, L, d]
         scores = torch.matmul(qg, keys).float() * self.scale  # [b, kvh, g, L]
         scores.masked_fill_(~d.kv_valid, float("-inf"))
         return self._softmax_out(scores, vals, b, need_lse)
@@ -85,12 +87,12 @@ class TorchAttentionBackend(AttentionBackend):
         lse_out = lse.squeeze(-1).permute(2, 0, 1).reshape(n, self.num_heads) if need_lse else None
         return out, lse_out
 
-    def _prefix(self, q, k_cache, v_cache, prefix_slots):
+    def _prefix(self, q, k_cache, v_cache, prefix_blocks, block_size):
         # All queries of the group against one shared prefix: a single [kvh, n*g, P] product.
         n = q.shape[0]
         qg = self._grouped(q).permute(1, 0, 2, 3).reshape(self.num_kv_heads, -1, self.head_dim)
-        keys = k_cache[prefix_slots].permute(1, 2, 0)  # [kvh, d, P]
-        vals = v_cache[prefix_slots].transpose(0, 1)  # [kvh, P, d]
+        keys = _blocks(k_cache, prefix_blocks[None], block_size)[0].permute(1, 2, 0)  # [kvh, d, P]
+        vals = _blocks(v_cache, prefix_blocks[None], block_size)[0].transpose(0, 1)  # [kvh, P, d]
         scores = torch.matmul(qg, keys).float() * self.scale  # [kvh, n*g, P]
         lse = torch.logsumexp(scores, dim=-1, keepdim=True)
         out = torch.matmul(torch.exp(scores - lse).to(vals.dtype), vals)  # [kvh, n*g, d]
@@ -103,3 +105,10 @@ class TorchAttentionBackend(AttentionBackend):
         out = torch.matmul(torch.exp(scores - lse).to(vals.dtype), vals)  # [b, kvh, g, d]
         out = out.reshape(b, self.num_heads, self.head_dim)
         return out, (lse.reshape(b, self.num_heads) if need_lse else None)
+
+
+def _blocks(cache: torch.Tensor, table: torch.Tensor, block_size: int) -> torch.Tensor:
+    """Gather whole blocks: cache [slots, kvh, d], table [b, nb] -> [b, nb * block_size, kvh, d]."""
+    paged = cache.view(-1, block_size, *cache.shape[1:])  # [num_blocks, block_size, kvh, d]
+    gathered = paged[table]  # [b, nb, block_size, kvh, d]
+    return gathered.view(table.shape[0], -1, *cache.shape[1:])

@@ -48,7 +48,7 @@ class Attention(nn.Module):
     def forward(
         self,
         x: torch.Tensor,  # [num_tokens, hidden]
-        positions: torch.Tensor,  # [num_tokens]
+        rotary: tuple[torch.Tensor, torch.Tensor],  # cos, sin [num_tokens, 1, head_dim]
         batch: AttentionBatch,
         k_cache: torch.Tensor,  # [num_slots, num_kv_heads, head_dim]
         v_cache: torch.Tensor,
@@ -58,7 +58,7 @@ class Attention(nn.Module):
         q = q.view(n, self.num_heads, self.head_dim)
         k = k.view(n, self.num_kv_heads, self.head_dim)
         v = v.view(n, self.num_kv_heads, self.head_dim)
-        q, k = self.rope(positions, q, k)
+        q, k = self.rope(rotary, q, k)
         out = self.backend.forward(q, k, v, k_cache, v_cache, batch)  # [n, heads, head_dim]
         return self.o_proj(out.reshape(n, -1))
 
@@ -85,8 +85,8 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.mlp = MLP(config)
 
-    def forward(self, x, positions, batch, k_cache, v_cache) -> torch.Tensor:
-        x = x + self.self_attn(self.input_layernorm(x), positions, batch, k_cache, v_cache)
+    def forward(self, x, rotary, batch, k_cache, v_cache) -> torch.Tensor:
+        x = x + self.self_attn(self.input_layernorm(x), rotary, batch, k_cache, v_cache)
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
@@ -117,8 +117,9 @@ class LlamaForCausalLM(nn.Module):
         kv_cache: torch.Tensor,  # [num_layers, 2, num_slots, num_kv_heads, head_dim]
     ) -> torch.Tensor:  # [num_tokens, hidden] final-normed hidden states
         x = self.embed_tokens(input_ids)
+        rotary = self.rope.lookup(positions)
         for i, layer in enumerate(self.layers):
-            x = layer(x, positions, batch, kv_cache[i, 0], kv_cache[i, 1])
+            x = layer(x, rotary, batch, kv_cache[i, 0], kv_cache[i, 1])
         return self.norm(x)
 
     @torch.inference_mode()

@@ -73,12 +73,15 @@ class RotaryEmbedding(nn.Module):
         self.register_buffer("sin", (emb.sin() * scale).to(device), persistent=False)
         self.half = head_dim // 2
 
+    def lookup(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos, sin [n, 1, d] for the positions: done once per step, shared by all layers."""
+        return self.cos[positions].unsqueeze(1), self.sin[positions].unsqueeze(1)
+
     def forward(
-        self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor
+        self, rotary: tuple[torch.Tensor, torch.Tensor], q: torch.Tensor, k: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        # q: [n, heads, d], k: [n, kv_heads, d]; cos/sin indexed once for both.
-        cos = self.cos[positions].unsqueeze(1)  # [n, 1, d]
-        sin = self.sin[positions].unsqueeze(1)
+        # q: [n, heads, d], k: [n, kv_heads, d]; rotary: cos, sin from ``lookup``
+        cos, sin = rotary
         return self._rotate(q, cos, sin), self._rotate(k, cos, sin)
 
     def _rotate(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:

@@ -95,7 +95,7 @@ def test_shared_prefix_equals_plain_and_reference(block_size, num_heads, kv_head
     assert batch.uses_shared_prefix and not plain_batch.uses_shared_prefix
     group = batch.shared_groups[0]
     assert group.num_seqs == 6  # five children and the grandchild share the parent's full blocks
-    assert group.prefix_slots.numel() == (parent_len // block_size) * block_size
+    assert group.prefix_blocks.numel() == parent_len // block_size
     torch.testing.assert_close(plain, ref, atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(shared, ref, atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(shared, plain, atol=1e-5, rtol=1e-5)

@@ -214,3 +214,30 @@ def test_ping_reports_engine_state(client):
     ):
         assert key in stats
     assert stats["block_size"] == 16 and stats["kv_blocks_total"] > 0
+
+
+def test_long_fill_is_chunked_and_decodes_keep_running(client, ids, engine_config):
+    """A fill longer than the step budget spans several steps while another context decodes."""
+    budget = engine_config.scheduler.max_batched_tokens
+    tokens = client.post("/tokenize", json={"text": "A long document about tides. " * 300}).json()[
+        "token_ids"
+    ]
+    tokens = tokens[: 3 * budget - 7]
+    decoder, long_ctx = next(ids), next(ids)
+    client.post("/fill", json={"context_id": decoder, "text": PROMPT})
+    before = ping(client)
+
+    async def both():
+        async with httpx.AsyncClient(base_url=str(client.base_url), timeout=120) as ac:
+            return await asyncio.gather(
+                ac.post("/fill", json={"context_id": long_ctx, "token_ids": tokens}),
+                ac.post("/generate", json={"context_id": decoder, "sampling": greedy(24)}),
+            )
+
+    fill, gen = asyncio.run(both())
+    after = ping(client)
+    assert fill.json()["context_len"] == len(tokens) and len(gen.json()["token_ids"]) == 24
+    assert after["steps"] - before["steps"] >= 3  # at least three chunks of the long fill
+    assert after["tokens_computed"] - before["tokens_computed"] >= len(tokens)
+    for cid in (decoder, long_ctx):
+        client.post("/free_context", json={"context_id": cid})
