@@ -141,7 +141,8 @@ def engine_part(args) -> dict:
 
 def transformers_part(args) -> dict:
     engine_folder = args.model_folder
-    hf = transformers.AutoModelForCausalLM.from_pretrained(engine_folder, dtype=torch.float32).eval()
+    dtype = getattr(torch, args.dtype)
+    hf = transformers.AutoModelForCausalLM.from_pretrained(engine_folder, dtype=dtype).eval()
     tok = transformers.AutoTokenizer.from_pretrained(engine_folder)
     hf_decode(hf, tok, 2, 4)  # warm-up
     decode = {
@@ -181,7 +182,7 @@ def report(args) -> str:
     lines = [
         "## Engine throughput (`benchmarks/engine_throughput.py`)",
         "",
-        f"Machine: {machine()}. Model: {ours['model']}, engine {args.dtype} vs transformers float32, "
+        f"Machine: {machine()}. Model: {ours['model']}, {args.dtype} on both sides, "
         f"greedy, {args.new_tokens} new tokens, best of {args.repeats}; decode tokens/s (prefill "
         "excluded on both sides); each side in a fresh process of the same run.",
         "",

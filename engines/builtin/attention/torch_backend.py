@@ -9,6 +9,7 @@ softmax results are merged exactly with their log-sum-exps.
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 
 from parrot.engines.builtin.attention.base import AttentionBackend, AttentionBatch
 
@@ -38,10 +39,16 @@ class TorchAttentionBackend(AttentionBackend):
 
         if batch.decode is not None:
             d = batch.decode
-            o, l_ = self._decode(q.index_select(0, d.token_rows), k_cache, v_cache, d, need_lse)
-            out.index_copy_(0, d.token_rows, o)
-            if lse is not None:
-                lse.index_copy_(0, d.token_rows, l_)
+            if d.token_rows.numel() == batch.num_tokens:  # a pure decode step: rows in order
+                o, l_ = self._decode(q, k_cache, v_cache, d, need_lse)
+                if not need_lse:
+                    return o
+                out, lse = o, l_
+            else:
+                o, l_ = self._decode(q.index_select(0, d.token_rows), k_cache, v_cache, d, need_lse)
+                out.index_copy_(0, d.token_rows, o)
+                if lse is not None:
+                    lse.index_copy_(0, d.token_rows, l_)
         for p in batch.prefills:
             rows = slice(p.token_start, p.token_start + p.num_tokens)
             o, l_ = self._prefill(q[rows], k_cache, v_cache, p.kv_slots, p.causal_mask, need_lse)
@@ -63,9 +70,19 @@ class TorchAttentionBackend(AttentionBackend):
 
     def _decode(self, q, k_cache, v_cache, d, need_lse):
         b = q.shape[0]
-        qg = self._grouped(q)  # [b, kvh, g, d]
         keys = _blocks(k_cache, d.block_table, d.block_size)  # [b, L, kvh, d]
         vals = _blocks(v_cache, d.block_table, d.block_size)
+        if not need_lse:  # one fused kernel when nobody needs the log-sum-exp
+            out = F.scaled_dot_product_attention(
+                q.unsqueeze(2),  # [b, heads, 1, d]
+                keys.transpose(1, 2),  # [b, kvh, L, d]
+                vals.transpose(1, 2),
+                attn_mask=d.kv_valid,
+                scale=self.scale,
+                enable_gqa=True,
+            )
+            return out.view(b, self.num_heads, self.head_dim), None
+        qg = self._grouped(q)  # [b, kvh, g, d]
         keys = keys.permute(0, 2, 3, 1)  # [b, kvh, d, L]
         vals = vals.transpose(1, 2)  # [b, kvh, L, d]
         scores = torch.matmul(qg, keys).float() * self.scale  # [b, kvh, g, L]
@@ -110,5 +127,5 @@ class TorchAttentionBackend(AttentionBackend):
 def _blocks(cache: torch.Tensor, table: torch.Tensor, block_size: int) -> torch.Tensor:
     """Gather whole blocks: cache [slots, kvh, d], table [b, nb] -> [b, nb * block_size, kvh, d]."""
     paged = cache.view(-1, block_size, *cache.shape[1:])  # [num_blocks, block_size, kvh, d]
-    gathered = paged[table]  # [b, nb, block_size, kvh, d]
+    gathered = paged.index_select(0, table.reshape(-1))  # [b * nb, block_size, kvh, d]
     return gathered.view(table.shape[0], -1, *cache.shape[1:])

@@ -54,11 +54,12 @@ class Attention(nn.Module):
         v_cache: torch.Tensor,
     ) -> torch.Tensor:
         n = x.shape[0]
-        q, k, v = self.qkv_proj(x).split(self.sizes, dim=-1)
-        q = q.view(n, self.num_heads, self.head_dim)
-        k = k.view(n, self.num_kv_heads, self.head_dim)
-        v = v.view(n, self.num_kv_heads, self.head_dim)
-        q, k = self.rope(rotary, q, k)
+        qkv = self.qkv_proj(x)  # [n, (heads + 2 * kv_heads) * head_dim]
+        # Queries and keys sit side by side in qkv: rotate them in one pass.
+        qk_size = self.sizes[0] + self.sizes[1]
+        qk = self.rope(rotary, qkv[:, :qk_size].view(n, -1, self.head_dim))
+        q, k = qk.split((self.num_heads, self.num_kv_heads), dim=1)
+        v = qkv[:, qk_size:].view(n, self.num_kv_heads, self.head_dim)
         out = self.backend.forward(q, k, v, k_cache, v_cache, batch)  # [n, heads, head_dim]
         return self.o_proj(out.reshape(n, -1))
 

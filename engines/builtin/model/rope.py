@@ -77,14 +77,9 @@ class RotaryEmbedding(nn.Module):
         """cos, sin [n, 1, d] for the positions: done once per step, shared by all layers."""
         return self.cos[positions].unsqueeze(1), self.sin[positions].unsqueeze(1)
 
-    def forward(
-        self, rotary: tuple[torch.Tensor, torch.Tensor], q: torch.Tensor, k: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        # q: [n, heads, d], k: [n, kv_heads, d]; rotary: cos, sin from ``lookup``
-        cos, sin = rotary
-        return self._rotate(q, cos, sin), self._rotate(k, cos, sin)
-
-    def _rotate(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    def forward(self, rotary: tuple[torch.Tensor, torch.Tensor], x: torch.Tensor) -> torch.Tensor:
+        """Rotate x [n, heads, d] (queries and keys may be passed together as one tensor)."""
+        cos, sin = rotary  # [n, 1, d] each, from ``lookup``
         x1, x2 = x[..., : self.half], x[..., self.half :]
         rotated = torch.cat((-x2, x1), dim=-1)
         return (x.float() * cos + rotated.float() * sin).to(x.dtype)

@@ -66,7 +66,8 @@ def run_backend(pool, items, q, k, v, num_heads, kv_heads, policy):
 @pytest.mark.parametrize("block_size", [4, 16])
 @pytest.mark.parametrize(("num_heads", "kv_heads"), [(4, 4), (6, 2), (8, 1)])
 @pytest.mark.parametrize("parent_len", [37, 48])
-def test_shared_prefix_equals_plain_and_reference(block_size, num_heads, kv_heads, parent_len):
+@pytest.mark.parametrize("mixed", [True, False], ids=["fills-and-decodes", "decodes-only"])
+def test_shared_prefix_equals_plain_and_reference(block_size, num_heads, kv_heads, parent_len, mixed):
     torch.manual_seed(0)
     pool = make_pool(block_size, kv_heads)
     parent = new_context(pool, 1, parent_len)
@@ -75,7 +76,7 @@ def test_shared_prefix_equals_plain_and_reference(block_size, num_heads, kv_head
     grandchild = new_context(pool, 30, 2, parent=children[4])
     items = []
     for i, ctx in enumerate([*children, other, grandchild]):
-        n = 1 if i % 2 == 0 else 5  # decodes and multi-token fills mixed
+        n = 5 if mixed and i % 2 else 1  # multi-token fills among the decodes, or decodes only
         ctx.token_ids.extend([7] * n)
         assert pool.ensure_blocks(ctx, len(ctx.token_ids))
         items.append(StepItem(ctx, ctx.num_computed, n, sample=True))
