@@ -121,6 +121,11 @@ class EngineCore:
         self._planned_len.pop(context_id, None)
         return self.pool.free(ctx)
 
+    def cancel(self, sink: JobSink) -> None:
+        """Drop the jobs whose caller went away (a closed stream); their contexts stay valid."""
+        for job in self.scheduler.jobs_of_sink(sink):
+            self._retire(job)
+
     def _next_seq(self) -> int:
         self._seq += 1
         return self._seq

@@ -191,11 +191,7 @@ class BuiltinEngine:
             yield await sink.result
         finally:
             if not sink.result.done():  # the client went away: stop generating for it
-                await self._call(self._cancel, sink)
-
-    def _cancel(self, sink: JobSink) -> None:
-        for job in self.core.scheduler.jobs_of_sink(sink):
-            self.core.scheduler.remove(job)
+                await self._call(self.core.cancel, sink)
 
     async def free_context(self, context_id: int) -> int:
         return await self._call(self.core.free_context, context_id)

@@ -5,12 +5,10 @@ from __future__ import annotations
 import asyncio
 import enum
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from parrot.engines.builtin.context import Context
-
-if TYPE_CHECKING:
-    from parrot.engines.protocol.sampling import SamplingParams
+from parrot.engines.protocol.sampling import SamplingParams
 
 
 class JobKind(enum.Enum):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 
 import httpx
 
@@ -241,3 +242,24 @@ def test_long_fill_is_chunked_and_decodes_keep_running(client, ids, engine_confi
     assert after["tokens_computed"] - before["tokens_computed"] >= len(tokens)
     for cid in (decoder, long_ctx):
         client.post("/free_context", json={"context_id": cid})
+
+
+def test_closing_a_stream_stops_its_generation(client, ids):
+    cid = next(ids)
+    client.post("/fill", json={"context_id": cid, "text": PROMPT})
+    with client.stream("POST", "/generate_stream", json={"context_id": cid, "sampling": greedy(2000)}) as r:
+        got = []
+        for line in r.iter_lines():
+            if line.startswith("data:"):
+                got.append(line)
+            if len(got) == 3:
+                break
+    deadline = time.monotonic() + 30
+    while ping(client)["num_running"] and time.monotonic() < deadline:
+        time.sleep(0.1)
+    stats = ping(client)
+    assert stats["num_running"] == 0 and stats["num_waiting"] == 0
+    # The context stays usable after the abandoned generation.
+    r = client.post("/generate", json={"context_id": cid, "sampling": greedy(3)})
+    assert r.status_code == 200 and len(r.json()["token_ids"]) == 3
+    client.post("/free_context", json={"context_id": cid})
