@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import os
 import socket
 import threading
 import time
@@ -14,6 +15,11 @@ import pytest
 import uvicorn
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
+
+# Without a GPU the Triton kernels run in Triton's interpreter; it must be chosen before
+# triton is first imported.
+if not os.environ.get("CUDA_VISIBLE_DEVICES", "x") or not Path("/dev/nvidia0").exists():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 
 def free_port() -> int:

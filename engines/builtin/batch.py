@@ -97,6 +97,7 @@ def build_step(
         positions=torch.tensor(positions, dtype=torch.long, device=device),
         attention=AttentionBatch(
             num_tokens=len(ids),
+            block_size=block_size,
             slot_mapping=torch.tensor(slots, dtype=torch.long, device=device),
             decode=decode,
             prefills=prefills,
@@ -154,6 +155,7 @@ def _decode_group(items, idx, token_start, kv_start, block_size, device) -> Deco
         token_rows=torch.tensor([token_start[i] for i in idx], dtype=torch.long, device=device),
         block_table=table.to(device),
         kv_valid=valid[:, None, None, :].to(device),
+        kv_lens=torch.tensor([e - a * block_size for a, e in zip(first, ends, strict=True)], device=device),
         block_size=block_size,
     )
 
@@ -164,4 +166,13 @@ def _prefill_seq(item: StepItem, token_start: int, kv_start: int, block_size: in
     qpos = torch.arange(item.start, end)
     kpos = torch.arange(kv_start, end)
     mask = (kpos[None, :] <= qpos[:, None]).to(device)
-    return PrefillSeq(token_start=token_start, num_tokens=item.num_tokens, kv_slots=slots, causal_mask=mask)
+    blocks = item.context.blocks[kv_start // block_size : -(-end // block_size)]
+    return PrefillSeq(
+        token_start=token_start,
+        num_tokens=item.num_tokens,
+        kv_slots=slots,
+        causal_mask=mask,
+        block_table=torch.tensor(blocks, dtype=torch.long, device=device),
+        q_start=item.start,
+        kv_start=kv_start,
+    )

@@ -22,6 +22,7 @@ class DecodeGroup:
     # Whole blocks are gathered (16x fewer, 16x larger copies than per-slot indexing).
     block_table: torch.Tensor  # [num_seqs, max_blocks] blocks from the first attended one, padded with 0
     kv_valid: torch.Tensor  # [num_seqs, 1, 1, max_blocks * block_size] bool, False past the end
+    kv_lens: torch.Tensor  # [num_seqs] keys attended, counted from the table's first block
     block_size: int
 
 
@@ -33,6 +34,9 @@ class PrefillSeq:
     num_tokens: int
     kv_slots: torch.Tensor  # [kv_len] cache slots of the keys it attends
     causal_mask: torch.Tensor | None  # [num_tokens, kv_len] bool, None when all visible
+    block_table: torch.Tensor  # [num_blocks] from the block holding position kv_start
+    q_start: int  # position of its first query token
+    kv_start: int  # position of its first attended key (block aligned)
 
 
 @dataclass(frozen=True)
@@ -53,6 +57,7 @@ class SharedPrefixGroup:
 @dataclass(frozen=True)
 class AttentionBatch:
     num_tokens: int
+    block_size: int
     slot_mapping: torch.Tensor  # [num_tokens] where each new token's k/v is stored
     decode: DecodeGroup | None
     prefills: tuple[PrefillSeq, ...]

@@ -1,0 +1,56 @@
+"""Attention with the Triton kernels: paged decode, paged prefill, shared prefix + merge."""
+
+from __future__ import annotations
+
+import torch
+
+from parrot.engines.builtin.attention.base import AttentionBackend, AttentionBatch
+from parrot.engines.builtin.kernels.merge import merge_into
+from parrot.engines.builtin.kernels.paged_decode import paged_decode_attention
+from parrot.engines.builtin.kernels.paged_prefill import paged_prefill_attention
+from parrot.engines.builtin.kernels.shared_prefix import shared_prefix_attention
+from parrot.engines.builtin.kernels.store_kv import store_kv
+
+
+class TritonAttentionBackend(AttentionBackend):
+    name = "triton"
+
+    def forward(self, q, k, v, k_cache, v_cache, batch: AttentionBatch) -> torch.Tensor:
+        store_kv(k, v, k_cache, v_cache, batch.slot_mapping)
+        out = q.new_empty(q.shape, dtype=torch.float32)  # [num_tokens, heads, head_dim]
+        lse = q.new_empty(q.shape[:2], dtype=torch.float32)  # [num_tokens, heads]
+        if batch.decode is not None:
+            d = batch.decode
+            o, l_ = paged_decode_attention(
+                q.index_select(0, d.token_rows),
+                k_cache,
+                v_cache,
+                d.block_table,
+                d.kv_lens,
+                d.block_size,
+                self.scale,
+            )
+            out.index_copy_(0, d.token_rows, o.float())
+            lse.index_copy_(0, d.token_rows, l_)
+        for p in batch.prefills:
+            rows = slice(p.token_start, p.token_start + p.num_tokens)
+            kv_len = p.q_start + p.num_tokens - p.kv_start
+            o, l_ = paged_prefill_attention(
+                q[rows],
+                k_cache,
+                v_cache,
+                p.block_table,
+                p.q_start,
+                p.kv_start,
+                kv_len,
+                batch.block_size,
+                self.scale,
+            )
+            out[rows] = o.float()
+            lse[rows] = l_
+        for g in batch.shared_groups:
+            part = shared_prefix_attention(
+                q.index_select(0, g.token_rows), k_cache, v_cache, g.prefix_blocks, g.block_size, self.scale
+            )
+            merge_into(out, lse, g.token_rows, *part)
+        return out.to(q.dtype)

@@ -1,0 +1,137 @@
+"""Shared-prefix attention: the queries of every sequence that shares one prefix attend it in
+a single matrix-matrix pass (each K/V block is loaded once for all of them, instead of once
+per sequence). Returns the partial output and its log-sum-exp, to be merged with each
+sequence's own suffix attention by :mod:`merge`."""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from parrot.engines.builtin.kernels.checks import (
+    FLOAT_TYPES,
+    check,
+    check_block_table,
+    check_heads,
+    check_power_of_two,
+    check_tensor,
+)
+
+
+@triton.jit
+def _shared_prefix_kernel(
+    q_ptr,  # [num_tokens, num_heads, head_dim] all queries of the sharing sequences
+    k_cache_ptr,  # [num_slots, num_kv_heads, head_dim]
+    v_cache_ptr,
+    blocks_ptr,  # [num_prefix_blocks] the shared (full) blocks
+    out_ptr,  # [num_tokens, num_heads, head_dim] float32
+    lse_ptr,  # [num_tokens, num_heads] float32
+    num_rows,  # num_tokens * GROUP: one row per (token, query head of this KV head)
+    num_prefix_blocks,
+    scale,
+    stride_qt,
+    stride_qh,
+    stride_cs,
+    stride_ch,
+    stride_ot,
+    stride_oh,
+    stride_lt,
+    stride_lh,
+    GROUP: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+):
+    tile = tl.program_id(0)
+    kv_head = tl.program_id(1)
+    rows = tile * BLOCK_M + tl.arange(0, BLOCK_M)
+    row_mask = rows < num_rows
+    token = rows // GROUP
+    head = kv_head * GROUP + rows % GROUP
+    d = tl.arange(0, HEAD_DIM)
+    q = tl.load(
+        q_ptr + token[:, None] * stride_qt + head[:, None] * stride_qh + d[None, :],
+        mask=row_mask[:, None],
+        other=0.0,
+    ).to(tl.float32)  # [BLOCK_M, HEAD_DIM]
+    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
+    t = tl.arange(0, BLOCK_SIZE)
+    for j in range(0, num_prefix_blocks):
+        block = tl.load(blocks_ptr + j).to(tl.int64)
+        offsets = (block * BLOCK_SIZE + t)[:, None] * stride_cs + kv_head * stride_ch + d[None, :]
+        k = tl.load(k_cache_ptr + offsets).to(tl.float32)  # [BLOCK_SIZE, HEAD_DIM]
+        v = tl.load(v_cache_ptr + offsets).to(tl.float32)
+        s = tl.dot(q, tl.trans(k)) * scale  # [BLOCK_M, BLOCK_SIZE]; the prefix is all visible
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        p = tl.exp(s - m_new[:, None])
+        alpha = tl.exp(m_i - m_new)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        acc = acc * alpha[:, None] + tl.dot(p, v)
+        m_i = m_new
+    out = acc / l_i[:, None]
+    tl.store(
+        out_ptr + token[:, None] * stride_ot + head[:, None] * stride_oh + d[None, :],
+        out,
+        mask=row_mask[:, None],
+    )
+    tl.store(lse_ptr + token * stride_lt + head * stride_lh, m_i + tl.log(l_i), mask=row_mask)
+
+
+def shared_prefix_attention(
+    q: torch.Tensor,  # [num_tokens, num_heads, head_dim]
+    k_cache: torch.Tensor,  # [num_blocks * block_size, num_kv_heads, head_dim]
+    v_cache: torch.Tensor,
+    prefix_blocks: torch.Tensor,  # [num_prefix_blocks] int, full blocks
+    block_size: int,
+    scale: float,
+) -> tuple[torch.Tensor, torch.Tensor]:  # out [num_tokens, heads, head_dim] f32, lse [num_tokens, heads] f32
+    check_tensor("q", q, 3, FLOAT_TYPES)
+    check_tensor("k_cache", k_cache, 3, FLOAT_TYPES)
+    check_tensor("v_cache", v_cache, 3, FLOAT_TYPES)
+    check(
+        k_cache.shape == v_cache.shape and k_cache.stride() == v_cache.stride(), "k_cache and v_cache differ"
+    )
+    check(q.dtype == k_cache.dtype, "q and the caches must share one dtype")
+    num_tokens, num_heads, head_dim = q.shape
+    check(k_cache.shape[2] == head_dim, f"head_dim of q ({head_dim}) != cache ({k_cache.shape[2]})")
+    check_power_of_two("head_dim", head_dim)
+    check_power_of_two("block_size", block_size)
+    group = check_heads(num_heads, k_cache.shape[1])
+    check(
+        prefix_blocks.dim() == 1 and prefix_blocks.numel() >= 1,
+        "prefix_blocks must be a non-empty [num_blocks]",
+    )
+    check_block_table("prefix_blocks", prefix_blocks, k_cache.shape[0] // block_size)
+    out = torch.empty(num_tokens, num_heads, head_dim, dtype=torch.float32, device=q.device)
+    lse = torch.empty(num_tokens, num_heads, dtype=torch.float32, device=q.device)
+    if num_tokens == 0:
+        return out, lse
+    rows = num_tokens * group
+    block_m = 16 if not q.is_cuda else 64
+    _shared_prefix_kernel[(triton.cdiv(rows, block_m), k_cache.shape[1])](
+        q,
+        k_cache,
+        v_cache,
+        prefix_blocks,
+        out,
+        lse,
+        rows,
+        prefix_blocks.numel(),
+        scale,
+        q.stride(0),
+        q.stride(1),
+        k_cache.stride(0),
+        k_cache.stride(1),
+        out.stride(0),
+        out.stride(1),
+        lse.stride(0),
+        lse.stride(1),
+        GROUP=group,
+        BLOCK_M=block_m,
+        BLOCK_SIZE=block_size,
+        HEAD_DIM=head_dim,
+    )
+    return out, lse
