@@ -72,7 +72,9 @@ def case(prefix: int, seqs: int, repeats: int, device: torch.device, dtype: torc
     k = torch.randn(seqs, KV_HEADS, HEAD_DIM, device=device, dtype=dtype)
     v = torch.randn_like(k)
     kc, vc = pool.kv_cache[0, 0], pool.kv_cache[0, 1]
-    shared = build_step(items, BLOCK, SharedPrefixPolicy(min_prefix_tokens=1), device).attention
+    shared = build_step(
+        items, BLOCK, SharedPrefixPolicy(min_prefix_tokens=1, min_saved_tokens=0), device
+    ).attention
     plain = build_step(items, BLOCK, SharedPrefixPolicy(enabled=False), device).attention
     assert shared.uses_shared_prefix and not plain.uses_shared_prefix
     t_shared = timed(lambda: backend.forward(q, k, v, kc, vc, shared), repeats, device)
@@ -102,6 +104,7 @@ def main() -> None:
     parser.add_argument("--seqs", type=int, nargs="+", default=[8, 32, 128])
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--no-write", action="store_true")
+    parser.add_argument("--section", default="", help="suffix of the docs section (e.g. thresholds)")
     args = parser.parse_args()
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     dtype = torch.float16 if device.type == "cuda" else torch.float32
@@ -128,7 +131,7 @@ def main() -> None:
     table = "\n".join(lines)
     print(table)
     if not args.no_write:
-        write_section(f"attention-kernels-{device.type}", table)
+        write_section(f"attention-kernels-{device.type}{'-' + args.section if args.section else ''}", table)
 
 
 if __name__ == "__main__":

@@ -17,11 +17,18 @@ from parrot.engines.builtin.context import Context
 
 @dataclass(frozen=True)
 class SharedPrefixPolicy:
-    """When the shared-prefix attention path is worth taking (measured in the benchmark)."""
+    """When the shared-prefix attention path is worth taking.
+
+    The path pays once enough KV reads are saved: ``(seqs - 1) * prefix_tokens``. On the CPU
+    torch backend the break-even measured by ``benchmarks/attention_kernels.py`` lies near
+    3,000 saved tokens per layer (1.06x at 4 x 1,024 and 8 x 512; 0.8x at 8 x 256 and 4 x 512;
+    see docs/benchmarks.md), hence the default; GPUs differ, so it is configurable.
+    """
 
     enabled: bool = True
     min_seqs: int = 2
     min_prefix_tokens: int = 16
+    min_saved_tokens: int = 3072
 
 
 @dataclass
@@ -85,12 +92,12 @@ def build_step(
                 device=device,
             ),
             prefix_blocks=torch.tensor(
-                items[members[0]].context.blocks[:nblocks], dtype=torch.long, device=device
+                items[members[0]].context.blocks[first:end], dtype=torch.long, device=device
             ),
             block_size=block_size,
             num_seqs=len(members),
         )
-        for members, nblocks in groups
+        for members, first, end in groups
     )
     return StepInputs(
         input_ids=torch.tensor(ids, dtype=torch.long, device=device),
@@ -107,30 +114,42 @@ def build_step(
     )
 
 
-def _shared_groups(items, computed, block_size, policy, kv_start) -> list[tuple[list[int], int]]:
-    """Groups of items whose block tables share leading blocks, with the shared block count."""
+def _shared_groups(items, computed, block_size, policy, kv_start) -> list[tuple[list[int], int, int]]:
+    """Groups of items whose block tables share blocks, level by level.
+
+    Each group is (members, first block, end block): its members share blocks[first:end]
+    (and, for a deeper level, everything before). A child of a child forms a group inside
+    its parent's group, so each level is attended once and merged in turn. Members'
+    ``kv_start`` ends up at the deepest shared block; their own attention starts there.
+    """
+    groups: list[tuple[list[int], int, int]] = []
     if not policy.enabled:
-        return []
-    by_first: dict[int, list[int]] = {}
-    for i in computed:
-        ctx = items[i].context
-        if items[i].start >= block_size and ctx.blocks:
-            by_first.setdefault(ctx.blocks[0], []).append(i)
-    groups = []
-    for members in by_first.values():
-        if len(members) < policy.min_seqs:
-            continue
-        # Leading blocks common to all members that lie wholly before every member's queries.
-        limit = min(items[i].start // block_size for i in members)
-        tables = [items[i].context.blocks for i in members]
-        n = 0
-        while n < limit and all(t[n] == tables[0][n] for t in tables):
-            n += 1
-        if n * block_size < policy.min_prefix_tokens:
-            continue
+        return groups
+
+    def split(members: list[int], level: int) -> None:
+        by_next: dict[int, list[int]] = {}
         for i in members:
-            kv_start[i] = n * block_size
-        groups.append((members, n))
+            # Only blocks wholly before the item's first query can be shared.
+            if level < items[i].start // block_size:
+                by_next.setdefault(items[i].context.blocks[level], []).append(i)
+        for sub in by_next.values():
+            if len(sub) < policy.min_seqs:
+                continue
+            limit = min(items[i].start // block_size for i in sub)
+            tables = [items[i].context.blocks for i in sub]
+            end = level
+            while end < limit and all(t[end] == tables[0][end] for t in tables):
+                end += 1
+            shared_tokens = (end - level) * block_size
+            saved = (len(sub) - 1) * shared_tokens
+            if shared_tokens < policy.min_prefix_tokens or saved < policy.min_saved_tokens:
+                continue
+            groups.append((sub, level, end))
+            for i in sub:
+                kv_start[i] = end * block_size
+            split(sub, end)
+
+    split(computed, 0)
     return groups
 
 

@@ -30,6 +30,12 @@ def add_parser(commands) -> None:
     p.add_argument("--no-shared-prefix", action="store_true", help="disable shared-prefix attention")
     p.add_argument("--shared-prefix-min-seqs", type=int, default=2)
     p.add_argument("--shared-prefix-min-tokens", type=int, default=16)
+    p.add_argument(
+        "--shared-prefix-min-saved",
+        type=int,
+        default=3072,
+        help="take the shared-prefix path when (seqs - 1) * prefix tokens reaches this",
+    )
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads")
     p.set_defaults(run=run)
 
@@ -47,6 +53,7 @@ def config_from_args(args: argparse.Namespace) -> EngineConfig:
             enabled=not args.no_shared_prefix,
             min_seqs=args.shared_prefix_min_seqs,
             min_prefix_tokens=args.shared_prefix_min_tokens,
+            min_saved_tokens=args.shared_prefix_min_saved,
         ),
         attention_backend=args.attention_backend,
         num_threads=args.threads,

@@ -58,10 +58,11 @@ class TorchAttentionBackend(AttentionBackend):
         for g in batch.shared_groups:
             qg = q.index_select(0, g.token_rows)
             o_p, l_p = self._prefix(qg, k_cache, v_cache, g.prefix_blocks, g.block_size)
-            o, _ = merge_partial(
+            o, merged_lse = merge_partial(
                 out.index_select(0, g.token_rows), lse.index_select(0, g.token_rows), o_p, l_p
             )
             out.index_copy_(0, g.token_rows, o)
+            lse.index_copy_(0, g.token_rows, merged_lse)  # a deeper level merges into this
         return out
 
     def _grouped(self, q: torch.Tensor) -> torch.Tensor:

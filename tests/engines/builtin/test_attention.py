@@ -86,7 +86,7 @@ def test_shared_prefix_equals_plain_and_reference(block_size, num_heads, kv_head
     v = torch.randn(total, kv_heads, HEAD_DIM)
 
     shared, batch = run_backend(
-        pool, items, q, k, v, num_heads, kv_heads, SharedPrefixPolicy(min_prefix_tokens=1)
+        pool, items, q, k, v, num_heads, kv_heads, SharedPrefixPolicy(min_prefix_tokens=1, min_saved_tokens=0)
     )
     plain, plain_batch = run_backend(
         pool, items, q, k, v, num_heads, kv_heads, SharedPrefixPolicy(enabled=False)
@@ -100,6 +100,36 @@ def test_shared_prefix_equals_plain_and_reference(block_size, num_heads, kv_head
     torch.testing.assert_close(plain, ref, atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(shared, ref, atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(shared, plain, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("backend", ["torch", "triton"])
+def test_two_level_sharing_forms_nested_groups(backend):
+    """Children of a child: the grandparent's blocks and the child's own blocks are two groups."""
+    torch.manual_seed(1)
+    num_heads, kv_heads, bs = 6, 2, 4
+    pool = make_pool(bs, kv_heads)
+    root = new_context(pool, 1, 17)
+    mids = [new_context(pool, 2 + i, 12, parent=root) for i in range(2)]
+    leaves = [new_context(pool, 10 + i, 3 + i, parent=mids[i % 2]) for i in range(4)]
+    items = []
+    for ctx in leaves:
+        ctx.token_ids.append(7)
+        assert pool.ensure_blocks(ctx, len(ctx.token_ids))
+        items.append(StepItem(ctx, ctx.num_computed, 1, sample=True))
+    n = len(items)
+    q = torch.randn(n, num_heads, HEAD_DIM)
+    k = torch.randn(n, kv_heads, HEAD_DIM)
+    v = torch.randn(n, kv_heads, HEAD_DIM)
+    batch = build_step(
+        items, bs, SharedPrefixPolicy(min_prefix_tokens=1, min_saved_tokens=0), torch.device("cpu")
+    ).attention
+    levels = sorted((g.num_seqs, g.prefix_blocks.numel()) for g in batch.shared_groups)
+    # All four leaves share the root's 4 full blocks; each pair shares its mid's next blocks.
+    assert levels == [(2, 3), (2, 3), (4, 4)]
+    backend_impl = create_backend(backend, num_heads, kv_heads, HEAD_DIM)
+    cache = pool.kv_cache.clone()
+    out = backend_impl.forward(q, k, v, cache[0, 0], cache[0, 1], batch)
+    torch.testing.assert_close(out, reference(pool, items, q, k, v, num_heads), atol=1e-5, rtol=1e-5)
 
 
 def test_fork_shares_full_blocks_and_copies_partial_block():

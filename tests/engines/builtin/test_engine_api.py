@@ -173,9 +173,11 @@ def test_concurrent_requests_share_batches(client, ids):
 
 
 def test_shared_prefix_path_is_used_for_forked_decodes(client, ids):
-    """Acceptance 4 (engine side): decoding forks of one parent takes the shared-prefix path."""
+    """Acceptance 4 (engine side): decoding forks of one parent takes the shared-prefix path
+    (4 children of a 1,024-token parent: above the default break-even of 3,072 saved tokens)."""
     parent = next(ids)
-    client.post("/fill", json={"context_id": parent, "text": PROMPT * 4})
+    tokens = client.post("/tokenize", json={"text": "Tides rise and fall. " * 300}).json()["token_ids"][:1024]
+    client.post("/fill", json={"context_id": parent, "token_ids": tokens})
     before = ping(client)["shared_prefix_steps"]
     children = [next(ids) for _ in range(4)]
 

@@ -10,6 +10,7 @@ import pytest
 import torch
 import transformers
 
+from parrot.engines.builtin.batch import SharedPrefixPolicy
 from parrot.engines.builtin.config import EngineConfig
 from parrot.engines.builtin.engine import BuiltinEngine
 from parrot.engines.builtin.scheduler import SchedulerConfig
@@ -46,6 +47,7 @@ def run(folder, backend: str) -> list[list[int]]:
             attention_backend=backend,
             kv_cache_bytes=8 * 2**20,
             scheduler=SchedulerConfig(max_batched_tokens=24, max_running=8),
+            shared_prefix=SharedPrefixPolicy(min_saved_tokens=0),  # tiny shapes: always share
         )
     )
     assert engine.backend.name == backend
@@ -61,7 +63,11 @@ def run(folder, backend: str) -> list[list[int]]:
         )
         await engine.fill(2, [5, 6, 7], parent_context_id=1)  # a fill into a fork
         other = await asyncio.gather(engine.generate(2, sampling), engine.generate(1, sampling))
-        return [r.token_ids for r in (*children, *other)], await engine.stats()
+        # Grandchildren: the root's blocks and each child's own blocks are two sharing levels.
+        grandchildren = await asyncio.gather(
+            *(engine.generate(20 + i, sampling, parent_context_id=10 + i % 2) for i in range(4))
+        )
+        return [r.token_ids for r in (*children, *other, *grandchildren)], await engine.stats()
 
     try:
         tokens, stats = asyncio.run(scenario())
