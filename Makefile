@@ -30,6 +30,7 @@ test: install
 
 bench: install
 	$(BIN)/python benchmarks/engine_throughput.py
+	$(BIN)/python benchmarks/attention_kernels.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache
