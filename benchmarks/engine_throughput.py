@@ -68,6 +68,24 @@ class EngineBench:
         assert all(len(r.token_ids) == new_tokens for r in results)
         return batch * new_tokens / elapsed
 
+    async def requests(self, count: int, new_tokens: int, concurrent: bool) -> float:
+        """Seconds to serve ``count`` fill + generate requests, all at once or one after another."""
+
+        async def one(i: int) -> None:
+            cid = next(self.ids)
+            await self.engine.fill(cid, self.engine.tokenize(PROMPT.format(i=i)))
+            sampling = SamplingParams(max_tokens=new_tokens, temperature=0.0, ignore_eos=True)
+            await self.engine.generate(cid, sampling)
+            await self.engine.free_context(cid)
+
+        start = time.perf_counter()
+        if concurrent:
+            await asyncio.gather(*(one(i) for i in range(count)))
+        else:
+            for i in range(count):
+                await one(i)
+        return time.perf_counter() - start
+
     async def shared_prefix(self, seqs: int, prefix: int, new_tokens: int, shared: bool) -> float:
         self.engine.core.runner.policy = SharedPrefixPolicy(enabled=shared)
         parent = next(self.ids)
@@ -129,7 +147,15 @@ def engine_part(args) -> dict:
         plain = max(
             [await bench.shared_prefix(32, 1024, args.new_tokens, False) for _ in range(args.repeats)]
         )
-        return {"decode": decode, "shared": shared, "plain": plain}
+        sequential = min([await bench.requests(16, args.new_tokens, False) for _ in range(args.repeats)])
+        concurrent = min([await bench.requests(16, args.new_tokens, True) for _ in range(args.repeats)])
+        return {
+            "decode": decode,
+            "shared": shared,
+            "plain": plain,
+            "sequential": sequential,
+            "concurrent": concurrent,
+        }
 
     result = asyncio.run(run())
     result["weight_bytes"] = sum(p.numel() * p.element_size() for p in engine.model.parameters())
@@ -199,6 +225,14 @@ def report(args) -> str:
         "| --- | ---: | ---: |",
         f"| shared-prefix attention | {shared:.1f} | {shared / plain:.2f}x |",
         f"| plain paged attention | {plain:.1f} | 1.00x |",
+    ]
+    seq_s, con_s = ours["sequential"], ours["concurrent"]
+    lines += [
+        "",
+        f"| 16 requests (fill + {args.new_tokens} tokens each) | seconds | speed-up |",
+        "| --- | ---: | ---: |",
+        f"| concurrent (continuous batching) | {con_s:.2f} | {seq_s / con_s:.2f}x |",
+        f"| one after another | {seq_s:.2f} | 1.00x |",
     ]
     if 1 in ours["decode"]:
         steps = ours["decode"][1]

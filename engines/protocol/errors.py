@@ -65,3 +65,22 @@ class EngineShutdownError(ParrotError):
 class ModelLoadError(ParrotError):
     status_code = 500
     code = "model_load_error"
+
+
+class TemplateError(BadRequestError):
+    """A semantic call's template or its parameters do not fit together.
+
+    ``position`` is the character offset in the template the problem is at (or None when
+    it is about the parameter list)."""
+
+    code = "bad_template"
+
+    def __init__(self, message: str, position: int | None = None) -> None:
+        super().__init__(message if position is None else f"{message} (at character {position})")
+        self.position = position
+
+
+class GraphError(ConflictError):
+    """A semantic call would break the session's DAG (a cycle, a second producer)."""
+
+    code = "graph_conflict"

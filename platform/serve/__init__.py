@@ -1,0 +1,1 @@
+"""The serve layer (ServeCore): semantic calls, semantic variables and their DAG."""

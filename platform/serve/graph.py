@@ -1,0 +1,201 @@
+"""The graph of a session: semantic calls as chains of nodes, linked by semantic variables.
+
+A call's template becomes a :class:`RequestChain` of nodes (``ConstantFill`` for text,
+``PlaceholderFill`` for an input variable, ``PlaceholderGen`` for an output variable),
+split into :class:`CompletionChain` s of fills ending in one generation: the unit the
+scheduler runs. A chain depends on the producers of the variables it fills and on the
+chain before it in its own call. Variables link calls of a session into a DAG.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+
+from parrot.engines.protocol.errors import GraphError, TemplateError
+from parrot.engines.protocol.sampling import SamplingParams
+from parrot.platform.serve.template import Chunk, PlaceholderChunk, TextChunk
+
+
+@dataclass(eq=False)
+class SemanticVariable:
+    """A named text container of a session; ``ready`` once it holds a value."""
+
+    var_id: str
+    name: str
+    value: str | None = None
+    producer: CompletionChain | None = None
+    consumers: list[CompletionChain] = field(default_factory=list)
+
+    @property
+    def ready(self) -> bool:
+        return self.value is not None
+
+
+@dataclass(eq=False)
+class ConstantFill:
+    text: str
+
+
+@dataclass(eq=False)
+class PlaceholderFill:
+    var: SemanticVariable
+
+
+@dataclass(eq=False)
+class PlaceholderGen:
+    var: SemanticVariable
+    sampling: SamplingParams
+
+
+FillNode = ConstantFill | PlaceholderFill
+Node = ConstantFill | PlaceholderFill | PlaceholderGen
+
+
+@dataclass(eq=False)
+class CompletionChain:
+    """Fills, then one generation: what one engine runs as one task."""
+
+    request: RequestChain
+    index: int  # position among the request's chains
+    fills: list[FillNode]
+    gen: PlaceholderGen
+
+    @property
+    def previous(self) -> CompletionChain | None:
+        return self.request.chains[self.index - 1] if self.index else None
+
+    def input_vars(self) -> list[SemanticVariable]:
+        return [n.var for n in self.fills if isinstance(n, PlaceholderFill)]
+
+    def upstream(self) -> list[CompletionChain]:
+        """Chains that must finish before this one can run."""
+        deps = [v.producer for v in self.input_vars() if v.producer is not None]
+        if self.previous is not None:
+            deps.append(self.previous)
+        return deps
+
+    def ready(self) -> bool:
+        """All inputs have values and the earlier part of the call has been generated."""
+        earlier_done = self.previous is None or self.previous.gen.var.ready
+        return earlier_done and all(v.ready for v in self.input_vars())
+
+    def prompt_nodes(self) -> Iterator[Node]:
+        """Every node whose text precedes this chain's generation, from the call's start."""
+        for chain in self.request.chains[: self.index]:
+            yield from chain.fills
+            yield chain.gen
+        yield from self.fills
+
+
+@dataclass(eq=False)
+class RequestChain:
+    call_id: str
+    nodes: list[Node]
+    chains: list[CompletionChain] = field(default_factory=list)
+
+    @classmethod
+    def build(
+        cls,
+        call_id: str,
+        chunks: list[Chunk],
+        variables: Mapping[str, SemanticVariable],
+        outputs: Mapping[str, SamplingParams],
+    ) -> RequestChain:
+        """Nodes from template chunks; ``variables`` binds every placeholder, ``outputs``
+        gives the sampling of those that are outputs."""
+        nodes: list[Node] = []
+        for chunk in chunks:
+            if isinstance(chunk, TextChunk):
+                nodes.append(ConstantFill(chunk.text))
+            elif chunk.name in outputs:
+                nodes.append(PlaceholderGen(variables[chunk.name], outputs[chunk.name]))
+            else:
+                nodes.append(PlaceholderFill(variables[chunk.name]))
+        request = cls(call_id, nodes)
+        fills: list[FillNode] = []
+        for node in nodes:
+            if isinstance(node, PlaceholderGen):
+                request.chains.append(CompletionChain(request, len(request.chains), fills, node))
+                fills = []
+            else:
+                fills.append(node)
+        if not request.chains:
+            raise TemplateError("a semantic call needs at least one output placeholder")
+        # Text after the last output is not part of any generation; it is kept in ``nodes``.
+        return request
+
+    def output_vars(self) -> list[SemanticVariable]:
+        return [c.gen.var for c in self.chains]
+
+    def input_vars(self) -> list[SemanticVariable]:
+        return [v for c in self.chains for v in c.input_vars()]
+
+
+class Graph:
+    """The DAG of one session's calls."""
+
+    def __init__(self) -> None:
+        self.requests: dict[str, RequestChain] = {}
+
+    def add(self, request: RequestChain) -> None:
+        """Link a new call in, or raise :class:`GraphError` (nothing changes then)."""
+        outputs = request.output_vars()
+        for var in outputs:
+            if var.producer is not None:
+                raise GraphError(
+                    f"variable {var.name!r} ({var.var_id}) is already produced by call "
+                    f"{var.producer.request.call_id}"
+                )
+            if var.ready:
+                raise GraphError(
+                    f"variable {var.name!r} ({var.var_id}) already has a value; it cannot be an output"
+                )
+        out_ids = {id(v) for v in outputs}
+        for var in request.input_vars():
+            if id(var) in out_ids:
+                raise GraphError(f"variable {var.name!r} is both an input and an output of this call")
+        # A cycle: some chain upstream of this call's inputs consumes one of its outputs.
+        for chain in self._ancestors(request):
+            hit = next((v for v in chain.input_vars() if id(v) in out_ids), None)
+            if hit is not None:
+                raise GraphError(
+                    f"call would create a cycle: its output {hit.name!r} feeds call {chain.request.call_id}, "
+                    "which this call depends on"
+                )
+        for chain in request.chains:
+            chain.gen.var.producer = chain
+            for var in chain.input_vars():
+                var.consumers.append(chain)
+        self.requests[request.call_id] = request
+
+    def _ancestors(self, request: RequestChain) -> Iterator[CompletionChain]:
+        seen: set[int] = set()
+        stack = [v.producer for v in request.input_vars() if v.producer is not None]
+        while stack:
+            chain = stack.pop()
+            if id(chain) in seen:
+                continue
+            seen.add(id(chain))
+            yield chain
+            stack.extend(chain.upstream())
+
+    def producers_of(self, var: SemanticVariable) -> list[tuple[CompletionChain, int]]:
+        """The chains that must run for ``var`` to get its value, with their depth (1 = its
+        producer), nearest first: what a ``get`` activates, backwards through the DAG."""
+        found: list[tuple[CompletionChain, int]] = []
+        seen: set[int] = set()
+        queue = deque([(var.producer, 1)] if var.producer is not None else [])
+        while queue:
+            chain, depth = queue.popleft()
+            if id(chain) in seen:
+                continue
+            seen.add(id(chain))
+            found.append((chain, depth))
+            queue.extend((up, depth + 1) for up in chain.upstream())
+        return found
+
+
+def placeholder_names(chunks: list[Chunk]) -> list[str]:
+    return [c.name for c in chunks if isinstance(c, PlaceholderChunk)]

@@ -1,0 +1,113 @@
+"""Prompt templates: text with ``{{name}}`` placeholders, split into chunks and bound to
+parameters. Every error names what is wrong and where (a character offset)."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from parrot.engines.protocol.errors import TemplateError
+
+NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+MAX_TEMPLATE_CHARS = 1_000_000
+
+
+@dataclass(frozen=True)
+class TextChunk:
+    text: str
+    start: int  # offset of the text in the template
+
+
+@dataclass(frozen=True)
+class PlaceholderChunk:
+    name: str
+    start: int  # offset of the opening braces
+    end: int  # offset after the closing braces
+
+
+Chunk = TextChunk | PlaceholderChunk
+
+
+def parse_template(template: str) -> list[Chunk]:
+    """Split a template into text and placeholder chunks.
+
+    ``{{`` opens a placeholder, which must be closed by ``}}`` around a name (spaces allowed
+    inside the braces); single braces and a stray ``}}`` are ordinary text.
+    """
+    if len(template) > MAX_TEMPLATE_CHARS:
+        raise TemplateError(f"the template has {len(template)} characters, more than {MAX_TEMPLATE_CHARS}")
+    chunks: list[Chunk] = []
+    pos = 0
+    while pos < len(template):
+        open_at = template.find("{{", pos)
+        if open_at < 0:
+            chunks.append(TextChunk(template[pos:], pos))
+            break
+        if open_at > pos:
+            chunks.append(TextChunk(template[pos:open_at], pos))
+        close_at = template.find("}}", open_at + 2)
+        if close_at < 0:
+            raise TemplateError("unclosed placeholder: '{{' without a matching '}}'", open_at)
+        inner = template[open_at + 2 : close_at]
+        if "{{" in inner:
+            raise TemplateError("malformed placeholder: '{{' inside another placeholder", open_at)
+        name = inner.strip()
+        if not name:
+            raise TemplateError("empty placeholder '{{}}': a placeholder needs a name", open_at)
+        if not NAME.fullmatch(name):
+            raise TemplateError(
+                f"malformed placeholder name {name!r}: use letters, digits and '_', "
+                "not starting with a digit",
+                open_at,
+            )
+        chunks.append(PlaceholderChunk(name, open_at, close_at + 2))
+        pos = close_at + 2
+    return chunks
+
+
+@dataclass(frozen=True)
+class ParameterSpec:
+    """What the binding needs to know of a call parameter."""
+
+    name: str
+    is_output: bool
+
+
+def check_binding(chunks: Sequence[Chunk], parameters: Sequence[ParameterSpec]) -> None:
+    """The template's placeholders and the call's parameters must match one to one."""
+    by_name: dict[str, ParameterSpec] = {}
+    for p in parameters:
+        if p.name in by_name:
+            raise TemplateError(f"parameter {p.name!r} is given twice")
+        if not NAME.fullmatch(p.name):
+            raise TemplateError(f"parameter name {p.name!r} is not a valid placeholder name")
+        by_name[p.name] = p
+    used: dict[str, int] = {}
+    previous: Chunk | None = None
+    for chunk in chunks:
+        if isinstance(chunk, TextChunk):
+            previous = chunk
+            continue
+        param = by_name.get(chunk.name)
+        if param is None:
+            raise TemplateError(f"placeholder {{{{{chunk.name}}}}} has no parameter", chunk.start)
+        if param.is_output:
+            if chunk.name in used:
+                raise TemplateError(f"output {{{{{chunk.name}}}}} appears twice", chunk.start)
+            if previous is None:
+                raise TemplateError(
+                    f"output {{{{{chunk.name}}}}} is not preceded by any text: nothing to generate from",
+                    chunk.start,
+                )
+            if isinstance(previous, PlaceholderChunk) and by_name[previous.name].is_output:
+                raise TemplateError(
+                    f"outputs {{{{{previous.name}}}}} and {{{{{chunk.name}}}}} are adjacent: "
+                    "put text between them",
+                    chunk.start,
+                )
+        used.setdefault(chunk.name, chunk.start)
+        previous = chunk
+    unused = [p.name for p in parameters if p.name not in used]
+    if unused:
+        raise TemplateError(f"parameter {unused[0]!r} has no placeholder in the template")

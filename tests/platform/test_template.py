@@ -1,0 +1,81 @@
+"""Template parsing and parameter binding, with the position of every error."""
+
+from __future__ import annotations
+
+import pytest
+
+from parrot.engines.protocol.errors import TemplateError
+from parrot.platform.serve.template import (
+    ParameterSpec,
+    PlaceholderChunk,
+    TextChunk,
+    check_binding,
+    parse_template,
+)
+
+
+def spec(**params: bool) -> list[ParameterSpec]:
+    return [ParameterSpec(name, is_output) for name, is_output in params.items()]
+
+
+def test_text_and_placeholders_split_with_offsets():
+    chunks = parse_template("Summarize {{ text }} in JSON {like: this}.\nSummary: {{summary}}")
+    assert chunks == [
+        TextChunk("Summarize ", 0),
+        PlaceholderChunk("text", 10, 20),
+        TextChunk(" in JSON {like: this}.\nSummary: ", 20),
+        PlaceholderChunk("summary", 52, 63),
+    ]
+    check_binding(chunks, spec(text=False, summary=True))
+
+
+def test_stray_closing_braces_are_text():
+    assert parse_template("a }} b") == [TextChunk("a }} b", 0)]
+
+
+@pytest.mark.parametrize(
+    ("template", "message", "position"),
+    [
+        ("Hello {{name", "unclosed placeholder", 6),
+        ("Hello {{}} there", "empty placeholder", 6),
+        ("Hi {{ 9lives }}", "malformed placeholder name '9lives'", 3),
+        ("Hi {{a-b}}", "malformed placeholder name 'a-b'", 3),
+        ("x {{a {{b}} }}", "'{{' inside another placeholder", 2),
+    ],
+)
+def test_malformed_templates(template, message, position):
+    with pytest.raises(TemplateError, match=message) as info:
+        parse_template(template)
+    assert info.value.position == position
+    assert f"at character {position}" in str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("template", "params", "message"),
+    [
+        ("Q: {{q}} A: {{a}}", spec(q=False), "placeholder {{a}} has no parameter"),
+        ("Q: {{q}}", spec(q=False, extra=True), "parameter 'extra' has no placeholder"),
+        ("Q: {{a}}{{b}}", spec(a=True, b=True), "outputs {{a}} and {{b}} are adjacent"),
+        ("{{a}} then", spec(a=True), "not preceded by any text"),
+        ("Q: {{a}} and {{a}}", spec(a=True), "output {{a}} appears twice"),
+    ],
+)
+def test_binding_errors(template, params, message):
+    with pytest.raises(TemplateError, match=message):
+        check_binding(parse_template(template), params)
+
+
+def test_duplicate_and_invalid_parameter_names():
+    with pytest.raises(TemplateError, match="given twice"):
+        check_binding(parse_template("{{a}}"), [ParameterSpec("a", False), ParameterSpec("a", False)])
+    with pytest.raises(TemplateError, match="not a valid placeholder name"):
+        check_binding(parse_template("x"), [ParameterSpec("no spaces", False)])
+
+
+def test_inputs_may_repeat_and_an_output_may_follow_an_input():
+    check_binding(parse_template("{{q}} again {{q}}{{a}}"), spec(q=False, a=True))
+
+
+def test_oversized_template():
+    with pytest.raises(TemplateError, match="more than"):
+        parse_template("x" * 1_000_001)
