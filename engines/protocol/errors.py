@@ -84,3 +84,29 @@ class GraphError(ConflictError):
     """A semantic call would break the session's DAG (a cycle, a second producer)."""
 
     code = "graph_conflict"
+
+
+class EngineUnavailableError(ParrotError):
+    """An engine could not be reached (connection refused, timed out, died mid-request)."""
+
+    status_code = 503
+    code = "engine_unavailable"
+
+
+def error_from_response(status: int, code: str, message: str) -> ParrotError:
+    """Rebuild the error an engine reported, so callers see the same class it raised."""
+    for cls in _all_subclasses(ParrotError):
+        if cls.code == code and cls.status_code == status and cls is not TemplateError:
+            return cls(message)
+    fallback = {400: BadRequestError, 404: NotFoundError, 409: ConflictError}.get(status, ParrotError)
+    error = fallback(message)
+    error.status_code = status
+    return error
+
+
+def _all_subclasses(cls: type) -> list[type]:
+    found = []
+    for sub in cls.__subclasses__():
+        found.append(sub)
+        found.extend(_all_subclasses(sub))
+    return found
