@@ -150,7 +150,7 @@ def filter_top_k_top_p(
     nucleus, set to -inf (a new tensor). ``top_k[i] == 0`` and ``top_p[i] == 1`` disable a
     filter for row ``i``. The masks are those of transformers' ``TopKLogitsWarper`` (ties with
     the k-th value stay) and ``TopPLogitsWarper`` (the most likely token always stays)."""
-    num_rows, vocab = logits.shape
+    vocab = logits.shape[1]
     neg_inf = float("-inf")
     ordered, order = logits.sort(dim=-1)  # [rows, vocab] ascending, like transformers
     if top_k is not None:
@@ -197,7 +197,9 @@ class Sampler:
         if filtered:
             rows = torch.tensor(filtered, device=logits.device)  # [f]
             top_k = [params[i].top_k for i in filtered] if any(params[i].top_k for i in filtered) else None
-            top_p = [params[i].top_p for i in filtered] if any(params[i].top_p < 1 for i in filtered) else None
+            top_p = (
+                [params[i].top_p for i in filtered] if any(params[i].top_p < 1 for i in filtered) else None
+            )
             logits[rows] = filter_top_k_top_p(logits[rows], top_k, top_p)
         probs = logits.softmax(dim=-1)  # [rows, vocab]
         noise = torch.empty_like(probs)  # [rows, vocab]
