@@ -57,3 +57,22 @@ def check_power_of_two(name: str, value: int) -> None:
 
 
 FLOAT_TYPES = (torch.float32, torch.float16, torch.bfloat16)
+
+
+def check_attention_inputs(q, k_cache, v_cache, block_size: int) -> tuple[int, int]:
+    """The checks every attention wrapper shares; returns (query heads per KV head, num_blocks).
+
+    q [tokens, heads, head_dim]; k_cache/v_cache [num_blocks * block_size, kv_heads, head_dim].
+    """
+    check_tensor("q", q, 3, FLOAT_TYPES)
+    check_tensor("k_cache", k_cache, 3, FLOAT_TYPES)
+    check_tensor("v_cache", v_cache, 3, FLOAT_TYPES)
+    same = k_cache.shape == v_cache.shape and k_cache.stride() == v_cache.stride()
+    check(same, "k_cache and v_cache differ in shape or strides")
+    check(q.dtype == k_cache.dtype == v_cache.dtype, "q and the caches must share one dtype")
+    head_dim = q.shape[2]
+    check(k_cache.shape[2] == head_dim, f"head_dim of q ({head_dim}) != cache ({k_cache.shape[2]})")
+    check_power_of_two("head_dim", head_dim)
+    check_power_of_two("block_size", block_size)
+    check(k_cache.shape[0] % block_size == 0, "cache slots are not a whole number of blocks")
+    return check_heads(q.shape[1], k_cache.shape[1]), k_cache.shape[0] // block_size

@@ -12,11 +12,9 @@ import triton
 import triton.language as tl
 
 from parrot.engines.builtin.kernels.checks import (
-    FLOAT_TYPES,
     check,
+    check_attention_inputs,
     check_block_table,
-    check_heads,
-    check_power_of_two,
     check_tensor,
 )
 
@@ -138,20 +136,8 @@ def paged_decode_attention(
     scale: float,
     num_splits: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:  # out [num_seqs, num_heads, head_dim], lse [num_seqs, num_heads]
-    check_tensor("q", q, 3, FLOAT_TYPES)
-    check_tensor("k_cache", k_cache, 3, FLOAT_TYPES)
-    check_tensor("v_cache", v_cache, 3, FLOAT_TYPES)
-    check(
-        k_cache.shape == v_cache.shape and k_cache.stride() == v_cache.stride(), "k_cache and v_cache differ"
-    )
-    check(q.dtype == k_cache.dtype == v_cache.dtype, "q and the caches must share one dtype")
+    group, num_blocks = check_attention_inputs(q, k_cache, v_cache, block_size)
     num_seqs, num_heads, head_dim = q.shape
-    check(k_cache.shape[2] == head_dim, f"head_dim of q ({head_dim}) != cache ({k_cache.shape[2]})")
-    check_power_of_two("head_dim", head_dim)
-    check_power_of_two("block_size", block_size)
-    group = check_heads(num_heads, k_cache.shape[1])
-    check(k_cache.shape[0] % block_size == 0, "cache slots are not a whole number of blocks")
-    num_blocks = k_cache.shape[0] // block_size
     check(
         block_table.dim() == 2 and block_table.shape[0] == num_seqs,
         "block_table must be [num_seqs, max_blocks]",

@@ -7,14 +7,7 @@ import torch
 import triton
 import triton.language as tl
 
-from parrot.engines.builtin.kernels.checks import (
-    FLOAT_TYPES,
-    check,
-    check_block_table,
-    check_heads,
-    check_power_of_two,
-    check_tensor,
-)
+from parrot.engines.builtin.kernels.checks import check, check_attention_inputs, check_block_table
 
 
 @triton.jit
@@ -101,20 +94,10 @@ def paged_prefill_attention(
     block_size: int,
     scale: float,
 ) -> tuple[torch.Tensor, torch.Tensor]:  # out [num_tokens, num_heads, head_dim], lse [num_tokens, num_heads]
-    check_tensor("q", q, 3, FLOAT_TYPES)
-    check_tensor("k_cache", k_cache, 3, FLOAT_TYPES)
-    check_tensor("v_cache", v_cache, 3, FLOAT_TYPES)
-    check(
-        k_cache.shape == v_cache.shape and k_cache.stride() == v_cache.stride(), "k_cache and v_cache differ"
-    )
-    check(q.dtype == k_cache.dtype, "q and the caches must share one dtype")
+    group, num_blocks = check_attention_inputs(q, k_cache, v_cache, block_size)
     num_tokens, num_heads, head_dim = q.shape
-    check(k_cache.shape[2] == head_dim, f"head_dim of q ({head_dim}) != cache ({k_cache.shape[2]})")
-    check_power_of_two("head_dim", head_dim)
-    check_power_of_two("block_size", block_size)
-    group = check_heads(num_heads, k_cache.shape[1])
     check(block_table.dim() == 1, "block_table must be one sequence's [num_blocks]")
-    check_block_table("block_table", block_table, k_cache.shape[0] // block_size)
+    check_block_table("block_table", block_table, num_blocks)
     check(kv_start % block_size == 0, "kv_start must be block aligned")
     check(kv_len >= 1 and kv_len <= block_table.numel() * block_size, "kv_len does not fit the block table")
     check(

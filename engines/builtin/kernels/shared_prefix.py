@@ -9,14 +9,7 @@ import torch
 import triton
 import triton.language as tl
 
-from parrot.engines.builtin.kernels.checks import (
-    FLOAT_TYPES,
-    check,
-    check_block_table,
-    check_heads,
-    check_power_of_two,
-    check_tensor,
-)
+from parrot.engines.builtin.kernels.checks import check, check_attention_inputs, check_block_table
 
 
 @triton.jit
@@ -88,23 +81,13 @@ def shared_prefix_attention(
     block_size: int,
     scale: float,
 ) -> tuple[torch.Tensor, torch.Tensor]:  # out [num_tokens, heads, head_dim] f32, lse [num_tokens, heads] f32
-    check_tensor("q", q, 3, FLOAT_TYPES)
-    check_tensor("k_cache", k_cache, 3, FLOAT_TYPES)
-    check_tensor("v_cache", v_cache, 3, FLOAT_TYPES)
-    check(
-        k_cache.shape == v_cache.shape and k_cache.stride() == v_cache.stride(), "k_cache and v_cache differ"
-    )
-    check(q.dtype == k_cache.dtype, "q and the caches must share one dtype")
+    group, num_blocks = check_attention_inputs(q, k_cache, v_cache, block_size)
     num_tokens, num_heads, head_dim = q.shape
-    check(k_cache.shape[2] == head_dim, f"head_dim of q ({head_dim}) != cache ({k_cache.shape[2]})")
-    check_power_of_two("head_dim", head_dim)
-    check_power_of_two("block_size", block_size)
-    group = check_heads(num_heads, k_cache.shape[1])
     check(
         prefix_blocks.dim() == 1 and prefix_blocks.numel() >= 1,
         "prefix_blocks must be a non-empty [num_blocks]",
     )
-    check_block_table("prefix_blocks", prefix_blocks, k_cache.shape[0] // block_size)
+    check_block_table("prefix_blocks", prefix_blocks, num_blocks)
     out = torch.empty(num_tokens, num_heads, head_dim, dtype=torch.float32, device=q.device)
     lse = torch.empty(num_tokens, num_heads, dtype=torch.float32, device=q.device)
     if num_tokens == 0:
