@@ -1,0 +1,1 @@
+"""The ServeCore's SQL store (SQLAlchemy 2 async; SQLite by default, any URL allowed)."""

@@ -1,0 +1,66 @@
+"""Tables of the ServeCore. The schema itself is owned by Alembic (``migrations/``)."""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from sqlalchemy import JSON, DateTime, ForeignKey, Integer, String, Text
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+
+class Base(DeclarativeBase):
+    pass
+
+
+class EngineRecord(Base):
+    __tablename__ = "engines"
+
+    engine_id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    kind: Mapped[str] = mapped_column(String(32))  # builtin | openai
+    url: Mapped[str] = mapped_column(String(2048))
+    model: Mapped[str] = mapped_column(String(256))
+    config: Mapped[dict] = mapped_column(JSON, default=dict)  # capacity, api mode, ...
+    secret: Mapped[str | None] = mapped_column(Text, nullable=True)  # never returned by the API
+    status: Mapped[str] = mapped_column(String(32), default="up")
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+
+
+class SessionRecord(Base):
+    __tablename__ = "sessions"
+
+    session_id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    auth_hash: Mapped[str] = mapped_column(String(128))  # sha256 of the session_auth secret
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+    last_active_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+
+
+class VariableRecord(Base):
+    __tablename__ = "semantic_vars"
+
+    var_id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    # None for global, content-addressed variables (constant prompt prefixes).
+    session_id: Mapped[str | None] = mapped_column(
+        ForeignKey("sessions.session_id", ondelete="CASCADE"), nullable=True, index=True
+    )
+    name: Mapped[str] = mapped_column(String(256))
+    value: Mapped[str | None] = mapped_column(Text, nullable=True)
+    content_hash: Mapped[str | None] = mapped_column(String(128), nullable=True, unique=True)
+    error: Mapped[str | None] = mapped_column(Text, nullable=True)  # why its producer failed
+    updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+
+
+class CallRecord(Base):
+    __tablename__ = "semantic_calls"
+
+    call_id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    session_id: Mapped[str] = mapped_column(ForeignKey("sessions.session_id", ondelete="CASCADE"), index=True)
+    seq: Mapped[int] = mapped_column(Integer)  # submission order within the ServeCore
+    template: Mapped[str] = mapped_column(Text)
+    parameters: Mapped[list] = mapped_column(JSON)
+    models: Mapped[list] = mapped_column(JSON, default=list)
+    output_criteria: Mapped[str | None] = mapped_column(String(32), nullable=True)
+    state: Mapped[str] = mapped_column(String(32), index=True)  # pending | running | done | failed
+    engine_id: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    error: Mapped[str | None] = mapped_column(Text, nullable=True)
+    timings: Mapped[dict] = mapped_column(JSON, default=dict)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))

@@ -1,0 +1,219 @@
+"""Reading and writing the ServeCore's records. Alembic brings the schema to head first."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from alembic import command
+from alembic.config import Config
+from sqlalchemy import delete, event, select, update
+from sqlalchemy.ext.asyncio import AsyncEngine, async_sessionmaker, create_async_engine
+
+from parrot.platform.store.models import CallRecord, EngineRecord, SessionRecord, VariableRecord
+
+MIGRATIONS_DIR = Path(__file__).resolve().parents[2] / "migrations"
+UNFINISHED = ("pending", "running")
+
+
+def now() -> datetime:
+    return datetime.now(UTC)
+
+
+def sqlite_url(data_dir: Path) -> str:
+    """The default database: a SQLite file in the data folder."""
+    return f"sqlite+aiosqlite:///{Path(data_dir).resolve() / 'parrot.db'}"
+
+
+def upgrade_to_head(url: str) -> None:
+    """Apply every Alembic migration (synchronous: run it off the event loop)."""
+    config = Config()
+    config.set_main_option("script_location", str(MIGRATIONS_DIR))
+    config.set_main_option("sqlalchemy.url", url.replace("%", "%%"))
+    command.upgrade(config, "head")
+
+
+class Store:
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self.engine: AsyncEngine = create_async_engine(url)
+        if url.startswith("sqlite"):
+            # SQLite enforces foreign keys (session cascades) only when asked, per connection.
+            event.listen(self.engine.sync_engine, "connect", _sqlite_foreign_keys)
+        self._sessions = async_sessionmaker(self.engine, expire_on_commit=False)
+
+    async def migrate(self) -> None:
+        if self.url.startswith("sqlite"):
+            path = self.url.split("///", 1)[-1]
+            if path and path != ":memory:":
+                Path(path).parent.mkdir(parents=True, exist_ok=True)
+        await asyncio.to_thread(upgrade_to_head, self.url)
+
+    async def close(self) -> None:
+        await self.engine.dispose()
+
+    async def _add(self, record: Any) -> None:
+        async with self._sessions.begin() as db:
+            db.add(record)
+
+    async def _update(self, model: Any, key: Any, key_value: str, **fields: Any) -> int:
+        async with self._sessions.begin() as db:
+            result = await db.execute(update(model).where(key == key_value).values(**fields))
+            return result.rowcount
+
+    # -- sessions ------------------------------------------------------------------------
+    async def add_session(self, session_id: str, auth_hash: str) -> SessionRecord:
+        record = SessionRecord(
+            session_id=session_id, auth_hash=auth_hash, created_at=now(), last_active_at=now()
+        )
+        await self._add(record)
+        return record
+
+    async def get_session(self, session_id: str) -> SessionRecord | None:
+        async with self._sessions() as db:
+            return await db.get(SessionRecord, session_id)
+
+    async def touch_session(self, session_id: str) -> None:
+        await self._update(SessionRecord, SessionRecord.session_id, session_id, last_active_at=now())
+
+    async def delete_session(self, session_id: str) -> bool:
+        """Deletes the session with its variables and calls."""
+        async with self._sessions.begin() as db:
+            result = await db.execute(delete(SessionRecord).where(SessionRecord.session_id == session_id))
+            return result.rowcount > 0
+
+    async def sessions(self) -> Sequence[SessionRecord]:
+        async with self._sessions() as db:
+            return (await db.scalars(select(SessionRecord).order_by(SessionRecord.created_at))).all()
+
+    # -- semantic variables ---------------------------------------------------------------
+    async def add_var(
+        self,
+        var_id: str,
+        session_id: str | None,
+        name: str,
+        value: str | None = None,
+        content_hash: str | None = None,
+    ) -> VariableRecord:
+        record = VariableRecord(
+            var_id=var_id,
+            session_id=session_id,
+            name=name,
+            value=value,
+            content_hash=content_hash,
+            updated_at=now(),
+        )
+        await self._add(record)
+        return record
+
+    async def set_var_value(self, var_id: str, value: str) -> bool:
+        return (
+            await self._update(
+                VariableRecord, VariableRecord.var_id, var_id, value=value, error=None, updated_at=now()
+            )
+            > 0
+        )
+
+    async def set_var_error(self, var_id: str, error: str) -> bool:
+        return (
+            await self._update(VariableRecord, VariableRecord.var_id, var_id, error=error, updated_at=now())
+            > 0
+        )
+
+    async def get_var(self, var_id: str) -> VariableRecord | None:
+        async with self._sessions() as db:
+            return await db.get(VariableRecord, var_id)
+
+    async def vars_of(self, session_id: str) -> Sequence[VariableRecord]:
+        async with self._sessions() as db:
+            query = select(VariableRecord).where(VariableRecord.session_id == session_id)
+            return (await db.scalars(query.order_by(VariableRecord.updated_at))).all()
+
+    async def global_var(self, content_hash: str) -> VariableRecord | None:
+        async with self._sessions() as db:
+            query = select(VariableRecord).where(VariableRecord.content_hash == content_hash)
+            return (await db.scalars(query)).first()
+
+    # -- semantic calls -------------------------------------------------------------------
+    async def add_call(
+        self,
+        call_id: str,
+        session_id: str,
+        seq: int,
+        template: str,
+        parameters: list[dict],
+        models: list[str] | None = None,
+        output_criteria: str | None = None,
+    ) -> CallRecord:
+        record = CallRecord(
+            call_id=call_id,
+            session_id=session_id,
+            seq=seq,
+            template=template,
+            parameters=parameters,
+            models=models or [],
+            output_criteria=output_criteria,
+            state="pending",
+            timings={},
+            created_at=now(),
+        )
+        await self._add(record)
+        return record
+
+    async def update_call(self, call_id: str, **fields: Any) -> bool:
+        return await self._update(CallRecord, CallRecord.call_id, call_id, **fields) > 0
+
+    async def get_call(self, call_id: str) -> CallRecord | None:
+        async with self._sessions() as db:
+            return await db.get(CallRecord, call_id)
+
+    async def calls_of(self, session_id: str) -> Sequence[CallRecord]:
+        async with self._sessions() as db:
+            query = select(CallRecord).where(CallRecord.session_id == session_id).order_by(CallRecord.seq)
+            return (await db.scalars(query)).all()
+
+    async def unfinished_calls(self) -> Sequence[CallRecord]:
+        """Calls to re-queue after a restart, in submission order."""
+        async with self._sessions() as db:
+            query = select(CallRecord).where(CallRecord.state.in_(UNFINISHED)).order_by(CallRecord.seq)
+            return (await db.scalars(query)).all()
+
+    # -- engines --------------------------------------------------------------------------
+    async def save_engine(
+        self,
+        engine_id: str,
+        kind: str,
+        url: str,
+        model: str,
+        config: dict | None = None,
+        secret: str | None = None,
+    ) -> EngineRecord:
+        async with self._sessions.begin() as db:
+            record = await db.get(EngineRecord, engine_id)
+            if record is None:
+                record = EngineRecord(engine_id=engine_id, created_at=now())
+                db.add(record)
+            record.kind, record.url, record.model = kind, url, model
+            record.config, record.secret, record.status = config or {}, secret, "up"
+        return record
+
+    async def set_engine_status(self, engine_id: str, status: str) -> bool:
+        return await self._update(EngineRecord, EngineRecord.engine_id, engine_id, status=status) > 0
+
+    async def delete_engine(self, engine_id: str) -> bool:
+        async with self._sessions.begin() as db:
+            result = await db.execute(delete(EngineRecord).where(EngineRecord.engine_id == engine_id))
+            return result.rowcount > 0
+
+    async def engines(self) -> Sequence[EngineRecord]:
+        async with self._sessions() as db:
+            return (await db.scalars(select(EngineRecord).order_by(EngineRecord.created_at))).all()
+
+
+def _sqlite_foreign_keys(dbapi_connection, _record) -> None:
+    cursor = dbapi_connection.cursor()
+    cursor.execute("PRAGMA foreign_keys=ON")
+    cursor.close()

@@ -1,0 +1,105 @@
+"""The SQL store on a real SQLite file: migrations, records, cascades, survival of a restart."""
+
+from __future__ import annotations
+
+import sqlite3
+
+import pytest
+
+from parrot.platform.store.store import Store, sqlite_url
+
+pytestmark = pytest.mark.asyncio(loop_scope="function")
+
+
+@pytest.fixture
+async def store(tmp_path):
+    s = Store(sqlite_url(tmp_path / "data"))
+    await s.migrate()
+    yield s
+    await s.close()
+
+
+async def test_migrations_create_the_schema_and_are_idempotent(store, tmp_path):
+    await store.migrate()  # a second start applies nothing new
+    db = sqlite3.connect(tmp_path / "data" / "parrot.db")
+    tables = {r[0] for r in db.execute("select name from sqlite_master where type='table'")}
+    assert {"engines", "sessions", "semantic_vars", "semantic_calls", "alembic_version"} <= tables
+    assert db.execute("select version_num from alembic_version").fetchone() == ("0001",)
+
+
+async def test_records_survive_a_restart(store, tmp_path):
+    await store.add_session("s1", "hash")
+    await store.add_var("v1", "s1", "question", "What is a tide?")
+    await store.add_var("v2", "s1", "answer")
+    await store.add_call(
+        "c1",
+        "s1",
+        1,
+        "Q: {{question}} A: {{answer}}",
+        [{"name": "question", "var_id": "v1"}, {"name": "answer", "is_output": True}],
+    )
+    await store.add_call("c2", "s1", 2, "done: {{answer}} {{x}}", [])
+    await store.update_call("c2", state="done", engine_id="e1", timings={"total_s": 1.5})
+    await store.set_var_value("v2", "Water rising.")
+    await store.save_engine("e1", "builtin", "http://127.0.0.1:9001", "smol", {"capacity": 8}, secret="sk-1")
+    await store.close()
+
+    reopened = Store(store.url)
+    await reopened.migrate()
+    try:
+        assert (await reopened.get_session("s1")).auth_hash == "hash"
+        assert [(v.name, v.value) for v in await reopened.vars_of("s1")] == [
+            ("question", "What is a tide?"),
+            ("answer", "Water rising."),
+        ]
+        assert [c.call_id for c in await reopened.unfinished_calls()] == ["c1"]
+        done = await reopened.get_call("c2")
+        assert done.state == "done" and done.timings == {"total_s": 1.5} and done.engine_id == "e1"
+        (engine,) = await reopened.engines()
+        assert engine.config == {"capacity": 8} and engine.secret == "sk-1"
+    finally:
+        await reopened.close()
+
+
+async def test_deleting_a_session_deletes_its_vars_and_calls(store):
+    await store.add_session("s1", "h")
+    await store.add_session("s2", "h")
+    await store.add_var("v1", "s1", "a", "1")
+    await store.add_var("v2", "s2", "b", "2")
+    await store.add_call("c1", "s1", 1, "t", [])
+    assert await store.delete_session("s1")
+    assert await store.get_var("v1") is None and await store.get_call("c1") is None
+    assert (await store.get_var("v2")).value == "2"
+    assert not await store.delete_session("s1")
+
+
+async def test_global_variables_are_found_by_content(store):
+    await store.add_var("g1", None, "system", "You are helpful.", content_hash="abc")
+    assert (await store.global_var("abc")).var_id == "g1"
+    assert await store.global_var("nope") is None
+    with pytest.raises(Exception, match="UNIQUE"):
+        await store.add_var("g2", None, "system", "You are helpful.", content_hash="abc")
+
+
+async def test_engine_records_update_and_delete(store):
+    await store.save_engine("e1", "builtin", "http://a", "m")
+    await store.save_engine("e1", "builtin", "http://b", "m", {"capacity": 2})
+    assert [(e.url, e.config) for e in await store.engines()] == [("http://b", {"capacity": 2})]
+    assert await store.set_engine_status("e1", "down")
+    assert (await store.engines())[0].status == "down"
+    assert await store.delete_engine("e1") and not await store.engines()
+
+
+async def test_models_and_migrations_agree(store):
+    """Alembic's autogenerate finds nothing to change: models.py and migrations/ are in step."""
+    from alembic.autogenerate import compare_metadata
+    from alembic.migration import MigrationContext
+
+    from parrot.platform.store.models import Base
+
+    def diff(connection):
+        context = MigrationContext.configure(connection, opts={"render_as_batch": True})
+        return compare_metadata(context, Base.metadata)
+
+    async with store.engine.connect() as connection:
+        assert await connection.run_sync(diff) == []
