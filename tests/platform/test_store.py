@@ -5,13 +5,14 @@ from __future__ import annotations
 import sqlite3
 
 import pytest
+import pytest_asyncio
 
 from parrot.platform.store.store import Store, sqlite_url
 
 pytestmark = pytest.mark.asyncio(loop_scope="function")
 
 
-@pytest.fixture
+@pytest_asyncio.fixture(loop_scope="function")
 async def store(tmp_path):
     s = Store(sqlite_url(tmp_path / "data"))
     await s.migrate()

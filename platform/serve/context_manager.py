@@ -1,0 +1,153 @@
+"""Contexts on engines, as a prefix tree per engine.
+
+A task's prompt is a list of fill pieces (constant text, input variable values, earlier
+outputs). Each piece filled on an engine is a context forked from the context of the
+pieces before it, so any later prompt that starts with the same pieces forks from the
+longest cached prefix instead of filling it again: a system prompt shared by many
+sessions is held once per engine. Contexts are reference counted while tasks use them,
+freed with their session (session-scoped pieces) and evicted least recently used when
+the engine needs room, never while in use.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+
+from parrot.platform.serve.engine_client import Engine
+
+
+@dataclass(frozen=True)
+class Piece:
+    """One fill of a prompt. ``key`` identifies its content in the prefix tree."""
+
+    key: tuple
+    text: str
+    session_id: str | None = None  # None: shareable across sessions (constant text)
+
+    @classmethod
+    def constant(cls, text: str) -> Piece:
+        return cls(("text", text), text)
+
+    @classmethod
+    def variable(cls, var_id: str, value: str, session_id: str) -> Piece:
+        return cls(("var", var_id), value, session_id)
+
+
+@dataclass(eq=False)
+class EngineContext:
+    context_id: int
+    key: tuple
+    parent: EngineContext | None
+    session_id: str | None
+    children: dict[tuple, EngineContext] = field(default_factory=dict)
+    refs: int = 0
+    last_used: float = field(default_factory=time.monotonic)
+
+    def path(self) -> Iterator[EngineContext]:
+        node: EngineContext | None = self
+        while node is not None:
+            yield node
+            node = node.parent
+
+
+class ContextTree:
+    """The contexts of one engine."""
+
+    def __init__(self, engine: Engine, ids: Iterator[int]) -> None:
+        self.engine = engine
+        self.ids = ids
+        self.roots: dict[tuple, EngineContext] = {}
+
+    def match(self, pieces: Sequence[Piece]) -> tuple[EngineContext | None, int]:
+        """The deepest cached context for a prefix of ``pieces`` and how many pieces it covers."""
+        level, node, depth = self.roots, None, 0
+        for piece in pieces:
+            child = level.get(piece.key)
+            if child is None:
+                break
+            node, level, depth = child, child.children, depth + 1
+        return node, depth
+
+    async def acquire(self, pieces: Sequence[Piece]) -> EngineContext:
+        """A context holding exactly ``pieces``: forked from the longest cached prefix, the
+        rest filled. The returned context (and its ancestors) are held until ``release``."""
+        if not pieces:
+            raise ValueError("a prompt needs at least one piece")
+        node, depth = self.match(pieces)
+        # Hold the matched path first, so nothing evicts it while the rest is filled.
+        for n in node.path() if node is not None else ():
+            n.refs += 1
+        held = node
+        try:
+            for piece in pieces[depth:]:
+                child = EngineContext(next(self.ids), piece.key, held, piece.session_id, refs=1)
+                await self.engine.fill(
+                    child.context_id,
+                    text=piece.text,
+                    parent_context_id=held.context_id if held is not None else None,
+                )
+                (held.children if held is not None else self.roots)[piece.key] = child
+                held = child
+        except BaseException:
+            if held is not None:
+                self.release(held)
+            raise
+        now = time.monotonic()
+        for n in held.path():
+            n.last_used = now
+        return held
+
+    def release(self, node: EngineContext) -> None:
+        for n in node.path():
+            n.refs -= 1
+
+    async def free_session(self, session_id: str) -> int:
+        """Free every context that holds pieces of ``session_id`` (with their subtrees)."""
+        doomed = [
+            n
+            for n in self._all()
+            if n.session_id == session_id and (n.parent is None or n.parent.session_id != session_id)
+        ]
+        freed = 0
+        for node in doomed:
+            freed += await self._free_subtree(node)
+        return freed
+
+    async def evict(self, max_contexts: int) -> int:
+        """Free unused leaves, least recently used first, until at most ``max_contexts`` remain."""
+        freed = 0
+        while len(list(self._all())) > max_contexts:
+            leaves = [n for n in self._all() if not n.children and n.refs == 0]
+            if not leaves:
+                break
+            freed += await self._free_subtree(min(leaves, key=lambda n: n.last_used))
+        return freed
+
+    async def _free_subtree(self, node: EngineContext) -> int:
+        count = 0
+        for child in list(node.children.values()):
+            count += await self._free_subtree(child)
+        if node.refs > 0:
+            return count  # in use: kept (its session is going away; freed when released)
+        await self.engine.free_context(node.context_id)
+        siblings = node.parent.children if node.parent is not None else self.roots
+        siblings.pop(node.key, None)
+        return count + 1
+
+    def _all(self) -> Iterator[EngineContext]:
+        stack = list(self.roots.values())
+        while stack:
+            node = stack.pop()
+            yield node
+            stack.extend(node.children.values())
+
+    def __len__(self) -> int:
+        return sum(1 for _ in self._all())
+
+
+def context_ids(start: int = 1) -> Iterator[int]:
+    """Context ids for one ServeCore (engines reserve negative ids for their own use)."""
+    return itertools.count(start)

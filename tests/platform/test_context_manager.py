@@ -1,0 +1,90 @@
+"""The prefix tree of engine contexts against the real engine: sharing, freeing, eviction."""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+import pytest_asyncio
+
+from parrot.engines.protocol.errors import UnknownContextError
+from parrot.engines.protocol.sampling import SamplingParams
+from parrot.platform.serve.context_manager import ContextTree, Piece, context_ids
+from parrot.platform.serve.engine_client import HttpEngine
+
+pytestmark = pytest.mark.asyncio(loop_scope="function")
+
+SYSTEM = "You are the lighthouse museum's guide. Answer in one short sentence. " * 8
+GREEDY = SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True)
+
+
+@pytest_asyncio.fixture(loop_scope="function")
+async def tree(engine_server):
+    engine = HttpEngine(engine_server.url)
+    tree = ContextTree(engine, context_ids(5_000_000))
+    yield tree
+    for root in list(tree.roots.values()):
+        await tree._free_subtree(root)
+    await engine.aclose()
+
+
+async def used_blocks(url: str) -> int:
+    async with httpx.AsyncClient(base_url=url) as c:
+        return (await c.get("/ping")).json()["kv_blocks_used"]
+
+
+async def test_sessions_share_the_constant_prefix_context(tree, engine_server):
+    before = await used_blocks(engine_server.url)
+    a = await tree.acquire([Piece.constant(SYSTEM), Piece.variable("va", "Opening hours?", "s1")])
+    after_one = await used_blocks(engine_server.url)
+    b = await tree.acquire([Piece.constant(SYSTEM), Piece.variable("vb", "Ticket price?", "s2")])
+    after_two = await used_blocks(engine_server.url)
+    assert a.parent is b.parent and len(tree) == 3
+    # The second session adds only its own piece's blocks, not the system prompt's again.
+    assert after_two - after_one <= 2 < after_one - before
+    # Generating from a fork of the shared tree equals generating from an unshared copy.
+    engine = tree.engine
+    forked = await engine.generate(next(tree.ids), GREEDY, parent_context_id=a.context_id)
+    async with httpx.AsyncClient(base_url=engine_server.url) as c:
+        tokens = []
+        for text in (SYSTEM, "Opening hours?"):
+            tokens += (await c.post("/tokenize", json={"text": text})).json()["token_ids"]
+    alone = next(tree.ids)
+    await engine.fill(alone, token_ids=tokens)
+    unshared = await engine.generate(alone, GREEDY)
+    assert forked.token_ids == unshared.token_ids
+    await engine.free_context(alone)
+    await engine.free_context(forked.context_id)
+    tree.release(a)
+    tree.release(b)
+
+
+async def test_free_session_keeps_shared_and_held_contexts(tree):
+    a = await tree.acquire([Piece.constant(SYSTEM), Piece.variable("va", "Q1", "s1")])
+    tree.release(a)
+    b = await tree.acquire([Piece.constant(SYSTEM), Piece.variable("vb", "Q2", "s2")])
+    assert await tree.free_session("s1") == 1
+    assert len(tree) == 2 and a.key not in a.parent.children
+    with pytest.raises(UnknownContextError):
+        await tree.engine.generate(a.context_id, GREEDY)
+    assert await tree.free_session("s2") == 0  # still held by a task
+    tree.release(b)
+    assert await tree.free_session("s2") == 1
+
+
+async def test_eviction_is_lru_and_never_touches_held_contexts(tree):
+    held = await tree.acquire([Piece.constant("held prompt")])
+    for i in range(3):
+        tree.release(await tree.acquire([Piece.constant(f"prompt {i}")]))
+    assert len(tree) == 4
+    assert await tree.evict(max_contexts=2) == 2
+    assert set(tree.roots) == {("text", "held prompt"), ("text", "prompt 2")}
+    assert await tree.evict(max_contexts=0) == 1  # the held one stays
+    assert set(tree.roots) == {("text", "held prompt")}
+    tree.release(held)
+
+
+async def test_a_failed_fill_leaves_nothing_held(tree):
+    with pytest.raises(Exception, match="at least one token"):
+        await tree.acquire([Piece.constant(SYSTEM), Piece.variable("v", "", "s1")])
+    root = tree.roots[("text", SYSTEM)]
+    assert root.refs == 0 and not root.children
