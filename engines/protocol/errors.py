@@ -110,3 +110,9 @@ def _all_subclasses(cls: type) -> list[type]:
         found.append(sub)
         found.extend(_all_subclasses(sub))
     return found
+
+
+class TransformError(BadRequestError):
+    """A native string transform is malformed, or cannot be applied to its inputs."""
+
+    code = "transform_error"

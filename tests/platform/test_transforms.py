@@ -1,0 +1,77 @@
+"""Native string transforms: each operation, pipelines, and clear errors on bad input."""
+
+from __future__ import annotations
+
+import msgspec
+import pytest
+
+from parrot.engines.protocol.errors import TransformError
+from parrot.platform.serve.transforms import Steps, apply, validate
+
+
+def steps(*raw: dict) -> list:
+    return msgspec.convert(list(raw), Steps)
+
+
+@pytest.mark.parametrize(
+    ("raw", "inputs", "expected"),
+    [
+        ([{"type": "strip"}], ["  hi \n"], "hi"),
+        ([{"type": "strip", "chars": "*"}], ["**bold**"], "bold"),
+        ([{"type": "lower"}], ["MiXeD"], "mixed"),
+        ([{"type": "upper"}], ["MiXeD"], "MIXED"),
+        ([{"type": "regex", "pattern": r"Answer:\s*(\w+)", "group": 1}], ["Answer: yes, because"], "yes"),
+        ([{"type": "regex", "pattern": r"(?P<n>\d+)", "group": "n"}], ["order 66 now"], "66"),
+        ([{"type": "regex", "pattern": "YES", "ignore_case": True}], ["oh yes"], "yes"),
+        (
+            [{"type": "json_field", "path": "items.1.name"}],
+            ['{"items": [{"name": "a"}, {"name": "b"}]}'],
+            "b",
+        ),
+        ([{"type": "json_field", "path": "n"}], ['{"n": {"k": [1, 2]}}'], '{"k": [1, 2]}'),
+        ([{"type": "join", "separator": ", "}], ["a", "b", "c"], "a, b, c"),
+        ([{"type": "split_take", "separator": "\n", "index": -1}], ["one\ntwo\nthree"], "three"),
+        ([{"type": "format", "template": "{1} before {0} {{x}}"}], ["A", "B"], "B before A {x}"),
+        ([{"type": "strip"}, {"type": "upper"}, {"type": "join", "separator": "|"}], [" a ", "b "], "A|B"),
+    ],
+)
+def test_operations(raw, inputs, expected):
+    pipeline = steps(*raw)
+    validate(pipeline)
+    assert apply(pipeline, inputs) == expected
+
+
+@pytest.mark.parametrize(
+    ("raw", "inputs", "message"),
+    [
+        ([{"type": "regex", "pattern": "x(\\d+)"}], ["no digits"], "did not match"),
+        ([{"type": "regex", "pattern": "(a)", "group": 3}], ["a"], "no group 3"),
+        ([{"type": "json_field", "path": "a.b"}], ["not json"], "not JSON"),
+        ([{"type": "json_field", "path": "a.b"}], ['{"a": {}}'], "no field 'b'"),
+        ([{"type": "split_take", "separator": ",", "index": 5}], ["a,b"], "no part 5"),
+        ([{"type": "format", "template": "{2}"}], ["a"], "only 1 values"),
+        ([{"type": "format", "template": "{0.__class__}"}], ["a"], "lone '{'"),
+        ([{"type": "lower"}], ["a", "b"], "ends with 2 values"),
+    ],
+)
+def test_runtime_errors_say_what_went_wrong(raw, inputs, message):
+    with pytest.raises(TransformError, match=message) as info:
+        apply(steps(*raw), inputs)
+    assert info.value.status_code == 400
+
+
+def test_bad_definitions_are_rejected_before_running():
+    with pytest.raises(msgspec.ValidationError, match="Invalid value 'eval'"):
+        steps({"type": "eval", "code": "1+1"})
+    with pytest.raises(msgspec.ValidationError, match="unknown field"):
+        steps({"type": "lower", "extra": 1})
+    with pytest.raises(msgspec.ValidationError):
+        msgspec.convert([], Steps)
+    with pytest.raises(TransformError, match="invalid regex"):
+        validate(steps({"type": "regex", "pattern": "(unclosed"}))
+
+
+def test_catastrophic_regex_times_out_instead_of_hanging():
+    pipeline = steps({"type": "regex", "pattern": r"(a|aa)+$"})
+    with pytest.raises(TransformError, match="longer than"):
+        apply(pipeline, ["a" * 60 + "b"])
