@@ -116,3 +116,15 @@ class TransformError(BadRequestError):
     """A native string transform is malformed, or cannot be applied to its inputs."""
 
     code = "transform_error"
+
+
+class ProducerFailedError(ParrotError):
+    """A variable will never get a value: the call that produces it (or one it needs) failed."""
+
+    status_code = 424
+    code = "producer_failed"
+
+
+class NoEngineError(ParrotError):
+    status_code = 503
+    code = "no_engine"

@@ -25,6 +25,7 @@ class SemanticVariable:
     var_id: str
     name: str
     value: str | None = None
+    error: str | None = None  # why it will never get a value (its producer failed)
     producer: CompletionChain | None = None
     consumers: list[CompletionChain] = field(default_factory=list)
 

@@ -8,7 +8,7 @@ import pytest_asyncio
 
 from parrot.engines.protocol.errors import UnknownContextError
 from parrot.engines.protocol.sampling import SamplingParams
-from parrot.platform.serve.context_manager import ContextTree, Piece, context_ids
+from parrot.platform.serve.context_manager import ContextTree, Piece
 from parrot.platform.serve.engine_client import HttpEngine
 
 pytestmark = pytest.mark.asyncio(loop_scope="function")
@@ -18,9 +18,9 @@ GREEDY = SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True)
 
 
 @pytest_asyncio.fixture(loop_scope="function")
-async def tree(engine_server):
+async def tree(engine_server, ids):
     engine = HttpEngine(engine_server.url)
-    tree = ContextTree(engine, context_ids(5_000_000))
+    tree = ContextTree(engine, ids)
     yield tree
     for root in list(tree.roots.values()):
         await tree._free_subtree(root)

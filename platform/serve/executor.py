@@ -1,0 +1,226 @@
+"""Running a session's DAG: completion chains become tasks once their inputs exist.
+
+The executor watches variables: when every input of a chain has a value (and the chain
+before it in its call has generated), the chain becomes a :class:`CompletionTask` for the
+:class:`GlobalScheduler`. The scheduler picks an engine (model, capacity, prefix affinity,
+criteria) and runs the task: its prompt pieces are taken from the engine's context tree
+(forking the longest cached prefix), the output is generated in a fork, and the value
+lands in the output variable, which wakes the chains that consume it. No client round
+trip happens between dependent calls.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from parrot.engines.protocol.errors import ProducerFailedError
+from parrot.platform.serve.context_manager import ContextTree, Piece
+from parrot.platform.serve.engine_client import Engine
+from parrot.platform.serve.graph import (
+    CompletionChain,
+    ConstantFill,
+    PlaceholderGen,
+    SemanticVariable,
+)
+
+log = logging.getLogger(__name__)
+
+LATENCY, THROUGHPUT = "latency", "throughput"
+
+
+@dataclass(eq=False)
+class EngineSlot:
+    """An engine as the scheduler sees it."""
+
+    engine_id: str
+    model: str
+    client: Engine
+    tree: ContextTree
+    capacity: int = 8  # tasks at once
+    running: int = 0
+
+
+@dataclass(eq=False)
+class CompletionTask:
+    chain: CompletionChain
+    session_id: str
+    seq: int  # arrival order, for app-FIFO
+    criteria: str = THROUGHPUT
+    group: int | None = None  # tasks a consumer waits on together
+    models: tuple[str, ...] = ()
+    engine_id: str | None = None
+
+    def pieces(self) -> list[Piece]:
+        out = []
+        for node in self.chain.prompt_nodes():
+            if isinstance(node, ConstantFill):
+                if node.text:
+                    out.append(Piece.constant(node.text))
+            else:  # an input, or an earlier output of the same call: filled by value
+                var = node.var
+                out.append(Piece.variable(var.var_id, var.value or "", self.session_id))
+        return out
+
+
+@dataclass
+class Variables:
+    """Readiness events of the variables, so waiting costs nothing."""
+
+    events: dict[int, asyncio.Event] = field(default_factory=dict)
+
+    def event(self, var: SemanticVariable) -> asyncio.Event:
+        ev = self.events.setdefault(id(var), asyncio.Event())
+        if var.ready or var.error:
+            ev.set()
+        return ev
+
+    def set_value(self, var: SemanticVariable, value: str) -> None:
+        var.value = value
+        self.event(var).set()
+
+    def fail(self, var: SemanticVariable, error: str) -> None:
+        var.error = error
+        self.event(var).set()
+
+    async def wait(self, var: SemanticVariable, timeout: float | None = None) -> str:
+        await asyncio.wait_for(self.event(var).wait(), timeout)
+        if var.error:
+            raise ProducerFailedError(f"variable {var.name!r} has no value: {var.error}")
+        return var.value or ""
+
+
+class GlobalScheduler:
+    """Assigns ready tasks to engines and runs them."""
+
+    def __init__(self, variables: Variables) -> None:
+        self.variables = variables
+        self.engines: dict[str, EngineSlot] = {}
+        self.queue: list[CompletionTask] = []
+        self._wake = asyncio.Event()
+        self._tasks: set[asyncio.Task] = set()
+        self._loop_task: asyncio.Task | None = None
+        self.on_done: Callable[[CompletionTask], None] | None = None
+
+    def add_engine(self, slot: EngineSlot) -> None:
+        self.engines[slot.engine_id] = slot
+        self._wake.set()
+
+    def submit(self, task: CompletionTask) -> None:
+        self.queue.append(task)
+        self._wake.set()
+
+    def start(self) -> None:
+        self._loop_task = asyncio.create_task(self._dispatch_loop())
+
+    async def stop(self) -> None:
+        if self._loop_task is not None:
+            self._loop_task.cancel()
+        for t in list(self._tasks):
+            t.cancel()
+
+    async def _dispatch_loop(self) -> None:
+        while True:
+            await self._wake.wait()
+            self._wake.clear()
+            self.dispatch()
+
+    def dispatch(self) -> None:
+        # Latency-critical first, then groups together, then the oldest application first.
+        self.queue.sort(key=lambda t: (t.criteria != LATENCY, t.group is None, t.seq))
+        for task in list(self.queue):
+            slot = self._pick(task)
+            if slot is None:
+                continue
+            self.queue.remove(task)
+            slot.running += 1
+            task.engine_id = slot.engine_id
+            job = asyncio.create_task(self._execute(task, slot))
+            self._tasks.add(job)
+            job.add_done_callback(self._tasks.discard)
+
+    def _pick(self, task: CompletionTask) -> EngineSlot | None:
+        candidates = [s for s in self.engines.values() if not task.models or s.model in task.models]
+        if not candidates:
+            self.queue.remove(task)
+            self.variables.fail(task.chain.gen.var, f"no engine serves the models {list(task.models)}")
+            return None
+        free = [s for s in candidates if s.running < s.capacity]
+        if not free:
+            return None
+        pieces = task.pieces()
+
+        # Context affinity: the engine holding the longest prefix of the prompt wins;
+        # then latency tasks take the least loaded engine, throughput tasks the fullest.
+        def score(s: EngineSlot) -> tuple:
+            matched = s.tree.match(pieces)[1]
+            load = s.running if task.criteria == LATENCY else -s.running
+            return (-matched, load)
+
+        return min(free, key=score)
+
+    async def _execute(self, task: CompletionTask, slot: EngineSlot) -> None:
+        gen: PlaceholderGen = task.chain.gen
+        context = None
+        try:
+            context = await slot.tree.acquire(task.pieces())
+            output_id = next(slot.tree.ids)
+            result = await slot.client.generate(output_id, gen.sampling, parent_context_id=context.context_id)
+            await slot.client.free_context(output_id)
+            self.variables.set_value(gen.var, result.text)
+        except asyncio.CancelledError:
+            raise
+        except Exception as error:  # the variable carries the reason to whoever waits for it
+            log.warning("task of call %s failed: %s", task.chain.request.call_id, error)
+            self.variables.fail(gen.var, str(error))
+        finally:
+            if context is not None:
+                slot.tree.release(context)
+            slot.running -= 1
+            if self.on_done is not None:
+                self.on_done(task)
+            self._wake.set()
+
+
+class GraphExecutor:
+    """Turns a session's chains into tasks as their inputs become ready."""
+
+    def __init__(self, session_id: str, scheduler: GlobalScheduler, seq: itertools.count) -> None:
+        self.session_id = session_id
+        self.scheduler = scheduler
+        self.variables = scheduler.variables
+        self.seq = seq
+        self._watchers: set[asyncio.Task] = set()
+
+    def submit(
+        self, chains: list[CompletionChain], models: tuple[str, ...] = (), criteria: str = THROUGHPUT
+    ) -> None:
+        for chain in chains:
+            watcher = asyncio.create_task(self._when_ready(chain, models, criteria))
+            self._watchers.add(watcher)
+            watcher.add_done_callback(self._watchers.discard)
+
+    async def _when_ready(self, chain: CompletionChain, models: tuple[str, ...], criteria: str) -> None:
+        waits = list(chain.input_vars())
+        if chain.previous is not None:
+            waits.append(chain.previous.gen.var)
+        failed = None
+        for var in waits:
+            await self.variables.event(var).wait()
+            if var.error:
+                failed = f"input {var.name!r} failed: {var.error}"
+                break
+        if failed is not None:
+            self.variables.fail(chain.gen.var, failed)
+            return
+        # Chains whose outputs feed one consumer form a group scheduled together.
+        consumers = {id(c.request) for c in chain.gen.var.consumers}
+        group = min(consumers) if consumers else None
+        self.scheduler.submit(CompletionTask(chain, self.session_id, next(self.seq), criteria, group, models))
+
+    def cancel(self) -> None:
+        for watcher in list(self._watchers):
+            watcher.cancel()
