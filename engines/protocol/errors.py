@@ -128,3 +128,20 @@ class ProducerFailedError(ParrotError):
 class NoEngineError(ParrotError):
     status_code = 503
     code = "no_engine"
+
+
+class UnauthorizedError(ParrotError):
+    status_code = 401
+    code = "unauthorized"
+
+
+class ForbiddenError(ParrotError):
+    status_code = 403
+    code = "forbidden"
+
+
+class WaitTimeoutError(ParrotError):
+    """A get did not see a value in time (the value may still come)."""
+
+    status_code = 408
+    code = "timeout"

@@ -104,17 +104,28 @@ class GlobalScheduler:
         self._tasks: set[asyncio.Task] = set()
         self._loop_task: asyncio.Task | None = None
         self.on_done: Callable[[CompletionTask], None] | None = None
+        self.latency_chains: set[int] = set()  # ids of chains a latency-critical get waits on
 
     def add_engine(self, slot: EngineSlot) -> None:
         self.engines[slot.engine_id] = slot
         self._wake.set()
 
     def submit(self, task: CompletionTask) -> None:
+        if id(task.chain) in self.latency_chains:
+            task.criteria = LATENCY
         self.queue.append(task)
         self._wake.set()
 
     def start(self) -> None:
         self._loop_task = asyncio.create_task(self._dispatch_loop())
+
+    def prioritize(self, chain_ids: set[int]) -> None:
+        """A latency-critical get: its producers go first, queued now or later."""
+        self.latency_chains |= chain_ids
+        for task in self.queue:
+            if id(task.chain) in chain_ids:
+                task.criteria = LATENCY
+        self._wake.set()
 
     async def stop(self) -> None:
         if self._loop_task is not None:

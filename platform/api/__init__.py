@@ -1,0 +1,1 @@
+"""The Parrot REST API (Litestar): thin controllers over the ServeCore."""

@@ -1,0 +1,157 @@
+"""Routes of the Parrot REST API. Each reads the session from the Bearer header."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from litestar import Litestar, Request, delete, get, post, put
+from litestar.datastructures import State
+from litestar.params import JSONBody, Parameter
+
+from parrot.engines.protocol.http import exception_handlers
+from parrot.platform.api.schemas import (
+    CallInfo,
+    CallSubmitted,
+    CreateVar,
+    SessionCreated,
+    SessionInfo,
+    SetVar,
+    SubmitCall,
+    VarInfo,
+)
+from parrot.platform.serve.core import ServeCore, Session, call_state
+from parrot.platform.serve.graph import RequestChain, SemanticVariable
+
+MAX_WAIT_S = 3600.0
+
+
+def _core(state: State) -> ServeCore:
+    return state.core
+
+
+def _auth(request: Request) -> str | None:
+    header = request.headers.get("authorization", "")
+    scheme, _, token = header.partition(" ")
+    return token.strip() if scheme.lower() == "bearer" and token.strip() else None
+
+
+def _session(request: Request, state: State, session_id: str) -> Session:
+    return _core(state).session(session_id, _auth(request))
+
+
+def _var_info(var: SemanticVariable, with_value: bool = True) -> VarInfo:
+    return VarInfo(
+        var_id=var.var_id,
+        name=var.name,
+        ready=var.ready,
+        value=var.value if with_value else None,
+        error=var.error,
+    )
+
+
+def _call_info(request: RequestChain) -> CallInfo:
+    return CallInfo(
+        call_id=request.call_id,
+        state=call_state(request),
+        outputs={c.gen.var.name: c.gen.var.var_id for c in request.chains},
+    )
+
+
+@post("/v1/session", status_code=201)
+async def create_session(state: State) -> SessionCreated:
+    session, auth = _core(state).create_session()
+    return SessionCreated(session_id=session.session_id, session_auth=auth)
+
+
+@get("/v1/session/{session_id:str}")
+async def session_info(session_id: str, request: Request, state: State) -> SessionInfo:
+    session = _session(request, state, session_id)
+    return SessionInfo(
+        session_id=session_id,
+        vars=[_var_info(v, with_value=False) for v in session.vars.values()],
+        calls=[_call_info(c) for c in session.calls.values()],
+    )
+
+
+@delete("/v1/session/{session_id:str}", status_code=204)
+async def delete_session(session_id: str, request: Request, state: State) -> None:
+    await _core(state).delete_session(_session(request, state, session_id))
+
+
+@post("/v1/semantic_var", status_code=201)
+async def create_var(data: JSONBody[CreateVar], request: Request, state: State) -> VarInfo:
+    session = _session(request, state, data.session_id)
+    return _var_info(_core(state).create_var(session, data.name, data.value), with_value=False)
+
+
+@put("/v1/semantic_var/{var_id:str}")
+async def set_var(var_id: str, data: JSONBody[SetVar], request: Request, state: State) -> VarInfo:
+    session = _session(request, state, data.session_id)
+    return _var_info(_core(state).set_var(session, var_id, data.value), with_value=False)
+
+
+@get("/v1/semantic_var/{var_id:str}")
+async def get_var(
+    var_id: str,
+    request: Request,
+    state: State,
+    session_id: str,
+    criteria: str = "latency",
+    timeout: Annotated[float, Parameter(ge=0, le=MAX_WAIT_S)] = 300.0,
+) -> VarInfo:
+    session = _session(request, state, session_id)
+    return _var_info(await _core(state).get_var(session, var_id, criteria, timeout))
+
+
+@post("/v1/semantic_call", status_code=201)
+async def submit_call(data: JSONBody[SubmitCall], request: Request, state: State) -> CallSubmitted:
+    session = _session(request, state, data.session_id)
+    call, outputs = _core(state).submit_call(
+        session, data.template, data.parameters, data.models, data.output_criteria
+    )
+    info = [
+        {"name": p.name, "is_output": p.is_output, "var_id": outputs.get(p.name) or p.var_id}
+        for p in data.parameters
+    ]
+    return CallSubmitted(call_id=call.call_id, outputs=outputs, param_info=info)
+
+
+@get("/v1/semantic_call/{call_id:str}")
+async def call_info(call_id: str, request: Request, state: State, session_id: str) -> CallInfo:
+    session = _session(request, state, session_id)
+    return _call_info(_core(state).call(session, call_id))
+
+
+@get("/healthz")
+async def healthz(state: State) -> dict:
+    return {"status": "ok", "engines": len(_core(state).scheduler.engines)}
+
+
+def create_app(core: ServeCore, engine_urls: tuple[str, ...] = ()) -> Litestar:
+    """The API app; on start it starts the core and registers the given engines."""
+
+    async def start() -> None:
+        await core.start()
+        for url in engine_urls:
+            await core.register_engine(url)
+
+    async def stop() -> None:
+        await core.stop()
+
+    return Litestar(
+        route_handlers=[
+            create_session,
+            session_info,
+            delete_session,
+            create_var,
+            set_var,
+            get_var,
+            submit_call,
+            call_info,
+            healthz,
+        ],
+        state=State({"core": core}),
+        exception_handlers=exception_handlers(),
+        on_startup=[start],
+        on_shutdown=[stop],
+    )

@@ -1,0 +1,151 @@
+"""The Parrot REST API end to end on the real engine: DAGs, auth, and bad requests."""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+from conftest import ServerThread
+
+from parrot.platform.api.app import create_app
+from parrot.platform.serve.core import ServeCore
+
+
+@pytest.fixture(scope="module")
+def api(engine_server):
+    app = create_app(ServeCore(), engine_urls=(engine_server.url,))
+    with ServerThread(app) as server, httpx.Client(base_url=server.url, timeout=120) as client:
+        yield client
+
+
+def new_session(api) -> tuple[str, dict]:
+    r = api.post("/v1/session")
+    assert r.status_code == 201
+    body = r.json()
+    return body["session_id"], {"Authorization": f"Bearer {body['session_auth']}"}
+
+
+def out(name: str, max_tokens: int = 8) -> dict:
+    return {"name": name, "is_output": True, "sampling": {"max_tokens": max_tokens, "temperature": 0}}
+
+
+def test_chain_of_three_calls_with_one_final_get(api):
+    sid, auth = new_session(api)
+    r = api.post(
+        "/v1/semantic_var", json={"session_id": sid, "name": "topic", "value": "tides"}, headers=auth
+    )
+    topic = r.json()["var_id"]
+    a = api.post(
+        "/v1/semantic_call",
+        headers=auth,
+        json={
+            "session_id": sid,
+            "template": "One sentence about {{topic}}: {{a}}",
+            "parameters": [{"name": "topic", "var_id": topic}, out("a")],
+        },
+    ).json()
+    b = api.post(
+        "/v1/semantic_call",
+        headers=auth,
+        json={
+            "session_id": sid,
+            "template": "Shorter: {{a}}\nResult: {{b}}",
+            "parameters": [{"name": "a", "var_id": a["outputs"]["a"]}, out("b")],
+        },
+    ).json()
+    c = api.post(
+        "/v1/semantic_call",
+        headers=auth,
+        json={
+            "session_id": sid,
+            "template": "Title for {{b}}: {{c}}",
+            "parameters": [{"name": "b", "var_id": b["outputs"]["b"]}, out("c")],
+        },
+    ).json()
+    info = api.get(f"/v1/session/{sid}", headers=auth).json()
+    assert [call["call_id"] for call in info["calls"]] == [a["call_id"], b["call_id"], c["call_id"]]
+    r = api.get(f"/v1/semantic_var/{c['outputs']['c']}", params={"session_id": sid}, headers=auth)
+    assert r.status_code == 200 and r.json()["ready"] and r.json()["value"]
+    states = [
+        api.get(f"/v1/semantic_call/{x['call_id']}", params={"session_id": sid}, headers=auth).json()["state"]
+        for x in (a, b, c)
+    ]
+    assert states == ["done", "done", "done"]
+    assert api.delete(f"/v1/session/{sid}", headers=auth).status_code == 204
+
+
+def test_inputs_given_by_value_and_put(api):
+    sid, auth = new_session(api)
+    q = api.post("/v1/semantic_var", json={"session_id": sid, "name": "q"}, headers=auth).json()
+    call = api.post(
+        "/v1/semantic_call",
+        headers=auth,
+        json={
+            "session_id": sid,
+            "template": "{{sys}} Q: {{q}} A: {{a}}",
+            "parameters": [
+                {"name": "sys", "value": "Be brief."},
+                {"name": "q", "var_id": q["var_id"]},
+                out("a"),
+            ],
+        },
+    )
+    assert call.status_code == 201
+    r = api.get(
+        f"/v1/semantic_var/{call.json()['outputs']['a']}",
+        params={"session_id": sid, "timeout": 0.2},
+        headers=auth,
+    )
+    assert r.status_code == 408 and "no value" in r.json()["error"]["message"]
+    assert (
+        api.put(
+            f"/v1/semantic_var/{q['var_id']}", json={"session_id": sid, "value": "Why?"}, headers=auth
+        ).status_code
+        == 200
+    )
+    r = api.get(f"/v1/semantic_var/{call.json()['outputs']['a']}", params={"session_id": sid}, headers=auth)
+    assert r.json()["value"]
+
+
+def test_auth_and_cross_session_access(api):
+    sid, auth = new_session(api)
+    other, other_auth = new_session(api)
+    var = api.post(
+        "/v1/semantic_var", json={"session_id": sid, "name": "x", "value": "1"}, headers=auth
+    ).json()
+    r = api.get(f"/v1/session/{sid}")
+    assert r.status_code == 401 and "Authorization" in r.json()["error"]["message"]
+    r = api.get(f"/v1/session/{sid}", headers={"Authorization": "Bearer wrong"})
+    assert r.status_code == 403
+    r = api.get(f"/v1/session/{sid}", headers=other_auth)
+    assert r.status_code == 403
+    r = api.get(f"/v1/semantic_var/{var['var_id']}", params={"session_id": other}, headers=other_auth)
+    assert r.status_code == 404 and "does not exist in session" in r.json()["error"]["message"]
+    assert api.get("/v1/session/nope", headers=auth).status_code == 404
+
+
+@pytest.mark.parametrize(
+    ("template", "parameters", "message"),
+    [
+        ("Hi {{name", [], "unclosed placeholder"),
+        ("Q {{q}} A {{a}}", [out("a")], "placeholder {{q}} has no parameter"),
+        ("Q: {{a}}", [out("a"), {"name": "extra", "value": "x"}], "parameter 'extra' has no placeholder"),
+        ("Q: {{a}}{{b}}", [out("a"), out("b")], "adjacent"),
+        ("{{a}} text", [out("a")], "not preceded by any text"),
+        ("Q {{q}}: {{a}}", [{"name": "q"}, out("a")], "needs a var_id or a value"),
+        (
+            "Q {{q}}: {{a}}",
+            [{"name": "q", "value": "x"}, {**out("a"), "sampling": {"temperature": 99}}],
+            "temperature",
+        ),
+        ("Q: {{a}}", [{"name": "a", "is_output": True, "var_id": "var-999999"}], "does not exist"),
+    ],
+)
+def test_bad_calls_get_clear_4xx(api, template, parameters, message):
+    sid, auth = new_session(api)
+    r = api.post(
+        "/v1/semantic_call",
+        headers=auth,
+        json={"session_id": sid, "template": template, "parameters": parameters},
+    )
+    assert 400 <= r.status_code < 500 and message in r.json()["error"]["message"], r.text
+    assert api.get("/healthz").json()["status"] == "ok"
