@@ -19,7 +19,7 @@ $(STAMP): pyproject.toml setup.py
 install: $(STAMP)
 
 run: install
-	$(BIN)/parrot engine --host 127.0.0.1 --port 9001
+	$(BIN)/parrot serve --host 127.0.0.1 --port 9000 --engine-port 9001
 
 lint: install
 	$(BIN)/ruff check .

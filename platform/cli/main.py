@@ -1,4 +1,4 @@
-"""The ``parrot`` command: ``parrot engine`` runs a builtin engine (``parrot serve`` comes later)."""
+"""The ``parrot`` command: ``parrot serve`` runs the ServeCore, ``parrot engine`` one engine."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import logging
 import sys
 from collections.abc import Sequence
 
-from parrot.platform.cli import engine_cmd
+from parrot.platform.cli import engine_cmd, serve_cmd
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -15,6 +15,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     commands = parser.add_subparsers(dest="command", required=True)
     engine_cmd.add_parser(commands)
+    serve_cmd.add_parser(commands)
     return parser
 
 
@@ -25,6 +26,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         stream=sys.stderr,
     )
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per engine request is noise
     try:
         args.run(args)
     except KeyboardInterrupt:

@@ -148,6 +148,10 @@ class ContextTree:
         return sum(1 for _ in self._all())
 
 
-def context_ids(start: int = 1) -> Iterator[int]:
-    """Context ids for one ServeCore (engines reserve negative ids for their own use)."""
+SERVECORE_CONTEXT_IDS = 1 << 48
+
+
+def context_ids(start: int = SERVECORE_CONTEXT_IDS) -> Iterator[int]:
+    """Context ids for one ServeCore. Engines keep negative ids for their own requests; a
+    ServeCore counts from 2**48, clear of the small ids a direct client of an engine picks."""
     return itertools.count(start)

@@ -1,0 +1,93 @@
+"""``parrot serve``: the ServeCore on 127.0.0.1:9000, with a builtin engine process by default."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import secrets
+import signal
+import subprocess
+import sys
+import time
+
+import httpx
+
+
+def add_parser(commands) -> None:
+    p: argparse.ArgumentParser = commands.add_parser("serve", help="run the ServeCore (Parrot API)")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=9000)
+    p.add_argument(
+        "--engine",
+        action="append",
+        default=[],
+        metavar="URL",
+        help="register a running engine (repeatable); without it a builtin engine is started",
+    )
+    p.add_argument("--engine-port", type=int, default=9001, help="port of the builtin engine it starts")
+    p.add_argument("--model", default=None, help="model of the builtin engine it starts")
+    p.add_argument("--admin-token", default=None, help="default: $PARROT_ADMIN_TOKEN, else generated")
+    p.set_defaults(run=run)
+
+
+def start_engine(args: argparse.Namespace) -> tuple[subprocess.Popen, str]:
+    """A ``parrot engine`` child process; returns it once it answers ``/ping``."""
+    cmd = [
+        sys.executable,
+        "-m",
+        "parrot.platform.cli.main",
+        "engine",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(args.engine_port),
+    ]
+    if args.model:
+        cmd += ["--model", args.model]
+    proc = subprocess.Popen(cmd)
+    url = f"http://127.0.0.1:{args.engine_port}"
+    deadline = time.monotonic() + 600  # the first start converts the model
+    while True:
+        if proc.poll() is not None:
+            raise SystemExit(f"parrot serve: the builtin engine exited with code {proc.returncode}")
+        try:
+            if httpx.get(f"{url}/ping", timeout=2).status_code == 200:
+                return proc, url
+        except httpx.TransportError:
+            pass
+        if time.monotonic() > deadline:
+            proc.terminate()
+            raise SystemExit("parrot serve: the builtin engine did not start in time")
+        time.sleep(0.5)
+
+
+def run(args: argparse.Namespace) -> None:
+    import uvicorn
+
+    from parrot.platform.api.app import create_app
+    from parrot.platform.serve.core import ServeCore
+
+    token = args.admin_token or os.environ.get("PARROT_ADMIN_TOKEN")
+    if not token:
+        token = secrets.token_urlsafe(24)
+        print(f"parrot serve: admin token (shown once): {token}", flush=True)
+    child = None
+    urls = tuple(args.engine)
+    if not urls:
+        child, url = start_engine(args)
+        urls = (url,)
+    try:
+        print(
+            f"parrot serve: Parrot API on http://{args.host}:{args.port} with engines {list(urls)}",
+            flush=True,
+        )
+        uvicorn.run(
+            create_app(ServeCore(), engine_urls=urls), host=args.host, port=args.port, log_level="warning"
+        )
+    finally:
+        if child is not None:
+            child.send_signal(signal.SIGINT)
+            try:
+                child.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                child.kill()
