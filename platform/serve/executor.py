@@ -17,7 +17,7 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from parrot.engines.protocol.errors import ProducerFailedError
+from parrot.engines.protocol.errors import EngineUnavailableError, ProducerFailedError
 from parrot.platform.serve.context_manager import ContextTree, Piece
 from parrot.platform.serve.engine_client import Engine
 from parrot.platform.serve.graph import (
@@ -42,6 +42,13 @@ class EngineSlot:
     tree: ContextTree
     capacity: int = 8  # tasks at once
     running: int = 0
+    up: bool = True
+    missed_pings: int = 0
+
+    def mark_down(self) -> None:
+        """The engine is gone, and its contexts with it: start a fresh tree for when it returns."""
+        self.up = False
+        self.tree = ContextTree(self.client, self.tree.ids)
 
 
 @dataclass(eq=False)
@@ -103,6 +110,7 @@ class GlobalScheduler:
         self._wake = asyncio.Event()
         self._tasks: set[asyncio.Task] = set()
         self._loop_task: asyncio.Task | None = None
+        self._monitor_task: asyncio.Task | None = None
         self.on_done: Callable[[CompletionTask], None] | None = None
         self.latency_chains: set[int] = set()  # ids of chains a latency-critical get waits on
 
@@ -116,8 +124,10 @@ class GlobalScheduler:
         self.queue.append(task)
         self._wake.set()
 
-    def start(self) -> None:
+    def start(self, monitor_interval_s: float | None = 2.0) -> None:
         self._loop_task = asyncio.create_task(self._dispatch_loop())
+        if monitor_interval_s:
+            self._monitor_task = asyncio.create_task(self.monitor(monitor_interval_s))
 
     def prioritize(self, chain_ids: set[int]) -> None:
         """A latency-critical get: its producers go first, queued now or later."""
@@ -128,8 +138,9 @@ class GlobalScheduler:
         self._wake.set()
 
     async def stop(self) -> None:
-        if self._loop_task is not None:
-            self._loop_task.cancel()
+        for background in (self._loop_task, self._monitor_task):
+            if background is not None:
+                background.cancel()
         for t in list(self._tasks):
             t.cancel()
 
@@ -154,10 +165,14 @@ class GlobalScheduler:
             job.add_done_callback(self._tasks.discard)
 
     def _pick(self, task: CompletionTask) -> EngineSlot | None:
-        candidates = [s for s in self.engines.values() if not task.models or s.model in task.models]
+        serving = [s for s in self.engines.values() if not task.models or s.model in task.models]
+        candidates = [s for s in serving if s.up]
         if not candidates:
             self.queue.remove(task)
-            self.variables.fail(task.chain.gen.var, f"no engine serves the models {list(task.models)}")
+            reason = "every engine that serves them is down" if serving else "no engine serves them"
+            self.variables.fail(
+                task.chain.gen.var, f"cannot run for models {list(task.models) or 'any'}: {reason}"
+            )
             return None
         free = [s for s in candidates if s.running < s.capacity]
         if not free:
@@ -176,6 +191,7 @@ class GlobalScheduler:
     async def _execute(self, task: CompletionTask, slot: EngineSlot) -> None:
         gen: PlaceholderGen = task.chain.gen
         context = None
+        finished = True
         try:
             context = await slot.tree.acquire(task.pieces())
             output_id = next(slot.tree.ids)
@@ -184,6 +200,17 @@ class GlobalScheduler:
             self.variables.set_value(gen.var, result.text)
         except asyncio.CancelledError:
             raise
+        except EngineUnavailableError as error:
+            # The engine died: run the task elsewhere (its contexts died with the engine).
+            log.warning(
+                "engine %s is down (%s); rescheduling call %s",
+                slot.engine_id,
+                error,
+                task.chain.request.call_id,
+            )
+            slot.mark_down()
+            context, finished = None, False
+            self.queue.append(task)
         except Exception as error:  # the variable carries the reason to whoever waits for it
             log.warning("task of call %s failed: %s", task.chain.request.call_id, error)
             self.variables.fail(gen.var, str(error))
@@ -191,9 +218,27 @@ class GlobalScheduler:
             if context is not None:
                 slot.tree.release(context)
             slot.running -= 1
-            if self.on_done is not None:
+            if finished and self.on_done is not None:
                 self.on_done(task)
             self._wake.set()
+
+    async def monitor(self, interval_s: float = 2.0, max_missed: int = 2) -> None:
+        """Ping every engine: mark it down after ``max_missed`` failures, up when it answers."""
+        while True:
+            for slot in list(self.engines.values()):
+                try:
+                    await slot.client.ping()
+                except EngineUnavailableError:
+                    slot.missed_pings += 1
+                    if slot.up and slot.missed_pings >= max_missed:
+                        log.warning("engine %s missed %d pings: down", slot.engine_id, slot.missed_pings)
+                        slot.mark_down()
+                else:
+                    slot.missed_pings = 0
+                    if not slot.up:
+                        slot.up = True
+                        self._wake.set()
+            await asyncio.sleep(interval_s)
 
 
 class GraphExecutor:
