@@ -149,3 +149,44 @@ def test_bad_calls_get_clear_4xx(api, template, parameters, message):
     )
     assert 400 <= r.status_code < 500 and message in r.json()["error"]["message"], r.text
     assert api.get("/healthz").json()["status"] == "ok"
+
+
+def test_sessions_sharing_a_long_system_prompt_hold_it_once(api, engine_server):
+    """Acceptance 3: 8 sessions, one long constant system prompt: the engine holds it once,
+    and every output equals the one an unshared context of the same tokens produces."""
+    system = "You are the harbour master's assistant. Keep answers short and factual. " * 30
+    template = system + "\nUser: {{q}}\nAssistant: {{a}}"
+    engine = httpx.Client(base_url=engine_server.url, timeout=120)
+    before = engine.get("/ping").json()["kv_blocks_used"]
+    answers = []
+    for n in range(8):
+        sid, auth = new_session(api)
+        call = api.post(
+            "/v1/semantic_call",
+            headers=auth,
+            json={
+                "session_id": sid,
+                "template": template,
+                "parameters": [{"name": "q", "value": f"Question {n}: when is high tide?"}, out("a", 6)],
+            },
+        ).json()
+        r = api.get(f"/v1/semantic_var/{call['outputs']['a']}", params={"session_id": sid}, headers=auth)
+        answers.append(r.json()["value"])
+    held = engine.get("/ping").json()["kv_blocks_used"] - before
+    prefix_tokens = len(engine.post("/tokenize", json={"text": system + "\nUser: "}).json()["token_ids"])
+    prefix_blocks = prefix_tokens // 16
+    assert prefix_blocks >= 20
+    assert held < prefix_blocks + 8 * 4  # the prefix once, plus a few blocks per session
+    # Unshared: the same pieces' tokens in one fresh context each.
+    for n, answer in enumerate(answers):
+        tokens = []
+        for piece in (system + "\nUser: ", f"Question {n}: when is high tide?", "\nAssistant: "):
+            tokens += engine.post("/tokenize", json={"text": piece}).json()["token_ids"]
+        cid = 9_000_000 + n
+        engine.post("/fill", json={"context_id": cid, "token_ids": tokens})
+        alone = engine.post(
+            "/generate", json={"context_id": cid, "sampling": {"max_tokens": 6, "temperature": 0}}
+        ).json()
+        engine.post("/free_context", json={"context_id": cid})
+        assert alone["text"] == answer
+    engine.close()
