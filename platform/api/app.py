@@ -2,17 +2,22 @@
 
 from __future__ import annotations
 
+import hmac
+import secrets
 from typing import Annotated
 
 from litestar import Litestar, Request, delete, get, post, put
 from litestar.datastructures import State
 from litestar.params import JSONBody, Parameter
 
+from parrot.engines.protocol.errors import ForbiddenError, UnauthorizedError
 from parrot.engines.protocol.http import exception_handlers
 from parrot.platform.api.schemas import (
     CallInfo,
     CallSubmitted,
     CreateVar,
+    EngineInfo,
+    RegisterEngine,
     SessionCreated,
     SessionInfo,
     SetVar,
@@ -20,6 +25,7 @@ from parrot.platform.api.schemas import (
     VarInfo,
 )
 from parrot.platform.serve.core import ServeCore, Session, call_state
+from parrot.platform.serve.executor import EngineSlot
 from parrot.platform.serve.graph import RequestChain, SemanticVariable
 
 MAX_WAIT_S = 3600.0
@@ -122,12 +128,50 @@ async def call_info(call_id: str, request: Request, state: State, session_id: st
     return _call_info(_core(state).call(session, call_id))
 
 
+def _require_admin(request: Request, state: State) -> None:
+    token = _auth(request)
+    if not token:
+        raise UnauthorizedError("this route needs 'Authorization: Bearer <admin token>'")
+    if not hmac.compare_digest(token, state.admin_token):
+        raise ForbiddenError("wrong admin token")
+
+
+def _engine_info(slot: EngineSlot) -> EngineInfo:
+    return EngineInfo(
+        engine_id=slot.engine_id,
+        url=slot.client.base_url,
+        model=slot.model,
+        up=slot.up,
+        running=slot.running,
+        capacity=slot.capacity,
+    )
+
+
+@get("/v1/engines")
+async def list_engines(state: State) -> list[EngineInfo]:
+    return [_engine_info(s) for s in _core(state).scheduler.engines.values()]
+
+
+@post("/v1/engines", status_code=201)
+async def register_engine(data: JSONBody[RegisterEngine], request: Request, state: State) -> EngineInfo:
+    _require_admin(request, state)
+    return _engine_info(await _core(state).register_engine(data.url, data.capacity))
+
+
+@delete("/v1/engines/{engine_id:str}", status_code=204)
+async def remove_engine(engine_id: str, request: Request, state: State) -> None:
+    _require_admin(request, state)
+    await _core(state).remove_engine(engine_id)
+
+
 @get("/healthz")
 async def healthz(state: State) -> dict:
     return {"status": "ok", "engines": len(_core(state).scheduler.engines)}
 
 
-def create_app(core: ServeCore, engine_urls: tuple[str, ...] = ()) -> Litestar:
+def create_app(
+    core: ServeCore, engine_urls: tuple[str, ...] = (), admin_token: str | None = None
+) -> Litestar:
     """The API app; on start it starts the core and registers the given engines."""
 
     async def start() -> None:
@@ -149,8 +193,12 @@ def create_app(core: ServeCore, engine_urls: tuple[str, ...] = ()) -> Litestar:
             submit_call,
             call_info,
             healthz,
+            list_engines,
+            register_engine,
+            remove_engine,
         ],
-        state=State({"core": core}),
+        # Without a configured token nobody is admin: a random one no client can know.
+        state=State({"core": core, "admin_token": admin_token or secrets.token_urlsafe(32)}),
         exception_handlers=exception_handlers(),
         on_startup=[start],
         on_shutdown=[stop],

@@ -61,3 +61,18 @@ class CallSubmitted(msgspec.Struct, kw_only=True):
     call_id: str
     outputs: dict[str, str]
     param_info: list[dict]
+
+
+class RegisterEngine(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    url: Annotated[str, msgspec.Meta(min_length=1, max_length=2048)]
+    capacity: Annotated[int, msgspec.Meta(ge=1, le=4096)] = 16
+
+
+class EngineInfo(msgspec.Struct, kw_only=True):
+    engine_id: str
+    url: str
+    model: str
+    up: bool
+    running: int
+    capacity: int
+    queued_tasks: int = 0

@@ -81,9 +81,8 @@ def run(args: argparse.Namespace) -> None:
             f"parrot serve: Parrot API on http://{args.host}:{args.port} with engines {list(urls)}",
             flush=True,
         )
-        uvicorn.run(
-            create_app(ServeCore(), engine_urls=urls), host=args.host, port=args.port, log_level="warning"
-        )
+        app = create_app(ServeCore(), engine_urls=urls, admin_token=token)
+        uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
     finally:
         if child is not None:
             child.send_signal(signal.SIGINT)

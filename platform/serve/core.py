@@ -16,8 +16,10 @@ import msgspec
 
 from parrot.engines.protocol.errors import (
     BadRequestError,
+    ConflictError,
     ForbiddenError,
     NotFoundError,
+    ParrotError,
     UnauthorizedError,
     WaitTimeoutError,
 )
@@ -69,6 +71,7 @@ class ServeCore:
         self._context_ids = context_ids()
         self._var_ids = itertools.count(1)
         self._call_ids = itertools.count(1)
+        self._engine_ids = itertools.count(1)
 
     async def start(self) -> None:
         self.scheduler.start()
@@ -80,12 +83,26 @@ class ServeCore:
 
     # -- engines -------------------------------------------------------------------------
     async def register_engine(self, url: str, capacity: int = 16) -> EngineSlot:
+        if not url.startswith(("http://", "https://")):
+            raise BadRequestError(f"engine url must start with http:// or https://, got {url!r}")
+        if any(s.client.base_url == url.rstrip("/") for s in self.scheduler.engines.values()):
+            raise ConflictError(f"engine {url} is already registered")
         client = HttpEngine(url)
-        info = await client.ping()
-        engine_id = f"engine-{len(self.scheduler.engines) + 1}"
+        try:
+            info = await client.ping()
+        except ParrotError as error:
+            await client.aclose()
+            raise BadRequestError(f"could not reach an engine at {url}: {error}") from None
+        engine_id = f"engine-{next(self._engine_ids)}"
         slot = EngineSlot(engine_id, info["model"], client, ContextTree(client, self._context_ids), capacity)
         self.scheduler.add_engine(slot)
         return slot
+
+    async def remove_engine(self, engine_id: str) -> None:
+        slot = self.scheduler.engines.pop(engine_id, None)
+        if slot is None:
+            raise NotFoundError(f"engine {engine_id!r} is not registered")
+        await slot.client.aclose()
 
     # -- sessions ------------------------------------------------------------------------
     def create_session(self) -> tuple[Session, str]:

@@ -190,3 +190,24 @@ def test_sessions_sharing_a_long_system_prompt_hold_it_once(api, engine_server):
         engine.post("/free_context", json={"context_id": cid})
         assert alone["text"] == answer
     engine.close()
+
+
+def test_engine_registry_needs_the_admin_token(engine_server):
+    core_app = create_app(ServeCore(), admin_token="s3cret")
+    with ServerThread(core_app) as server, httpx.Client(base_url=server.url, timeout=60) as c:
+        assert c.get("/v1/engines").json() == []
+        body = {"url": engine_server.url, "capacity": 4}
+        assert c.post("/v1/engines", json=body).status_code == 401
+        assert c.post("/v1/engines", json=body, headers={"Authorization": "Bearer nope"}).status_code == 403
+        admin = {"Authorization": "Bearer s3cret"}
+        r = c.post("/v1/engines", json=body, headers=admin)
+        assert r.status_code == 201 and r.json()["up"] and r.json()["capacity"] == 4
+        assert c.post("/v1/engines", json=body, headers=admin).status_code == 409
+        r = c.post("/v1/engines", json={"url": "http://127.0.0.1:1"}, headers=admin)
+        assert r.status_code == 400 and "could not reach" in r.json()["error"]["message"]
+        assert c.post("/v1/engines", json={"url": "ftp://x"}, headers=admin).status_code == 400
+        (engine,) = c.get("/v1/engines").json()
+        assert "s3cret" not in c.get("/v1/engines").text
+        assert c.delete(f"/v1/engines/{engine['engine_id']}", headers=admin).status_code == 204
+        assert c.delete(f"/v1/engines/{engine['engine_id']}", headers=admin).status_code == 404
+        assert c.get("/v1/engines").json() == []
