@@ -164,6 +164,43 @@ async def remove_engine(engine_id: str, request: Request, state: State) -> None:
     await _core(state).remove_engine(engine_id)
 
 
+@get("/metrics", media_type="text/plain; version=0.0.4")
+async def metrics(state: State) -> str:
+    """Prometheus text format."""
+    core = _core(state)
+    sched = core.scheduler
+    st = sched.stats
+    lines = [
+        "# TYPE parrot_sessions gauge",
+        f"parrot_sessions {len(core.sessions)}",
+        "# TYPE parrot_queue_tasks gauge",
+        f"parrot_queue_tasks {len(sched.queue)}",
+        "# TYPE parrot_tasks_total counter",
+        f'parrot_tasks_total{{state="done"}} {st.done}',
+        f'parrot_tasks_total{{state="failed"}} {st.failed}',
+        "# TYPE parrot_task_seconds summary",
+        f"parrot_task_seconds_sum {st.task_seconds:.6f}",
+        f"parrot_task_seconds_count {st.done}",
+        "# TYPE parrot_prefix_pieces_total counter",
+        f'parrot_prefix_pieces_total{{found="yes"}} {st.pieces_reused}',
+        f'parrot_prefix_pieces_total{{found="no"}} {st.pieces - st.pieces_reused}',
+        "# TYPE parrot_sv_wait_seconds summary",
+        f"parrot_sv_wait_seconds_sum {core.variables.wait_seconds:.6f}",
+        f"parrot_sv_wait_seconds_count {core.variables.waits}",
+        "# TYPE parrot_engine_up gauge",
+        "# TYPE parrot_engine_running gauge",
+        "# TYPE parrot_engine_contexts gauge",
+    ]
+    for slot in sched.engines.values():
+        label = f'{{engine="{slot.engine_id}",model="{slot.model}"}}'
+        lines += [
+            f"parrot_engine_up{label} {int(slot.up)}",
+            f"parrot_engine_running{label} {slot.running}",
+            f"parrot_engine_contexts{label} {len(slot.tree)}",
+        ]
+    return "\n".join(lines) + "\n"
+
+
 @get("/healthz")
 async def healthz(state: State) -> dict:
     return {"status": "ok", "engines": len(_core(state).scheduler.engines)}
@@ -196,6 +233,7 @@ def create_app(
             list_engines,
             register_engine,
             remove_engine,
+            metrics,
         ],
         # Without a configured token nobody is admin: a random one no client can know.
         state=State({"core": core, "admin_token": admin_token or secrets.token_urlsafe(32)}),

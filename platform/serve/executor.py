@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -78,6 +79,8 @@ class Variables:
     """Readiness events of the variables, so waiting costs nothing."""
 
     events: dict[int, asyncio.Event] = field(default_factory=dict)
+    waits: int = 0  # gets that waited, and their total wait (for /metrics)
+    wait_seconds: float = 0.0
 
     def event(self, var: SemanticVariable) -> asyncio.Event:
         ev = self.events.setdefault(id(var), asyncio.Event())
@@ -94,10 +97,24 @@ class Variables:
         self.event(var).set()
 
     async def wait(self, var: SemanticVariable, timeout: float | None = None) -> str:
-        await asyncio.wait_for(self.event(var).wait(), timeout)
+        started = time.monotonic()
+        try:
+            await asyncio.wait_for(self.event(var).wait(), timeout)
+        finally:
+            self.waits += 1
+            self.wait_seconds += time.monotonic() - started
         if var.error:
             raise ProducerFailedError(f"variable {var.name!r} has no value: {var.error}")
         return var.value or ""
+
+
+@dataclass
+class SchedulerStats:
+    done: int = 0
+    failed: int = 0
+    task_seconds: float = 0.0  # summed over done tasks
+    pieces: int = 0  # prompt pieces of started tasks
+    pieces_reused: int = 0  # of those, found in an engine's context tree (prefix hits)
 
 
 class GlobalScheduler:
@@ -112,7 +129,8 @@ class GlobalScheduler:
         self._loop_task: asyncio.Task | None = None
         self._monitor_task: asyncio.Task | None = None
         self.on_done: Callable[[CompletionTask], None] | None = None
-        self.latency_chains: set[int] = set()  # ids of chains a latency-critical get waits on
+        self.latency_chains: set[int] = set()
+        self.stats = SchedulerStats()  # ids of chains a latency-critical get waits on
 
     def add_engine(self, slot: EngineSlot) -> None:
         self.engines[slot.engine_id] = slot
@@ -192,12 +210,18 @@ class GlobalScheduler:
         gen: PlaceholderGen = task.chain.gen
         context = None
         finished = True
+        started = time.monotonic()
         try:
-            context = await slot.tree.acquire(task.pieces())
+            pieces = task.pieces()
+            self.stats.pieces += len(pieces)
+            self.stats.pieces_reused += slot.tree.match(pieces)[1]
+            context = await slot.tree.acquire(pieces)
             output_id = next(slot.tree.ids)
             result = await slot.client.generate(output_id, gen.sampling, parent_context_id=context.context_id)
             await slot.client.free_context(output_id)
             self.variables.set_value(gen.var, result.text)
+            self.stats.done += 1
+            self.stats.task_seconds += time.monotonic() - started
         except asyncio.CancelledError:
             raise
         except EngineUnavailableError as error:
@@ -213,6 +237,7 @@ class GlobalScheduler:
             self.queue.append(task)
         except Exception as error:  # the variable carries the reason to whoever waits for it
             log.warning("task of call %s failed: %s", task.chain.request.call_id, error)
+            self.stats.failed += 1
             self.variables.fail(gen.var, str(error))
         finally:
             if context is not None:
