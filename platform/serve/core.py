@@ -6,10 +6,12 @@ about scheduling.
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import hmac
 import itertools
 import secrets
+import time
 from dataclasses import dataclass, field
 
 import msgspec
@@ -56,6 +58,7 @@ class Session:
     executor: GraphExecutor
     vars: dict[str, SemanticVariable] = field(default_factory=dict)
     calls: dict[str, RequestChain] = field(default_factory=dict)
+    last_active: float = field(default_factory=time.monotonic)
 
 
 def _hash(secret: str) -> str:
@@ -63,7 +66,11 @@ def _hash(secret: str) -> str:
 
 
 class ServeCore:
-    def __init__(self) -> None:
+    def __init__(self, session_timeout_s: float = 3600.0) -> None:
+        if session_timeout_s <= 0:
+            raise ValueError("session_timeout_s must be positive")
+        self.session_timeout_s = session_timeout_s
+        self._expiry_task: asyncio.Task | None = None
         self.variables = Variables()
         self.scheduler = GlobalScheduler(self.variables)
         self.sessions: dict[str, Session] = {}
@@ -75,8 +82,11 @@ class ServeCore:
 
     async def start(self) -> None:
         self.scheduler.start()
+        self._expiry_task = asyncio.create_task(self._expire_loop())
 
     async def stop(self) -> None:
+        if self._expiry_task is not None:
+            self._expiry_task.cancel()
         await self.scheduler.stop()
         for slot in self.scheduler.engines.values():
             await slot.client.aclose()
@@ -122,7 +132,21 @@ class ServeCore:
             raise NotFoundError(f"session {session_id!r} does not exist")
         if not hmac.compare_digest(session.auth_hash, _hash(auth)):
             raise ForbiddenError(f"the session_auth does not belong to session {session_id!r}")
+        session.last_active = time.monotonic()
         return session
+
+    async def expire_idle_sessions(self) -> list[str]:
+        """Delete sessions idle for longer than the timeout, freeing everything they hold."""
+        deadline = time.monotonic() - self.session_timeout_s
+        idle = [s for s in self.sessions.values() if s.last_active < deadline]
+        for session in idle:
+            await self.delete_session(session)
+        return [s.session_id for s in idle]
+
+    async def _expire_loop(self) -> None:
+        while True:
+            await asyncio.sleep(min(60.0, self.session_timeout_s / 2))
+            await self.expire_idle_sessions()
 
     async def delete_session(self, session: Session) -> None:
         session.executor.cancel()

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import httpx
 import pytest
 from conftest import ServerThread
 
+from parrot.engines.protocol.sampling import SamplingParams
 from parrot.platform.api.app import create_app
-from parrot.platform.serve.core import ServeCore
+from parrot.platform.serve.core import CallParameter, ServeCore
 
 
 @pytest.fixture(scope="module")
@@ -227,3 +230,34 @@ def test_metrics_are_prometheus_text(api):
     assert int(values['parrot_tasks_total{state="done"}']) >= 1
     assert float(values["parrot_sv_wait_seconds_count"]) >= 1
     assert any(k.startswith("parrot_engine_up{") and v == "1" for k, v in values.items())
+
+
+@pytest.mark.asyncio(loop_scope="function")
+async def test_idle_sessions_expire_and_free_their_contexts(engine_server):
+    core = ServeCore(session_timeout_s=0.5)
+    await core.start()
+    try:
+        slot = await core.register_engine(engine_server.url)
+        session, _ = core.create_session()
+        _, outputs = core.submit_call(
+            session,
+            "Hello {{who}}: {{a}}",
+            [
+                CallParameter(name="who", value="Ada"),
+                CallParameter(name="a", is_output=True, sampling=SamplingParams(max_tokens=2)),
+            ],
+            [],
+            None,
+        )
+        await core.get_var(session, outputs["a"], "latency", 60)
+        assert len(slot.tree) > 0
+        active, active_auth = core.create_session()
+        await asyncio.sleep(0.3)
+        core.session(active.session_id, active_auth)  # touched: stays
+        await asyncio.sleep(0.35)
+        await core.expire_idle_sessions()  # (the core's own expiry loop may have been first)
+        assert session.session_id not in core.sessions and active.session_id in core.sessions
+        # Its variable pieces are gone from the engine; the constant prefix may stay cached.
+        assert all(n.session_id != session.session_id for n in slot.tree._all())
+    finally:
+        await core.stop()
