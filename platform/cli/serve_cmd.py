@@ -27,6 +27,9 @@ def add_parser(commands) -> None:
     p.add_argument("--engine-port", type=int, default=9001, help="port of the builtin engine it starts")
     p.add_argument("--model", default=None, help="model of the builtin engine it starts")
     p.add_argument("--admin-token", default=None, help="default: $PARROT_ADMIN_TOKEN, else generated")
+    p.add_argument(
+        "--session-timeout", type=float, default=3600.0, help="seconds before an idle session expires"
+    )
     p.set_defaults(run=run)
 
 
@@ -81,7 +84,7 @@ def run(args: argparse.Namespace) -> None:
             f"parrot serve: Parrot API on http://{args.host}:{args.port} with engines {list(urls)}",
             flush=True,
         )
-        app = create_app(ServeCore(), engine_urls=urls, admin_token=token)
+        app = create_app(ServeCore(args.session_timeout), engine_urls=urls, admin_token=token)
         uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
     finally:
         if child is not None:
