@@ -8,7 +8,7 @@ from typing import Annotated
 
 from litestar import Litestar, Request, delete, get, post, put
 from litestar.datastructures import State
-from litestar.params import JSONBody, Parameter
+from litestar.params import FromPath, FromQuery, JSONBody, QueryParameter
 
 from parrot.engines.protocol.errors import ForbiddenError, UnauthorizedError
 from parrot.engines.protocol.http import exception_handlers
@@ -70,7 +70,7 @@ async def create_session(state: State) -> SessionCreated:
 
 
 @get("/v1/session/{session_id:str}")
-async def session_info(session_id: str, request: Request, state: State) -> SessionInfo:
+async def session_info(session_id: FromPath[str], request: Request, state: State) -> SessionInfo:
     session = _session(request, state, session_id)
     return SessionInfo(
         session_id=session_id,
@@ -80,7 +80,7 @@ async def session_info(session_id: str, request: Request, state: State) -> Sessi
 
 
 @delete("/v1/session/{session_id:str}", status_code=204)
-async def delete_session(session_id: str, request: Request, state: State) -> None:
+async def delete_session(session_id: FromPath[str], request: Request, state: State) -> None:
     await _core(state).delete_session(_session(request, state, session_id))
 
 
@@ -91,19 +91,19 @@ async def create_var(data: JSONBody[CreateVar], request: Request, state: State) 
 
 
 @put("/v1/semantic_var/{var_id:str}")
-async def set_var(var_id: str, data: JSONBody[SetVar], request: Request, state: State) -> VarInfo:
+async def set_var(var_id: FromPath[str], data: JSONBody[SetVar], request: Request, state: State) -> VarInfo:
     session = _session(request, state, data.session_id)
     return _var_info(_core(state).set_var(session, var_id, data.value), with_value=False)
 
 
 @get("/v1/semantic_var/{var_id:str}")
 async def get_var(
-    var_id: str,
+    var_id: FromPath[str],
     request: Request,
     state: State,
-    session_id: str,
-    criteria: str = "latency",
-    timeout: Annotated[float, Parameter(ge=0, le=MAX_WAIT_S)] = 300.0,
+    session_id: FromQuery[str],
+    criteria: FromQuery[str] = "latency",
+    timeout: Annotated[float, QueryParameter(ge=0, le=MAX_WAIT_S)] = 300.0,
 ) -> VarInfo:
     session = _session(request, state, session_id)
     return _var_info(await _core(state).get_var(session, var_id, criteria, timeout))
@@ -123,7 +123,9 @@ async def submit_call(data: JSONBody[SubmitCall], request: Request, state: State
 
 
 @get("/v1/semantic_call/{call_id:str}")
-async def call_info(call_id: str, request: Request, state: State, session_id: str) -> CallInfo:
+async def call_info(
+    call_id: FromPath[str], request: Request, state: State, session_id: FromQuery[str]
+) -> CallInfo:
     session = _session(request, state, session_id)
     return _call_info(_core(state).call(session, call_id))
 
@@ -159,7 +161,7 @@ async def register_engine(data: JSONBody[RegisterEngine], request: Request, stat
 
 
 @delete("/v1/engines/{engine_id:str}", status_code=204)
-async def remove_engine(engine_id: str, request: Request, state: State) -> None:
+async def remove_engine(engine_id: FromPath[str], request: Request, state: State) -> None:
     _require_admin(request, state)
     await _core(state).remove_engine(engine_id)
 
