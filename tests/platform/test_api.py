@@ -261,3 +261,37 @@ async def test_idle_sessions_expire_and_free_their_contexts(engine_server):
         assert all(n.session_id != session.session_id for n in slot.tree._all())
     finally:
         await core.stop()
+
+
+def test_map_reduce_over_the_api(api):
+    """Acceptance 2 over REST: 8 maps feed one reduce; the reduce runs after all maps."""
+    sid, auth = new_session(api)
+    outputs = []
+    for i in range(8):
+        call = api.post(
+            "/v1/semantic_call",
+            headers=auth,
+            json={
+                "session_id": sid,
+                "template": "Summarize: {{part}}\nSummary: {{s}}",
+                "parameters": [
+                    {"name": "part", "value": f"Chapter {i}: the keeper mends lamp {i}."},
+                    out("s", 6),
+                ],
+            },
+        )
+        outputs.append(call.json()["outputs"]["s"])
+    names = [f"s{i}" for i in range(8)]
+    template = "Combine: " + " ".join(f"{{{{{n}}}}}" for n in names) + "\nAll: {{total}}"
+    params = [{"name": n, "var_id": v} for n, v in zip(names, outputs, strict=True)] + [out("total", 6)]
+    reduce = api.post(
+        "/v1/semantic_call",
+        headers=auth,
+        json={"session_id": sid, "template": template, "parameters": params},
+    ).json()
+    total = api.get(
+        f"/v1/semantic_var/{reduce['outputs']['total']}", params={"session_id": sid}, headers=auth
+    )
+    assert total.json()["ready"] and total.json()["value"]
+    info = api.get(f"/v1/session/{sid}", headers=auth).json()
+    assert [c["state"] for c in info["calls"]] == ["done"] * 9
