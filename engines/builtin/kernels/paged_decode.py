@@ -17,6 +17,7 @@ from parrot.engines.builtin.kernels.checks import (
     check_block_table,
     check_tensor,
 )
+from parrot.engines.builtin.kernels.online_softmax import finish, online_softmax_step
 
 
 @triton.jit
@@ -73,15 +74,8 @@ def _paged_decode_kernel(
             v = tl.load(v_cache_ptr + offsets, mask=token_mask[:, None], other=0.0).to(tl.float32)
             s = tl.dot(q, tl.trans(k)) * scale  # [GROUP_PAD, BLOCK_SIZE]
             s = tl.where(token_mask[None, :], s, float("-inf"))
-            m_new = tl.maximum(m_i, tl.max(s, 1))
-            p = tl.exp(s - m_new[:, None])
-            alpha = tl.exp(m_i - m_new)
-            l_i = l_i * alpha + tl.sum(p, 1)
-            acc = acc * alpha[:, None] + tl.dot(p, v)
-            m_i = m_new
-    empty = l_i == 0.0
-    out = acc / tl.where(empty, 1.0, l_i)[:, None]
-    lse = tl.where(empty, float("-inf"), m_i + tl.log(tl.where(empty, 1.0, l_i)))
+            m_i, l_i, acc = online_softmax_step(s, v, m_i, l_i, acc)
+    out, lse = finish(m_i, l_i, acc)
     o_offsets = seq * stride_os + heads[:, None] * stride_oh + split * stride_osp + d[None, :]
     tl.store(part_out_ptr + o_offsets, out, mask=head_mask[:, None])
     tl.store(part_lse_ptr + seq * stride_ls + heads * stride_lh + split, lse, mask=head_mask)

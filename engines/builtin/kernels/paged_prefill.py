@@ -8,6 +8,7 @@ import triton
 import triton.language as tl
 
 from parrot.engines.builtin.kernels.checks import check, check_attention_inputs, check_block_table
+from parrot.engines.builtin.kernels.online_softmax import finish, online_softmax_step
 
 
 @triton.jit
@@ -65,16 +66,8 @@ def _paged_prefill_kernel(
         s = tl.dot(q, tl.trans(k)) * scale  # [BLOCK_M, BLOCK_SIZE]
         allowed = key_mask[None, :] & (k_pos[None, :] <= q_pos[:, None])
         s = tl.where(allowed, s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-        p = tl.exp(s - m_safe[:, None])
-        alpha = tl.exp(m_i - m_safe)
-        l_i = l_i * alpha + tl.sum(p, 1)
-        acc = acc * alpha[:, None] + tl.dot(p, v)
-        m_i = m_new
-    empty = l_i == 0.0
-    out = acc / tl.where(empty, 1.0, l_i)[:, None]
-    lse = tl.where(empty, float("-inf"), m_i + tl.log(tl.where(empty, 1.0, l_i)))
+        m_i, l_i, acc = online_softmax_step(s, v, m_i, l_i, acc)
+    out, lse = finish(m_i, l_i, acc)
     tl.store(
         out_ptr + rows[:, None] * stride_ot + head * stride_oh + d[None, :],
         out.to(out_ptr.dtype.element_ty),

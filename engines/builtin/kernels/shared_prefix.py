@@ -10,6 +10,7 @@ import triton
 import triton.language as tl
 
 from parrot.engines.builtin.kernels.checks import check, check_attention_inputs, check_block_table
+from parrot.engines.builtin.kernels.online_softmax import finish, online_softmax_step
 
 
 @triton.jit
@@ -58,19 +59,14 @@ def _shared_prefix_kernel(
         k = tl.load(k_cache_ptr + offsets).to(tl.float32)  # [BLOCK_SIZE, HEAD_DIM]
         v = tl.load(v_cache_ptr + offsets).to(tl.float32)
         s = tl.dot(q, tl.trans(k)) * scale  # [BLOCK_M, BLOCK_SIZE]; the prefix is all visible
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        p = tl.exp(s - m_new[:, None])
-        alpha = tl.exp(m_i - m_new)
-        l_i = l_i * alpha + tl.sum(p, 1)
-        acc = acc * alpha[:, None] + tl.dot(p, v)
-        m_i = m_new
-    out = acc / l_i[:, None]
+        m_i, l_i, acc = online_softmax_step(s, v, m_i, l_i, acc)
+    out, lse = finish(m_i, l_i, acc)
     tl.store(
         out_ptr + token[:, None] * stride_ot + head[:, None] * stride_oh + d[None, :],
         out,
         mask=row_mask[:, None],
     )
-    tl.store(lse_ptr + token * stride_lt + head * stride_lh, m_i + tl.log(l_i), mask=row_mask)
+    tl.store(lse_ptr + token * stride_lt + head * stride_lh, lse, mask=row_mask)
 
 
 def shared_prefix_attention(
