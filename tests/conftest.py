@@ -4,10 +4,14 @@ from __future__ import annotations
 
 import itertools
 import os
+import signal
 import socket
+import subprocess
+import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
@@ -51,6 +55,65 @@ class ServerThread:
     def __exit__(self, *exc) -> None:
         self.server.should_exit = True
         self.thread.join(timeout=30)
+
+
+class ParrotProcess:
+    """``python -m parrot.platform.cli.main ARGS`` as a real child process."""
+
+    def __init__(self, args: list[str], env: dict) -> None:
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "parrot.platform.cli.main", *args],
+            cwd=REPO_ROOT,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+
+    def wait_ready(self, ready: Callable[[], bool], what: str, timeout_s: float = 180) -> None:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            assert self.proc.poll() is None, self.proc.stdout.read()
+            try:
+                if ready():
+                    return
+            except (httpx.TransportError, ValueError):
+                pass
+            assert time.monotonic() < deadline, f"{what} did not start"
+            time.sleep(0.3)
+
+    def kill(self) -> None:
+        """SIGKILL: no shutdown code runs, as when a machine loses the process."""
+        self.proc.kill()
+        self.proc.wait(timeout=30)
+
+    def stop(self) -> str:
+        """SIGINT, then its whole output (its exit code must be 0)."""
+        self.proc.send_signal(signal.SIGINT)
+        try:
+            self.proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            raise
+        output = self.proc.stdout.read()
+        assert self.proc.returncode == 0, output
+        return output
+
+
+@contextmanager
+def parrot_process(args: list[str], env: dict, ready: Callable[[], bool], what: str) -> Iterator[list[str]]:
+    """Run ``parrot ARGS`` until ``ready()``; SIGINT it afterwards.
+
+    Yields a list that receives the process output once it has exited (checked: exit code 0).
+    """
+    process = ParrotProcess(args, env)
+    output: list[str] = []
+    try:
+        process.wait_ready(ready, what)
+        yield output
+    finally:
+        if process.proc.poll() is None:
+            output.append(process.stop())
 
 
 @pytest.fixture(scope="session")

@@ -5,15 +5,9 @@ from __future__ import annotations
 import json
 import os
 import re
-import signal
-import subprocess
-import sys
-import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
 
 import httpx
-from conftest import REPO_ROOT, free_port
+from conftest import REPO_ROOT, free_port, parrot_process
 
 
 def readme_curl_bodies() -> list[tuple[str, dict]]:
@@ -21,44 +15,6 @@ def readme_curl_bodies() -> list[tuple[str, dict]]:
     text = (REPO_ROOT / "README.md").read_text()
     pairs = re.findall(r"curl -s localhost:9001(/\S+) .*?\n?\s*-d '(\{.*?\})'", text, flags=re.S)
     return [(route, json.loads(body)) for route, body in pairs]
-
-
-@contextmanager
-def parrot_process(args: list[str], env: dict, ready: Callable[[], bool], what: str) -> Iterator[list[str]]:
-    """Run ``python -m parrot.platform.cli.main ARGS`` until ``ready()``; SIGINT it afterwards.
-
-    Yields a list that receives the process output once it has exited (checked: exit code 0).
-    """
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "parrot.platform.cli.main", *args],
-        cwd=REPO_ROOT,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
-    output: list[str] = []
-    try:
-        deadline = time.monotonic() + 180
-        while True:
-            assert proc.poll() is None, proc.stdout.read()
-            try:
-                if ready():
-                    break
-            except (httpx.TransportError, ValueError):
-                pass
-            assert time.monotonic() < deadline, f"{what} did not start"
-            time.sleep(0.3)
-        yield output
-    finally:
-        proc.send_signal(signal.SIGINT)
-        try:
-            proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            raise
-    output.append(proc.stdout.read())
-    assert proc.returncode == 0, output[0]
 
 
 def test_engine_command_serves_the_readme_examples(engine):
@@ -74,15 +30,17 @@ def test_engine_command_serves_the_readme_examples(engine):
         assert r.json()["choices"][0]["message"]["content"]
 
 
-def test_serve_command_starts_an_engine_and_runs_a_call(engine):
+def test_serve_command_starts_an_engine_and_runs_a_call(engine, tmp_path):
     port, engine_port = free_port(), free_port()
     url = f"http://127.0.0.1:{port}"
     env = {
         **os.environ,
         "PARROT_CACHE_DIR": str(engine.model_folder.parent),
         "PARROT_KV_CACHE_MEMORY": "256MiB",
+        "PARROT_DATA_DIR": str(tmp_path),
     }
     env.pop("PARROT_ADMIN_TOKEN", None)
+    env.pop("PARROT_DB", None)
     args = ["serve", "--port", str(port), "--engine-port", str(engine_port)]
 
     def ready() -> bool:
@@ -111,3 +69,4 @@ def test_serve_command_starts_an_engine_and_runs_a_call(engine):
         ).json()
         assert var["ready"] and var["value"]
     assert "admin token (shown once)" in output[0]
+    assert (tmp_path / "parrot.db").exists()  # the default database: SQLite in the data folder

@@ -24,7 +24,7 @@ from parrot.platform.api.schemas import (
     SubmitCall,
     VarInfo,
 )
-from parrot.platform.serve.core import ServeCore, Session, call_state
+from parrot.platform.serve.core import ServeCore, Session
 from parrot.platform.serve.executor import EngineSlot
 from parrot.platform.serve.graph import RequestChain, SemanticVariable
 
@@ -58,14 +58,17 @@ def _var_info(var: SemanticVariable, with_value: bool = True) -> VarInfo:
 def _call_info(request: RequestChain) -> CallInfo:
     return CallInfo(
         call_id=request.call_id,
-        state=call_state(request),
+        state=request.state,
         outputs={c.gen.var.name: c.gen.var.var_id for c in request.chains},
+        engine=request.engine_id,
+        timings=request.timings,
+        error=request.error,
     )
 
 
 @post("/v1/session", status_code=201)
 async def create_session(state: State) -> SessionCreated:
-    session, auth = _core(state).create_session()
+    session, auth = await _core(state).create_session()
     return SessionCreated(session_id=session.session_id, session_auth=auth)
 
 
@@ -87,13 +90,13 @@ async def delete_session(session_id: FromPath[str], request: Request, state: Sta
 @post("/v1/semantic_var", status_code=201)
 async def create_var(data: JSONBody[CreateVar], request: Request, state: State) -> VarInfo:
     session = _session(request, state, data.session_id)
-    return _var_info(_core(state).create_var(session, data.name, data.value), with_value=False)
+    return _var_info(await _core(state).create_var(session, data.name, data.value), with_value=False)
 
 
 @put("/v1/semantic_var/{var_id:str}")
 async def set_var(var_id: FromPath[str], data: JSONBody[SetVar], request: Request, state: State) -> VarInfo:
     session = _session(request, state, data.session_id)
-    return _var_info(_core(state).set_var(session, var_id, data.value), with_value=False)
+    return _var_info(await _core(state).set_var(session, var_id, data.value), with_value=False)
 
 
 @get("/v1/semantic_var/{var_id:str}")
@@ -112,7 +115,7 @@ async def get_var(
 @post("/v1/semantic_call", status_code=201)
 async def submit_call(data: JSONBody[SubmitCall], request: Request, state: State) -> CallSubmitted:
     session = _session(request, state, data.session_id)
-    call, outputs = _core(state).submit_call(
+    call, outputs = await _core(state).submit_call(
         session, data.template, data.parameters, data.models, data.output_criteria
     )
     info = [
@@ -138,10 +141,12 @@ def _require_admin(request: Request, state: State) -> None:
         raise ForbiddenError("wrong admin token")
 
 
-def _engine_info(slot: EngineSlot) -> EngineInfo:
+def _engine_info(core: ServeCore, slot: EngineSlot) -> EngineInfo:
+    spec = core.engines.specs[slot.engine_id]
     return EngineInfo(
         engine_id=slot.engine_id,
-        url=slot.client.base_url,
+        kind=spec.kind,
+        url=core.engines.url_of(slot.engine_id),
         model=slot.model,
         up=slot.up,
         running=slot.running,
@@ -151,13 +156,15 @@ def _engine_info(slot: EngineSlot) -> EngineInfo:
 
 @get("/v1/engines")
 async def list_engines(state: State) -> list[EngineInfo]:
-    return [_engine_info(s) for s in _core(state).scheduler.engines.values()]
+    core = _core(state)
+    return [_engine_info(core, s) for s in core.scheduler.engines.values()]
 
 
 @post("/v1/engines", status_code=201)
 async def register_engine(data: JSONBody[RegisterEngine], request: Request, state: State) -> EngineInfo:
     _require_admin(request, state)
-    return _engine_info(await _core(state).register_engine(data.url, data.capacity))
+    core = _core(state)
+    return _engine_info(core, await core.register(data.spec()))
 
 
 @delete("/v1/engines/{engine_id:str}", status_code=204)
@@ -211,12 +218,11 @@ async def healthz(state: State) -> dict:
 def create_app(
     core: ServeCore, engine_urls: tuple[str, ...] = (), admin_token: str | None = None
 ) -> Litestar:
-    """The API app; on start it starts the core and registers the given engines."""
+    """The API app; on start it starts the core (restoring what its store holds) and
+    registers the given engines."""
 
     async def start() -> None:
-        await core.start()
-        for url in engine_urls:
-            await core.register_engine(url)
+        await core.start(engine_urls)
 
     async def stop() -> None:
         await core.stop()

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Literal
 
 import msgspec
 
+from parrot.engines.protocol.errors import BadRequestError
 from parrot.platform.serve.core import CallParameter
+from parrot.platform.serve.engine_registry import EngineSpec
 
 Name = Annotated[str, msgspec.Meta(min_length=1, max_length=256)]
 Text = Annotated[str, msgspec.Meta(max_length=4_000_000)]
@@ -27,9 +29,11 @@ class VarInfo(msgspec.Struct, kw_only=True):
 
 class CallInfo(msgspec.Struct, kw_only=True):
     call_id: str
-    state: str
+    state: str  # pending | running | done | failed
     outputs: dict[str, str]
     engine: str | None = None
+    timings: dict[str, float] = msgspec.field(default_factory=dict)  # unix seconds
+    error: str | None = None
 
 
 class SessionInfo(msgspec.Struct, kw_only=True):
@@ -63,13 +67,36 @@ class CallSubmitted(msgspec.Struct, kw_only=True):
     param_info: list[dict]
 
 
+Url = Annotated[str, msgspec.Meta(min_length=1, max_length=2048)]
+
+
 class RegisterEngine(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
-    url: Annotated[str, msgspec.Meta(min_length=1, max_length=2048)]
+    """A builtin engine: ``url``. An OpenAI-compatible endpoint: ``kind: "openai"``,
+    ``base_url``, ``model``, ``api_key``, ``api`` ("chat" or "completions")."""
+
+    kind: Literal["builtin", "openai"] = "builtin"
+    url: Url | None = None
+    base_url: Url | None = None
+    model: Annotated[str, msgspec.Meta(min_length=1, max_length=256)] | None = None
+    api_key: Annotated[str, msgspec.Meta(max_length=4096)] | None = None
+    api: Literal["chat", "completions"] = "chat"
     capacity: Annotated[int, msgspec.Meta(ge=1, le=4096)] = 16
+
+    def spec(self) -> EngineSpec:
+        if self.kind == "builtin":
+            if self.url is None:
+                raise BadRequestError("a builtin engine needs 'url'")
+            if self.base_url or self.model or self.api_key:
+                raise BadRequestError("'base_url', 'model' and 'api_key' are for kind 'openai'")
+            return EngineSpec("builtin", self.url, self.capacity)
+        if self.base_url is None or self.model is None:
+            raise BadRequestError("an openai engine needs 'base_url' and 'model'")
+        return EngineSpec("openai", self.base_url, self.capacity, self.model, self.api, self.api_key)
 
 
 class EngineInfo(msgspec.Struct, kw_only=True):
     engine_id: str
+    kind: str
     url: str
     model: str
     up: bool

@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import httpx
 
@@ -29,6 +30,17 @@ def add_parser(commands) -> None:
     p.add_argument("--admin-token", default=None, help="default: $PARROT_ADMIN_TOKEN, else generated")
     p.add_argument(
         "--session-timeout", type=float, default=3600.0, help="seconds before an idle session expires"
+    )
+    p.add_argument(
+        "--db",
+        default=os.environ.get("PARROT_DB"),
+        metavar="URL",
+        help="SQLAlchemy URL of the database (default: $PARROT_DB, else SQLite in the data folder)",
+    )
+    p.add_argument(
+        "--data-dir",
+        default=None,
+        help="data folder (default: $PARROT_DATA_DIR, else $XDG_DATA_HOME/parrot or ~/.local/share/parrot)",
     )
     p.set_defaults(run=run)
 
@@ -64,11 +76,21 @@ def start_engine(args: argparse.Namespace) -> tuple[subprocess.Popen, str]:
         time.sleep(0.5)
 
 
+def data_dir(flag: str | None) -> Path:
+    if flag:
+        return Path(flag)
+    if os.environ.get("PARROT_DATA_DIR"):
+        return Path(os.environ["PARROT_DATA_DIR"])
+    base = os.environ.get("XDG_DATA_HOME") or Path.home() / ".local" / "share"
+    return Path(base) / "parrot"
+
+
 def run(args: argparse.Namespace) -> None:
     import uvicorn
 
     from parrot.platform.api.app import create_app
     from parrot.platform.serve.core import ServeCore
+    from parrot.platform.store.store import Store, sqlite_url
 
     token = args.admin_token or os.environ.get("PARROT_ADMIN_TOKEN")
     if not token:
@@ -84,7 +106,8 @@ def run(args: argparse.Namespace) -> None:
             f"parrot serve: Parrot API on http://{args.host}:{args.port} with engines {list(urls)}",
             flush=True,
         )
-        app = create_app(ServeCore(args.session_timeout), engine_urls=urls, admin_token=token)
+        store = Store(args.db or sqlite_url(data_dir(args.data_dir)))
+        app = create_app(ServeCore(args.session_timeout, store), engine_urls=urls, admin_token=token)
         uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
     finally:
         if child is not None:

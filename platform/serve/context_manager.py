@@ -12,6 +12,7 @@ the engine needs room, never while in use.
 from __future__ import annotations
 
 import itertools
+import secrets
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
@@ -149,9 +150,14 @@ class ContextTree:
 
 
 SERVECORE_CONTEXT_IDS = 1 << 48
+ID_REGIONS = 1 << 14  # regions of 2**48 ids each, all below 2**62
 
 
-def context_ids(start: int = SERVECORE_CONTEXT_IDS) -> Iterator[int]:
-    """Context ids for one ServeCore. Engines keep negative ids for their own requests; a
-    ServeCore counts from 2**48, clear of the small ids a direct client of an engine picks."""
+def context_ids(start: int | None = None) -> Iterator[int]:
+    """Context ids for one ServeCore run, all at or above 2**48, clear of the small ids a
+    direct client of an engine picks. Each run counts from its own random region, so the
+    contexts a restarted ServeCore creates never collide with those its previous run left
+    on an engine (they are evicted there like any idle context)."""
+    if start is None:
+        start = SERVECORE_CONTEXT_IDS * (1 + secrets.randbelow(ID_REGIONS - 1))
     return itertools.count(start)

@@ -10,6 +10,7 @@ import asyncio
 import hashlib
 import hmac
 import itertools
+import logging
 import secrets
 import time
 from dataclasses import dataclass, field
@@ -18,7 +19,6 @@ import msgspec
 
 from parrot.engines.protocol.errors import (
     BadRequestError,
-    ConflictError,
     ForbiddenError,
     NotFoundError,
     ParrotError,
@@ -26,18 +26,25 @@ from parrot.engines.protocol.errors import (
     WaitTimeoutError,
 )
 from parrot.engines.protocol.sampling import SamplingParams
-from parrot.platform.serve.context_manager import ContextTree, context_ids
-from parrot.platform.serve.engine_client import HttpEngine
+from parrot.platform.serve.context_manager import context_ids
+from parrot.platform.serve.engine_registry import BUILTIN, EngineRegistry, EngineSpec
 from parrot.platform.serve.executor import (
     LATENCY,
     THROUGHPUT,
+    CompletionTask,
     EngineSlot,
     GlobalScheduler,
     GraphExecutor,
     Variables,
 )
 from parrot.platform.serve.graph import Graph, RequestChain, SemanticVariable
+from parrot.platform.serve.journal import Journal
 from parrot.platform.serve.template import ParameterSpec, check_binding, parse_template
+from parrot.platform.store.models import CallRecord
+from parrot.platform.store.store import Snapshot, Store
+
+log = logging.getLogger(__name__)
+TOUCH_EVERY_S = 30.0  # how stale a session's stored last-activity time may get
 
 CRITERIA = (LATENCY, THROUGHPUT)
 
@@ -59,6 +66,7 @@ class Session:
     vars: dict[str, SemanticVariable] = field(default_factory=dict)
     calls: dict[str, RequestChain] = field(default_factory=dict)
     last_active: float = field(default_factory=time.monotonic)
+    stored_active: float = field(default_factory=time.monotonic)  # last_active as stored
 
 
 def _hash(secret: str) -> str:
@@ -66,63 +74,71 @@ def _hash(secret: str) -> str:
 
 
 class ServeCore:
-    def __init__(self, session_timeout_s: float = 3600.0) -> None:
+    def __init__(self, session_timeout_s: float = 3600.0, store: Store | None = None) -> None:
         if session_timeout_s <= 0:
             raise ValueError("session_timeout_s must be positive")
         self.session_timeout_s = session_timeout_s
         self._expiry_task: asyncio.Task | None = None
-        self.variables = Variables()
+        self.journal = Journal(store)
+        self.variables = Variables(on_change=self._var_changed)
         self.scheduler = GlobalScheduler(self.variables)
+        self.scheduler.on_start = self._task_started
+        self.engines = EngineRegistry(self.scheduler, self.journal, context_ids())
         self.sessions: dict[str, Session] = {}
-        self._seq = itertools.count()
-        self._context_ids = context_ids()
-        self._var_ids = itertools.count(1)
-        self._call_ids = itertools.count(1)
-        self._engine_ids = itertools.count(1)
+        self._seq = itertools.count()  # task arrival order (app-FIFO)
+        self._call_seq = itertools.count(1)  # call submission order, kept across restarts
 
-    async def start(self) -> None:
+    async def start(self, engine_urls: tuple[str, ...] = ()) -> None:
+        """Bring the store to the newest schema, restore what it holds, register engines."""
+        store = self.journal.store
+        snapshot = None
+        if store is not None:
+            await store.migrate()
+            snapshot = await store.snapshot()
+        self.journal.start()
         self.scheduler.start()
+        await self.engines.restore(list(snapshot.engines) if snapshot else [], engine_urls)
+        if snapshot is not None:
+            self._restore(snapshot)
         self._expiry_task = asyncio.create_task(self._expire_loop())
 
     async def stop(self) -> None:
         if self._expiry_task is not None:
             self._expiry_task.cancel()
         await self.scheduler.stop()
-        for slot in self.scheduler.engines.values():
-            await slot.client.aclose()
+        await self.engines.close()
+        await self.journal.stop()
+        if self.journal.store is not None:
+            await self.journal.store.close()
 
     # -- engines -------------------------------------------------------------------------
     async def register_engine(self, url: str, capacity: int = 16) -> EngineSlot:
-        if not url.startswith(("http://", "https://")):
-            raise BadRequestError(f"engine url must start with http:// or https://, got {url!r}")
-        if any(s.client.base_url == url.rstrip("/") for s in self.scheduler.engines.values()):
-            raise ConflictError(f"engine {url} is already registered")
-        client = HttpEngine(url)
-        try:
-            info = await client.ping()
-        except ParrotError as error:
-            await client.aclose()
-            raise BadRequestError(f"could not reach an engine at {url}: {error}") from None
-        engine_id = f"engine-{next(self._engine_ids)}"
-        slot = EngineSlot(engine_id, info["model"], client, ContextTree(client, self._context_ids), capacity)
-        self.scheduler.add_engine(slot)
+        return await self.register(EngineSpec(BUILTIN, url, capacity))
+
+    async def register(self, spec: EngineSpec) -> EngineSlot:
+        slot = await self.engines.register(spec)
+        await self.journal.flush()
         return slot
 
     async def remove_engine(self, engine_id: str) -> None:
-        slot = self.scheduler.engines.pop(engine_id, None)
-        if slot is None:
-            raise NotFoundError(f"engine {engine_id!r} is not registered")
-        await slot.client.aclose()
+        await self.engines.remove(engine_id)
+        await self.journal.flush()
 
     # -- sessions ------------------------------------------------------------------------
-    def create_session(self) -> tuple[Session, str]:
+    async def create_session(self) -> tuple[Session, str]:
         session_id = secrets.token_hex(8)
         auth = secrets.token_urlsafe(24)
+        session = self._new_session(session_id, _hash(auth))
+        self.journal.record(lambda store: store.add_session(session_id, session.auth_hash))
+        await self.journal.flush()
+        return session, auth
+
+    def _new_session(self, session_id: str, auth_hash: str) -> Session:
         session = Session(
-            session_id, _hash(auth), Graph(), GraphExecutor(session_id, self.scheduler, self._seq)
+            session_id, auth_hash, Graph(), GraphExecutor(session_id, self.scheduler, self._seq)
         )
         self.sessions[session_id] = session
-        return session, auth
+        return session
 
     def session(self, session_id: str, auth: str | None) -> Session:
         if not auth:
@@ -133,6 +149,9 @@ class ServeCore:
         if not hmac.compare_digest(session.auth_hash, _hash(auth)):
             raise ForbiddenError(f"the session_auth does not belong to session {session_id!r}")
         session.last_active = time.monotonic()
+        if session.last_active - session.stored_active > TOUCH_EVERY_S:
+            session.stored_active = session.last_active
+            self.journal.record(lambda store: store.touch_session(session_id))
         return session
 
     async def expire_idle_sessions(self) -> list[str]:
@@ -151,13 +170,21 @@ class ServeCore:
     async def delete_session(self, session: Session) -> None:
         session.executor.cancel()
         self.sessions.pop(session.session_id, None)
+        self.journal.record(lambda store: store.delete_session(session.session_id))
         for slot in self.scheduler.engines.values():
             await slot.tree.free_session(session.session_id)
+        await self.journal.flush()
 
     # -- variables -----------------------------------------------------------------------
-    def create_var(self, session: Session, name: str, value: str | None = None) -> SemanticVariable:
-        var = SemanticVariable(f"var-{next(self._var_ids)}", name, value)
+    def _add_var(self, session: Session, name: str, value: str | None) -> SemanticVariable:
+        var = SemanticVariable(f"var-{secrets.token_hex(8)}", name, value)
         session.vars[var.var_id] = var
+        self.journal.record(lambda store: store.add_var(var.var_id, session.session_id, name, value))
+        return var
+
+    async def create_var(self, session: Session, name: str, value: str | None = None) -> SemanticVariable:
+        var = self._add_var(session, name, value)
+        await self.journal.flush()
         return var
 
     def var(self, session: Session, var_id: str) -> SemanticVariable:
@@ -166,29 +193,47 @@ class ServeCore:
             raise NotFoundError(f"variable {var_id!r} does not exist in session {session.session_id!r}")
         return var
 
-    def set_var(self, session: Session, var_id: str, value: str) -> SemanticVariable:
+    async def set_var(self, session: Session, var_id: str, value: str) -> SemanticVariable:
         var = self.var(session, var_id)
         if var.producer is not None:
             raise BadRequestError(f"variable {var_id!r} is the output of call {var.producer.request.call_id}")
         if var.ready:
             raise BadRequestError(f"variable {var_id!r} already has a value")
         self.variables.set_value(var, value)
+        await self.journal.flush()
         return var
+
+    def _var_changed(self, var: SemanticVariable) -> None:
+        if var.error is not None:
+            self.journal.record(lambda store: store.set_var_error(var.var_id, var.error))
+        else:
+            self.journal.record(lambda store: store.set_var_value(var.var_id, var.value))
+        if var.producer is not None:
+            self._call_progressed(var.producer.request)
 
     async def get_var(self, session: Session, var_id: str, criteria: str, timeout: float) -> SemanticVariable:
         var = self.var(session, var_id)
         if criteria not in CRITERIA:
             raise BadRequestError(f"criteria must be one of {CRITERIA}, got {criteria!r}")
         if criteria == LATENCY:
-            self.scheduler.prioritize({id(c) for c, _ in session.graph.producers_of(var)})
+            self._activate(session, [var])
         try:
             await self.variables.wait(var, timeout)
         except TimeoutError:
             raise WaitTimeoutError(f"variable {var_id!r} has no value after {timeout}s") from None
         return var
 
+    def _activate(self, session: Session, targets: list[SemanticVariable]) -> None:
+        """Mark the producers of ``targets``, backwards through the DAG, latency-critical."""
+        depths: dict[int, int] = {}
+        for var in targets:
+            for chain, depth in session.graph.producers_of(var):
+                if not chain.gen.var.ready:
+                    depths[id(chain)] = max(depth, depths.get(id(chain), 0))
+        self.scheduler.prioritize(depths)
+
     # -- calls ---------------------------------------------------------------------------
-    def submit_call(
+    async def submit_call(
         self,
         session: Session,
         template: str,
@@ -200,9 +245,7 @@ class ServeCore:
             raise BadRequestError(f"output_criteria must be one of {CRITERIA}, got {output_criteria!r}")
         chunks = parse_template(template)
         check_binding(chunks, [ParameterSpec(p.name, p.is_output) for p in parameters])
-        bound: dict[str, SemanticVariable] = {}
         outputs: dict[str, SamplingParams] = {}
-        created: list[str] = []
         for p in parameters:
             if p.var_id is not None and p.value is not None:
                 raise BadRequestError(f"parameter {p.name!r}: give var_id or value, not both")
@@ -212,25 +255,55 @@ class ServeCore:
                 outputs[p.name] = p.sampling or SamplingParams()
             elif p.sampling is not None:
                 raise BadRequestError(f"input {p.name!r} cannot have sampling settings")
-            if p.var_id is not None:
-                bound[p.name] = self.var(session, p.var_id)
-            else:
-                if not p.is_output and p.value is None:
-                    raise BadRequestError(f"input {p.name!r} needs a var_id or a value")
-                var = self.create_var(session, p.name, p.value)
-                bound[p.name] = var
-                created.append(var.var_id)
-        call_id = f"call-{next(self._call_ids)}"
-        request = RequestChain.build(call_id, chunks, bound, outputs)
-        try:
-            session.graph.add(request)
-        except Exception:
-            for var_id in created:
-                session.vars.pop(var_id, None)
-            raise
+            elif p.var_id is None and p.value is None:
+                raise BadRequestError(f"input {p.name!r} needs a var_id or a value")
+        named = {p.name: self.var(session, p.var_id) for p in parameters if p.var_id is not None}
+        call_id = f"call-{secrets.token_hex(8)}"
+        # Dry run on placeholder variables first: a rejected call leaves nothing behind.
+        fresh = {p.name: SemanticVariable("", p.name, p.value) for p in parameters if p.var_id is None}
+        request = RequestChain.build(call_id, chunks, named | fresh, outputs)
+        session.graph.add(request)
+        for p in parameters:
+            if p.var_id is None:  # an input given by value, or a new output variable
+                var = fresh[p.name]
+                var.var_id = f"var-{secrets.token_hex(8)}"
+                session.vars[var.var_id] = var
+                self.journal.record(
+                    lambda store, v=var: store.add_var(v.var_id, session.session_id, v.name, v.value)
+                )
+        request.timings["submitted_at"] = time.time()
         session.calls[call_id] = request
-        session.executor.submit(request.chains, tuple(models), output_criteria or THROUGHPUT)
+        stored = [
+            {
+                "name": p.name,
+                "is_output": p.is_output,
+                "var_id": (named | fresh)[p.name].var_id,
+                "sampling": msgspec.to_builtins(outputs[p.name]) if p.is_output else None,
+            }
+            for p in parameters
+        ]
+        seq = next(self._call_seq)
+        criteria = output_criteria or THROUGHPUT
+        self.journal.record(
+            lambda store: store.add_call(
+                call_id,
+                session.session_id,
+                seq,
+                template,
+                stored,
+                list(models),
+                output_criteria,
+                timings=dict(request.timings),
+            )
+        )
+        self._run(session, request, tuple(models), criteria)
+        await self.journal.flush()
         return request, {c.gen.var.name: c.gen.var.var_id for c in request.chains}
+
+    def _run(self, session: Session, request: RequestChain, models: tuple[str, ...], criteria: str) -> None:
+        if criteria == LATENCY:
+            self._activate(session, request.output_vars())
+        session.executor.submit(request.chains, models, criteria)
 
     def call(self, session: Session, call_id: str) -> RequestChain:
         request = session.calls.get(call_id)
@@ -238,11 +311,65 @@ class ServeCore:
             raise NotFoundError(f"call {call_id!r} does not exist in session {session.session_id!r}")
         return request
 
+    def _task_started(self, task: CompletionTask) -> None:
+        request = task.chain.request
+        request.engine_id = task.engine_id
+        first = "started_at" not in request.timings
+        request.timings.setdefault("started_at", time.time())
+        if first:
+            self.journal.record(
+                lambda store, t=dict(request.timings): store.update_call(
+                    request.call_id, state="running", engine_id=request.engine_id, timings=t
+                )
+            )
 
-def call_state(request: RequestChain) -> str:
-    outs = request.output_vars()
-    if any(v.error for v in outs):
-        return "failed"
-    if all(v.ready for v in outs):
-        return "done"
-    return "pending"
+    def _call_progressed(self, request: RequestChain) -> None:
+        state = request.state
+        if state not in ("done", "failed") or "finished_at" in request.timings:
+            return
+        request.timings["finished_at"] = time.time()
+        self.journal.record(
+            lambda store, t=dict(request.timings): store.update_call(
+                request.call_id, state=state, engine_id=request.engine_id, error=request.error, timings=t
+            )
+        )
+
+    # -- restart -------------------------------------------------------------------------
+    def _restore(self, snapshot: Snapshot) -> None:
+        """Sessions, variables and calls from the store; unfinished calls run again."""
+        now_wall, now = time.time(), time.monotonic()
+        for record in snapshot.sessions:
+            session = self._new_session(record.session_id, record.auth_hash)
+            idle = now_wall - record.last_active_at.timestamp()
+            session.last_active = now - max(0.0, idle)
+        for record in snapshot.vars:
+            session = self.sessions.get(record.session_id or "")
+            if session is not None:
+                var = SemanticVariable(record.var_id, record.name, record.value, record.error)
+                session.vars[var.var_id] = var
+        for record in snapshot.calls:
+            session = self.sessions.get(record.session_id)
+            if session is None:
+                continue
+            self._call_seq = itertools.count(record.seq + 1)
+            try:
+                self._restore_call(session, record)
+            except (ParrotError, KeyError) as error:  # a record this version cannot rebuild
+                log.error("call %s could not be restored: %s", record.call_id, error)
+
+    def _restore_call(self, session: Session, record: CallRecord) -> None:
+        params = record.parameters
+        bound = {p["name"]: session.vars[p["var_id"]] for p in params}
+        outputs = {
+            p["name"]: msgspec.convert(p["sampling"] or {}, SamplingParams) for p in params if p["is_output"]
+        }
+        request = RequestChain.build(record.call_id, parse_template(record.template), bound, outputs)
+        request.engine_id = record.engine_id
+        request.timings = dict(record.timings)
+        session.graph.link(request)
+        session.calls[record.call_id] = request
+        if request.state in ("done", "failed"):
+            return
+        request.timings.pop("started_at", None)  # it runs again from the start
+        log.info("re-queueing call %s of session %s", record.call_id, session.session_id)
+        self._run(session, request, tuple(record.models), record.output_criteria or THROUGHPUT)

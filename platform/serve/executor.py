@@ -61,6 +61,7 @@ class CompletionTask:
     group: int | None = None  # tasks a consumer waits on together
     models: tuple[str, ...] = ()
     engine_id: str | None = None
+    depth: int = 0  # of a latency-critical task: how far upstream of the awaited variable
 
     def pieces(self) -> list[Piece]:
         out = []
@@ -81,6 +82,7 @@ class Variables:
     events: dict[int, asyncio.Event] = field(default_factory=dict)
     waits: int = 0  # gets that waited, and their total wait (for /metrics)
     wait_seconds: float = 0.0
+    on_change: Callable[[SemanticVariable], None] | None = None  # a value or an error arrived
 
     def event(self, var: SemanticVariable) -> asyncio.Event:
         ev = self.events.setdefault(id(var), asyncio.Event())
@@ -90,11 +92,16 @@ class Variables:
 
     def set_value(self, var: SemanticVariable, value: str) -> None:
         var.value = value
-        self.event(var).set()
+        self._changed(var)
 
     def fail(self, var: SemanticVariable, error: str) -> None:
         var.error = error
+        self._changed(var)
+
+    def _changed(self, var: SemanticVariable) -> None:
         self.event(var).set()
+        if self.on_change is not None:
+            self.on_change(var)
 
     async def wait(self, var: SemanticVariable, timeout: float | None = None) -> str:
         started = time.monotonic()
@@ -128,9 +135,11 @@ class GlobalScheduler:
         self._tasks: set[asyncio.Task] = set()
         self._loop_task: asyncio.Task | None = None
         self._monitor_task: asyncio.Task | None = None
+        self.on_start: Callable[[CompletionTask], None] | None = None
         self.on_done: Callable[[CompletionTask], None] | None = None
-        self.latency_chains: set[int] = set()
-        self.stats = SchedulerStats()  # ids of chains a latency-critical get waits on
+        # Chains a latency-critical get waits on (by id), with their depth upstream of it.
+        self.latency_chains: dict[int, int] = {}
+        self.stats = SchedulerStats()
 
     def add_engine(self, slot: EngineSlot) -> None:
         self.engines[slot.engine_id] = slot
@@ -138,7 +147,7 @@ class GlobalScheduler:
 
     def submit(self, task: CompletionTask) -> None:
         if id(task.chain) in self.latency_chains:
-            task.criteria = LATENCY
+            task.criteria, task.depth = LATENCY, self.latency_chains[id(task.chain)]
         self.queue.append(task)
         self._wake.set()
 
@@ -147,13 +156,19 @@ class GlobalScheduler:
         if monitor_interval_s:
             self._monitor_task = asyncio.create_task(self.monitor(monitor_interval_s))
 
-    def prioritize(self, chain_ids: set[int]) -> None:
-        """A latency-critical get: its producers go first, queued now or later."""
-        self.latency_chains |= chain_ids
+    def prioritize(self, chains: dict[int, int]) -> None:
+        """A latency-critical get: its producers (chain id -> depth upstream of the awaited
+        variable) go first, queued now or later; the deepest first, as the rest wait on it."""
+        for chain_id, depth in chains.items():
+            self.latency_chains[chain_id] = max(depth, self.latency_chains.get(chain_id, 0))
         for task in self.queue:
-            if id(task.chain) in chain_ids:
-                task.criteria = LATENCY
+            if id(task.chain) in chains:
+                task.criteria, task.depth = LATENCY, self.latency_chains[id(task.chain)]
         self._wake.set()
+
+    def forget(self, chain: CompletionChain) -> None:
+        """The chain is settled: drop its latency mark."""
+        self.latency_chains.pop(id(chain), None)
 
     async def stop(self) -> None:
         for background in (self._loop_task, self._monitor_task):
@@ -170,7 +185,7 @@ class GlobalScheduler:
 
     def dispatch(self) -> None:
         # Latency-critical first, then groups together, then the oldest application first.
-        self.queue.sort(key=lambda t: (t.criteria != LATENCY, t.group is None, t.seq))
+        self.queue.sort(key=lambda t: (t.criteria != LATENCY, -t.depth, t.group is None, t.seq))
         for task in list(self.queue):
             slot = self._pick(task)
             if slot is None:
@@ -178,6 +193,8 @@ class GlobalScheduler:
             self.queue.remove(task)
             slot.running += 1
             task.engine_id = slot.engine_id
+            if self.on_start is not None:
+                self.on_start(task)
             job = asyncio.create_task(self._execute(task, slot))
             self._tasks.add(job)
             job.add_done_callback(self._tasks.discard)
@@ -243,8 +260,10 @@ class GlobalScheduler:
             if context is not None:
                 slot.tree.release(context)
             slot.running -= 1
-            if finished and self.on_done is not None:
-                self.on_done(task)
+            if finished:
+                self.forget(task.chain)
+                if self.on_done is not None:
+                    self.on_done(task)
             self._wake.set()
 
     async def monitor(self, interval_s: float = 2.0, max_missed: int = 2) -> None:
@@ -285,6 +304,8 @@ class GraphExecutor:
             watcher.add_done_callback(self._watchers.discard)
 
     async def _when_ready(self, chain: CompletionChain, models: tuple[str, ...], criteria: str) -> None:
+        if chain.gen.var.ready or chain.gen.var.error:
+            return  # settled before a restart: nothing to run
         waits = list(chain.input_vars())
         if chain.previous is not None:
             waits.append(chain.previous.gen.var)

@@ -95,6 +95,22 @@ class RequestChain:
     call_id: str
     nodes: list[Node]
     chains: list[CompletionChain] = field(default_factory=list)
+    engine_id: str | None = None  # where its (latest) chain ran
+    # Wall-clock seconds: submitted_at, started_at (first chain), finished_at (all settled).
+    timings: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def state(self) -> str:
+        outs = self.output_vars()
+        if any(v.error for v in outs):
+            return "failed"
+        if all(v.ready for v in outs):
+            return "done"
+        return "running" if "started_at" in self.timings else "pending"
+
+    @property
+    def error(self) -> str | None:
+        return next((v.error for v in self.output_vars() if v.error), None)
 
     @classmethod
     def build(
@@ -165,6 +181,11 @@ class Graph:
                     f"call would create a cycle: its output {hit.name!r} feeds call {chain.request.call_id}, "
                     "which this call depends on"
                 )
+        self.link(request)
+
+    def link(self, request: RequestChain) -> None:
+        """Link a call in without checks: for calls restored from the store, which were
+        checked when they were first submitted."""
         for chain in request.chains:
             chain.gen.var.producer = chain
             for var in chain.input_vars():

@@ -11,11 +11,15 @@ from conftest import ServerThread
 from parrot.engines.protocol.sampling import SamplingParams
 from parrot.platform.api.app import create_app
 from parrot.platform.serve.core import CallParameter, ServeCore
+from parrot.platform.store.store import Store, sqlite_url
+
+ADMIN = "admin-token"
 
 
 @pytest.fixture(scope="module")
-def api(engine_server):
-    app = create_app(ServeCore(), engine_urls=(engine_server.url,))
+def api(engine_server, tmp_path_factory):
+    store = Store(sqlite_url(tmp_path_factory.mktemp("api-db")))
+    app = create_app(ServeCore(store=store), engine_urls=(engine_server.url,), admin_token=ADMIN)
     with ServerThread(app) as server, httpx.Client(base_url=server.url, timeout=120) as client:
         yield client
 
@@ -238,8 +242,8 @@ async def test_idle_sessions_expire_and_free_their_contexts(engine_server):
     await core.start()
     try:
         slot = await core.register_engine(engine_server.url)
-        session, _ = core.create_session()
-        _, outputs = core.submit_call(
+        session, _ = await core.create_session()
+        _, outputs = await core.submit_call(
             session,
             "Hello {{who}}: {{a}}",
             [
@@ -251,7 +255,7 @@ async def test_idle_sessions_expire_and_free_their_contexts(engine_server):
         )
         await core.get_var(session, outputs["a"], "latency", 60)
         assert len(slot.tree) > 0
-        active, active_auth = core.create_session()
+        active, active_auth = await core.create_session()
         await asyncio.sleep(0.3)
         core.session(active.session_id, active_auth)  # touched: stays
         await asyncio.sleep(0.35)
@@ -295,3 +299,56 @@ def test_map_reduce_over_the_api(api):
     assert total.json()["ready"] and total.json()["value"]
     info = api.get(f"/v1/session/{sid}", headers=auth).json()
     assert [c["state"] for c in info["calls"]] == ["done"] * 9
+
+
+@pytest.mark.parametrize("size", [4_100_000, 11_000_000])
+def test_oversized_templates_are_refused(api, size):
+    """Over the template limit: 400 naming the limit; over the body limit: 413. Either way
+    the server keeps serving."""
+    sid, auth = new_session(api)
+    body = {"session_id": sid, "template": "x" * size + " {{a}}", "parameters": [out("a")]}
+    r = api.post("/v1/semantic_call", headers=auth, json=body)
+    assert r.status_code in (400, 413), r.status_code
+    assert r.json()["error"]["message"]
+    if r.status_code == 400:
+        assert "length" in r.json()["error"]["message"]
+    info = api.get(f"/v1/session/{sid}", headers=auth).json()
+    assert info["calls"] == [] and info["vars"] == []  # a refused call leaves nothing behind
+
+
+@pytest.mark.parametrize(
+    ("sampling", "field"),
+    [
+        ({"max_tokens": -1}, "max_tokens"),
+        ({"max_tokens": 10**12}, "max_tokens"),
+        ({"top_p": 5}, "top_p"),
+        ({"top_k": -7}, "top_k"),
+        ({"temperature": -1}, "temperature"),
+        ({"stop": ["x" * 10_000]}, "stop"),
+    ],
+)
+def test_absurd_sampling_values_get_400(api, sampling, field):
+    sid, auth = new_session(api)
+    body = {
+        "session_id": sid,
+        "template": "Q {{q}}: {{a}}",
+        "parameters": [{"name": "q", "value": "x"}, {"name": "a", "is_output": True, "sampling": sampling}],
+    }
+    r = api.post("/v1/semantic_call", headers=auth, json=body)
+    assert r.status_code == 400 and field in r.json()["error"]["message"], r.text
+
+
+@pytest.mark.parametrize(
+    ("body", "message"),
+    [
+        ({"kind": "builtin"}, "needs 'url'"),
+        ({"kind": "openai", "model": "m"}, "needs 'base_url' and 'model'"),
+        ({"kind": "builtin", "url": "http://127.0.0.1:1", "api_key": "k"}, "for kind 'openai'"),
+        ({"kind": "tpu", "url": "http://x"}, "kind"),
+        ({"url": "http://x", "capacity": 0}, "capacity"),
+    ],
+)
+def test_bad_engine_registrations_get_400(api, body, message):
+    r = api.post("/v1/engines", json=body, headers={"Authorization": f"Bearer {ADMIN}"})
+    assert r.status_code == 400 and message in r.json()["error"]["message"], r.text
+    assert len(api.get("/v1/engines").json()) == 1

@@ -1,0 +1,143 @@
+"""The engines the ServeCore schedules on: registration, removal, and their records.
+
+Engines are registered by URL (a running ``parrot engine``) or as an OpenAI-compatible
+endpoint; each becomes an :class:`EngineSlot` of the scheduler, and its record is stored
+so a restarted ServeCore finds its engines again. An engine that does not answer at
+restore is kept, marked down, until the monitor sees it answer again.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+from parrot.engines.protocol.errors import BadRequestError, ConflictError, NotFoundError, ParrotError
+from parrot.platform.serve.context_manager import ContextTree
+from parrot.platform.serve.engine_client import Engine, HttpEngine
+from parrot.platform.serve.executor import EngineSlot, GlobalScheduler
+from parrot.platform.serve.journal import Journal
+from parrot.platform.store.models import EngineRecord
+
+log = logging.getLogger(__name__)
+
+BUILTIN, OPENAI = "builtin", "openai"
+
+
+@dataclass(frozen=True)
+class EngineSpec:
+    """What registering an engine needs. ``api_key`` is a secret: never shown."""
+
+    kind: str
+    url: str
+    capacity: int = 16
+    model: str | None = None  # openai: the endpoint's model name
+    api: str = "chat"  # openai: "chat" | "completions"
+    api_key: str | None = field(default=None, repr=False)
+
+    def config(self) -> dict:
+        """The public part of the spec (stored in the clear, shown in listings)."""
+        out: dict = {"capacity": self.capacity}
+        if self.kind == OPENAI:
+            out["api"] = self.api
+        return out
+
+
+def _connect(spec: EngineSpec) -> Engine:
+    if spec.kind == BUILTIN:
+        if not spec.url.startswith(("http://", "https://")):
+            raise BadRequestError(f"engine url must start with http:// or https://, got {spec.url!r}")
+        return HttpEngine(spec.url)
+    if spec.kind == OPENAI:
+        from parrot.engines.openai.config import OpenAIEngineConfig
+        from parrot.engines.openai.engine import OpenAIEngine
+
+        if not spec.model:
+            raise BadRequestError("an openai engine needs 'model'")
+        return OpenAIEngine(
+            OpenAIEngineConfig(
+                base_url=spec.url,
+                model=spec.model,
+                api_key=spec.api_key,
+                api=spec.api,
+                capacity=spec.capacity,
+            )
+        )
+    raise BadRequestError(f"engine kind must be {BUILTIN!r} or {OPENAI!r}, got {spec.kind!r}")
+
+
+class EngineRegistry:
+    def __init__(self, scheduler: GlobalScheduler, journal: Journal, context_ids: Iterator[int]) -> None:
+        self.scheduler = scheduler
+        self.journal = journal
+        self.context_ids = context_ids
+        self.specs: dict[str, EngineSpec] = {}
+        self._ids = itertools.count(1)
+
+    @property
+    def slots(self) -> dict[str, EngineSlot]:
+        return self.scheduler.engines
+
+    def url_of(self, engine_id: str) -> str:
+        return self.specs[engine_id].url.rstrip("/")
+
+    async def register(
+        self, spec: EngineSpec, engine_id: str | None = None, required: bool = True
+    ) -> EngineSlot:
+        """Connect to the engine and add it. ``required=False`` (a restore) keeps an engine
+        that does not answer, marked down, with the model its record names."""
+        url = spec.url.rstrip("/")
+        for known_id, known in self.specs.items():
+            if known.url.rstrip("/") == url and (known.model == spec.model or spec.kind == BUILTIN):
+                raise ConflictError(f"engine {url} is already registered as {known_id}")
+        client = _connect(spec)
+        model, up = spec.model or "", True
+        try:
+            model = (await client.ping())["model"]
+        except ParrotError as error:
+            if required:
+                await client.aclose()
+                raise BadRequestError(f"could not reach an engine at {url}: {error}") from None
+            log.warning("engine %s at %s does not answer; kept, marked down", engine_id, url)
+            up = False
+        engine_id = engine_id or f"engine-{next(self._ids)}"
+        slot = EngineSlot(engine_id, model, client, ContextTree(client, self.context_ids), spec.capacity)
+        slot.up = up
+        self.specs[engine_id] = spec
+        self.scheduler.add_engine(slot)
+        self.journal.record(
+            lambda store: store.save_engine(engine_id, spec.kind, url, model, spec.config(), spec.api_key)
+        )
+        return slot
+
+    async def remove(self, engine_id: str) -> None:
+        slot = self.scheduler.engines.pop(engine_id, None)
+        if slot is None:
+            raise NotFoundError(f"engine {engine_id!r} is not registered")
+        self.specs.pop(engine_id, None)
+        await slot.client.aclose()
+        self.journal.record(lambda store: store.delete_engine(engine_id))
+
+    async def restore(self, records: list[EngineRecord], urls: tuple[str, ...]) -> None:
+        """Bring back the stored engines, then register ``urls`` not among them."""
+        numbers = [int(n) for r in records if (n := r.engine_id.rpartition("-")[2]).isdigit()]
+        self._ids = itertools.count(max(numbers, default=0) + 1)
+        for record in records:
+            spec = EngineSpec(
+                kind=record.kind,
+                url=record.url,
+                capacity=record.config.get("capacity", 16),
+                model=record.model if record.kind == OPENAI else None,
+                api=record.config.get("api", "chat"),
+                api_key=record.secret,
+            )
+            await self.register(spec, engine_id=record.engine_id, required=False)
+        known = {s.url.rstrip("/") for s in self.specs.values()}
+        for url in urls:
+            if url.rstrip("/") not in known:
+                await self.register(EngineSpec(BUILTIN, url))
+
+    async def close(self) -> None:
+        for slot in self.scheduler.engines.values():
+            await slot.client.aclose()

@@ -1,0 +1,108 @@
+"""Acceptance 4: kill the ServeCore process (SIGKILL) mid-workload, start it again on the
+same database: sessions, variables and finished values are intact, unfinished calls run."""
+
+from __future__ import annotations
+
+import os
+import time
+
+import httpx
+from conftest import ParrotProcess, free_port
+
+CHAIN = (
+    ("One sentence about {{topic}}: {{a}}", "topic", "a"),
+    ("Make it shorter: {{a}}\nShorter: {{b}}", "a", "b"),
+    ("A title for: {{b}}\nTitle: {{c}}", "b", "c"),
+)
+
+
+def start_servecore(port: int, engine_url: str, db: str) -> ParrotProcess:
+    env = {**os.environ, "PARROT_ADMIN_TOKEN": "admin-secret"}
+    process = ParrotProcess(["serve", "--port", str(port), "--engine", engine_url, "--db", db], env)
+    url = f"http://127.0.0.1:{port}"
+    process.wait_ready(lambda: httpx.get(f"{url}/healthz", timeout=2).status_code == 200, "serve")
+    return process
+
+
+def submit_chain(api: httpx.Client, sid: str, auth: dict, topic: str, max_tokens: int) -> list[dict]:
+    var = api.post(
+        "/v1/semantic_var", json={"session_id": sid, "name": "topic", "value": topic}, headers=auth
+    )
+    ids = {"topic": var.json()["var_id"]}
+    calls = []
+    for template, src, dst in CHAIN:
+        out = {"name": dst, "is_output": True, "sampling": {"max_tokens": max_tokens, "temperature": 0}}
+        body = {
+            "session_id": sid,
+            "template": template,
+            "parameters": [{"name": src, "var_id": ids[src]}, out],
+        }
+        call = api.post("/v1/semantic_call", json=body, headers=auth)
+        assert call.status_code == 201, call.text
+        ids[dst] = call.json()["outputs"][dst]
+        calls.append(call.json())
+    return calls
+
+
+def test_killed_servecore_restarts_with_its_sessions_and_finishes_the_calls(engine_server, tmp_path):
+    port = free_port()
+    db = f"sqlite+aiosqlite:///{tmp_path / 'parrot.db'}"
+    first = start_servecore(port, engine_server.url, db)
+    sessions = []
+    try:
+        with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=120) as api:
+            # One call finished before the kill: its value must come back unchanged.
+            s = api.post("/v1/session").json()
+            sid, auth = s["session_id"], {"Authorization": f"Bearer {s['session_auth']}"}
+            early = submit_chain(api, sid, auth, "lighthouses", 4)
+            last = early[-1]["outputs"]["c"]
+            finished = api.get(f"/v1/semantic_var/{last}", params={"session_id": sid}, headers=auth).json()
+            assert finished["ready"]
+            sessions.append((sid, auth, early))
+            # Then a workload that is still running when the process dies.
+            for topic in ("tides", "glaciers", "volcanoes", "deserts"):
+                s = api.post("/v1/session").json()
+                sid, auth = s["session_id"], {"Authorization": f"Bearer {s['session_auth']}"}
+                sessions.append((sid, auth, submit_chain(api, sid, auth, topic, 24)))
+            deadline = time.monotonic() + 60
+            while True:  # kill once some of the workload has run, but not all of it
+                states = [
+                    api.get(f"/v1/session/{sid}", headers=auth).json()["calls"] for sid, auth, _ in sessions
+                ]
+                flat = [c["state"] for calls in states[1:] for c in calls]
+                if "done" in flat or "running" in flat or time.monotonic() > deadline:
+                    break
+                time.sleep(0.05)
+    finally:
+        first.kill()
+    assert flat.count("done") < len(flat), "the workload finished before the kill; nothing to recover"
+
+    second = start_servecore(port, engine_server.url, db)
+    try:
+        with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=120) as api:
+            engines = api.get("/v1/engines").json()
+            assert [e["url"] for e in engines] == [engine_server.url]  # the stored record, reused
+            for sid, auth, calls in sessions:
+                info = api.get(f"/v1/session/{sid}", headers=auth)
+                assert info.status_code == 200, info.text
+                assert [c["call_id"] for c in info.json()["calls"]] == [c["call_id"] for c in calls]
+                assert len(info.json()["vars"]) == 4  # topic, a, b, c
+                final = calls[-1]["outputs"]["c"]
+                got = api.get(f"/v1/semantic_var/{final}", params={"session_id": sid}, headers=auth).json()
+                assert got["ready"] and got["value"], got
+                for call in calls:
+                    state = api.get(
+                        f"/v1/semantic_call/{call['call_id']}", params={"session_id": sid}, headers=auth
+                    ).json()
+                    assert state["state"] == "done" and state["engine"] == engines[0]["engine_id"], state
+                    assert state["timings"]["finished_at"] >= state["timings"]["submitted_at"]
+            sid, auth, early = sessions[0]
+            again = api.get(
+                f"/v1/semantic_var/{early[-1]['outputs']['c']}", params={"session_id": sid}, headers=auth
+            ).json()
+            assert again["value"] == finished["value"]
+            # The old session_auth still guards the session after the restart.
+            wrong = api.get(f"/v1/session/{sid}", headers={"Authorization": "Bearer nope"})
+            assert wrong.status_code == 403
+    finally:
+        second.stop()
