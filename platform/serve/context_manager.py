@@ -18,6 +18,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
 from parrot.platform.serve.engine_client import Engine
+from parrot.platform.serve.tokenizer_manager import Tokenize
 
 
 @dataclass(frozen=True)
@@ -57,9 +58,10 @@ class EngineContext:
 class ContextTree:
     """The contexts of one engine."""
 
-    def __init__(self, engine: Engine, ids: Iterator[int]) -> None:
+    def __init__(self, engine: Engine, ids: Iterator[int], tokenize: Tokenize | None = None) -> None:
         self.engine = engine
         self.ids = ids
+        self.tokenize = tokenize  # None: the engine takes text (an OpenAI engine)
         self.roots: dict[tuple, EngineContext] = {}
 
     def match(self, pieces: Sequence[Piece]) -> tuple[EngineContext | None, int]:
@@ -85,11 +87,12 @@ class ContextTree:
         try:
             for piece in pieces[depth:]:
                 child = EngineContext(next(self.ids), piece.key, held, piece.session_id, refs=1)
-                await self.engine.fill(
-                    child.context_id,
-                    text=piece.text,
-                    parent_context_id=held.context_id if held is not None else None,
-                )
+                parent_id = held.context_id if held is not None else None
+                if self.tokenize is None:
+                    await self.engine.fill(child.context_id, text=piece.text, parent_context_id=parent_id)
+                else:
+                    tokens = await self.tokenize(piece.text)
+                    await self.engine.fill(child.context_id, token_ids=tokens, parent_context_id=parent_id)
                 (held.children if held is not None else self.roots)[piece.key] = child
                 held = child
         except BaseException:

@@ -40,6 +40,7 @@ from parrot.platform.serve.executor import (
 from parrot.platform.serve.graph import Graph, RequestChain, SemanticVariable
 from parrot.platform.serve.journal import Journal
 from parrot.platform.serve.template import ParameterSpec, check_binding, parse_template
+from parrot.platform.serve.tokenizer_manager import TokenizerManager
 from parrot.platform.store.models import CallRecord
 from parrot.platform.store.store import Snapshot, Store
 
@@ -83,7 +84,8 @@ class ServeCore:
         self.variables = Variables(on_change=self._var_changed)
         self.scheduler = GlobalScheduler(self.variables)
         self.scheduler.on_start = self._task_started
-        self.engines = EngineRegistry(self.scheduler, self.journal, context_ids())
+        self.tokenizers = TokenizerManager()
+        self.engines = EngineRegistry(self.scheduler, self.journal, context_ids(), self.tokenizers)
         self.sessions: dict[str, Session] = {}
         self._seq = itertools.count()  # task arrival order (app-FIFO)
         self._call_seq = itertools.count(1)  # call submission order, kept across restarts

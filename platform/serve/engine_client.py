@@ -22,6 +22,8 @@ from parrot.engines.protocol.schemas import (
     GenerateRequest,
     GenerateResponse,
     StreamEnd,
+    TokenizeRequest,
+    TokenizeResponse,
     TokenStreamEvent,
 )
 
@@ -105,6 +107,10 @@ class HttpEngine:
     async def free_context(self, context_id: int) -> int:
         raw = await self._post("/free_context", FreeContextRequest(context_id=context_id))
         return msgspec.json.decode(raw, type=FreeContextResponse).freed_tokens
+
+    async def tokenize(self, text: str) -> list[int]:
+        raw = await self._post("/tokenize", TokenizeRequest(text=text))
+        return msgspec.json.decode(raw, type=TokenizeResponse).token_ids
 
     async def ping(self) -> dict:
         try:

@@ -18,6 +18,7 @@ from parrot.platform.serve.context_manager import ContextTree
 from parrot.platform.serve.engine_client import Engine, HttpEngine
 from parrot.platform.serve.executor import EngineSlot, GlobalScheduler
 from parrot.platform.serve.journal import Journal
+from parrot.platform.serve.tokenizer_manager import TokenizerManager
 from parrot.platform.store.models import EngineRecord
 
 log = logging.getLogger(__name__)
@@ -68,10 +69,17 @@ def _connect(spec: EngineSpec) -> Engine:
 
 
 class EngineRegistry:
-    def __init__(self, scheduler: GlobalScheduler, journal: Journal, context_ids: Iterator[int]) -> None:
+    def __init__(
+        self,
+        scheduler: GlobalScheduler,
+        journal: Journal,
+        context_ids: Iterator[int],
+        tokenizers: TokenizerManager,
+    ) -> None:
         self.scheduler = scheduler
         self.journal = journal
         self.context_ids = context_ids
+        self.tokenizers = tokenizers
         self.specs: dict[str, EngineSpec] = {}
         self._ids = itertools.count(1)
 
@@ -83,26 +91,30 @@ class EngineRegistry:
         return self.specs[engine_id].url.rstrip("/")
 
     async def register(
-        self, spec: EngineSpec, engine_id: str | None = None, required: bool = True
+        self, spec: EngineSpec, engine_id: str | None = None, stored_model: str | None = None
     ) -> EngineSlot:
-        """Connect to the engine and add it. ``required=False`` (a restore) keeps an engine
-        that does not answer, marked down, with the model its record names."""
+        """Connect to the engine and add it. With ``stored_model`` (a restore) an engine
+        that does not answer is kept, marked down, with the model its record names."""
         url = spec.url.rstrip("/")
         for known_id, known in self.specs.items():
             if known.url.rstrip("/") == url and (known.model == spec.model or spec.kind == BUILTIN):
                 raise ConflictError(f"engine {url} is already registered as {known_id}")
         client = _connect(spec)
-        model, up = spec.model or "", True
+        model, up = spec.model or stored_model or "", True
         try:
             model = (await client.ping())["model"]
         except ParrotError as error:
-            if required:
+            if stored_model is None:
                 await client.aclose()
                 raise BadRequestError(f"could not reach an engine at {url}: {error}") from None
             log.warning("engine %s at %s does not answer; kept, marked down", engine_id, url)
             up = False
         engine_id = engine_id or f"engine-{next(self._ids)}"
-        slot = EngineSlot(engine_id, model, client, ContextTree(client, self.context_ids), spec.capacity)
+        tokenize = getattr(client, "tokenize", None)  # engines that take token ids
+        if tokenize is not None:
+            tokenize = self.tokenizers.for_engine(model, tokenize)
+        tree = ContextTree(client, self.context_ids, tokenize)
+        slot = EngineSlot(engine_id, model, client, tree, spec.capacity)
         slot.up = up
         self.specs[engine_id] = spec
         self.scheduler.add_engine(slot)
@@ -132,7 +144,7 @@ class EngineRegistry:
                 api=record.config.get("api", "chat"),
                 api_key=record.secret,
             )
-            await self.register(spec, engine_id=record.engine_id, required=False)
+            await self.register(spec, engine_id=record.engine_id, stored_model=record.model)
         known = {s.url.rstrip("/") for s in self.specs.values()}
         for url in urls:
             if url.rstrip("/") not in known:

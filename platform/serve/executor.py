@@ -49,7 +49,7 @@ class EngineSlot:
     def mark_down(self) -> None:
         """The engine is gone, and its contexts with it: start a fresh tree for when it returns."""
         self.up = False
-        self.tree = ContextTree(self.client, self.tree.ids)
+        self.tree = ContextTree(self.client, self.tree.ids, self.tree.tokenize)
 
 
 @dataclass(eq=False)

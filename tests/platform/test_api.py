@@ -221,18 +221,24 @@ def test_engine_registry_needs_the_admin_token(engine_server):
 
 
 def test_metrics_are_prometheus_text(api):
-    sid, auth = new_session(api)
-    call = api.post(
-        "/v1/semantic_call",
-        headers=auth,
-        json={"session_id": sid, "template": "Say yes: {{a}}", "parameters": [out("a", 2)]},
-    ).json()
-    api.get(f"/v1/semantic_var/{call['outputs']['a']}", params={"session_id": sid}, headers=auth)
+    for _ in range(2):  # two sessions: the second finds " now: " (after its own var) tokenized
+        sid, auth = new_session(api)
+        call = api.post(
+            "/v1/semantic_call",
+            headers=auth,
+            json={
+                "session_id": sid,
+                "template": "Say {{w}} now: {{a}}",
+                "parameters": [{"name": "w", "value": "yes"}, out("a", 2)],
+            },
+        ).json()
+        api.get(f"/v1/semantic_var/{call['outputs']['a']}", params={"session_id": sid}, headers=auth)
     r = api.get("/metrics")
     assert r.status_code == 200 and r.headers["content-type"].startswith("text/plain")
     values = dict(line.rsplit(" ", 1) for line in r.text.splitlines() if line and not line.startswith("#"))
     assert int(values['parrot_tasks_total{state="done"}']) >= 1
     assert float(values["parrot_sv_wait_seconds_count"]) >= 1
+    assert int(values['parrot_tokenizer_cache_total{result="hit"}']) >= 1
     assert any(k.startswith("parrot_engine_up{") and v == "1" for k, v in values.items())
 
 
