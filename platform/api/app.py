@@ -22,6 +22,7 @@ from parrot.platform.api.schemas import (
     SessionInfo,
     SetVar,
     SubmitCall,
+    SubmitTransform,
     VarInfo,
 )
 from parrot.platform.serve.core import ServeCore, Session
@@ -122,6 +123,15 @@ async def submit_call(data: JSONBody[SubmitCall], request: Request, state: State
         {"name": p.name, "is_output": p.is_output, "var_id": outputs.get(p.name) or p.var_id}
         for p in data.parameters
     ]
+    return CallSubmitted(call_id=call.call_id, outputs=outputs, param_info=info)
+
+
+@post("/v1/semantic_transform", status_code=201)
+async def submit_transform(data: JSONBody[SubmitTransform], request: Request, state: State) -> CallSubmitted:
+    session = _session(request, state, data.session_id)
+    call, outputs = await _core(state).submit_transform(session, data.inputs, data.steps, data.output)
+    info = [{"name": n.var.name, "is_output": False, "var_id": n.var.var_id} for n in call.chains[0].fills]
+    info.append({"name": data.output, "is_output": True, "var_id": outputs[data.output]})
     return CallSubmitted(call_id=call.call_id, outputs=outputs, param_info=info)
 
 
@@ -239,6 +249,7 @@ def create_app(
             set_var,
             get_var,
             submit_call,
+            submit_transform,
             call_info,
             healthz,
             list_engines,

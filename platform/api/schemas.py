@@ -7,8 +7,9 @@ from typing import Annotated, Literal
 import msgspec
 
 from parrot.engines.protocol.errors import BadRequestError
-from parrot.platform.serve.core import CallParameter
+from parrot.platform.serve.core import CallParameter, TransformInput
 from parrot.platform.serve.engine_registry import EngineSpec
+from parrot.platform.serve.transforms import Steps
 
 Name = Annotated[str, msgspec.Meta(min_length=1, max_length=256)]
 Text = Annotated[str, msgspec.Meta(max_length=4_000_000)]
@@ -59,6 +60,17 @@ class SubmitCall(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     parameters: Annotated[list[CallParameter], msgspec.Meta(max_length=1024)]
     models: list[str] = msgspec.field(default_factory=list)
     output_criteria: str | None = None
+
+
+class SubmitTransform(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    """A call that derives one variable from others by native string transforms: the input
+    values, in order, go through ``steps`` (strip, lower, upper, regex, json_field, join,
+    split_take, format), which must end with a single value."""
+
+    session_id: str
+    inputs: Annotated[list[TransformInput], msgspec.Meta(min_length=1, max_length=256)]
+    steps: Steps
+    output: Name = "result"
 
 
 class CallSubmitted(msgspec.Struct, kw_only=True):

@@ -26,6 +26,7 @@ from parrot.engines.protocol.errors import (
     WaitTimeoutError,
 )
 from parrot.engines.protocol.sampling import SamplingParams
+from parrot.platform.serve import transforms
 from parrot.platform.serve.context_manager import context_ids
 from parrot.platform.serve.engine_registry import BUILTIN, EngineRegistry, EngineSpec
 from parrot.platform.serve.executor import (
@@ -68,6 +69,15 @@ class Session:
     calls: dict[str, RequestChain] = field(default_factory=dict)
     last_active: float = field(default_factory=time.monotonic)
     stored_active: float = field(default_factory=time.monotonic)  # last_active as stored
+
+
+class TransformInput(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    var_id: str | None = None
+    value: str | None = None
+
+
+def _new_id(kind: str) -> str:
+    return f"{kind}-{secrets.token_hex(8)}"
 
 
 def _hash(secret: str) -> str:
@@ -179,7 +189,7 @@ class ServeCore:
 
     # -- variables -----------------------------------------------------------------------
     def _add_var(self, session: Session, name: str, value: str | None) -> SemanticVariable:
-        var = SemanticVariable(f"var-{secrets.token_hex(8)}", name, value)
+        var = SemanticVariable(_new_id("var"), name, value)
         session.vars[var.var_id] = var
         self.journal.record(lambda store: store.add_var(var.var_id, session.session_id, name, value))
         return var
@@ -260,45 +270,77 @@ class ServeCore:
             elif p.var_id is None and p.value is None:
                 raise BadRequestError(f"input {p.name!r} needs a var_id or a value")
         named = {p.name: self.var(session, p.var_id) for p in parameters if p.var_id is not None}
-        call_id = f"call-{secrets.token_hex(8)}"
         # Dry run on placeholder variables first: a rejected call leaves nothing behind.
         fresh = {p.name: SemanticVariable("", p.name, p.value) for p in parameters if p.var_id is None}
-        request = RequestChain.build(call_id, chunks, named | fresh, outputs)
-        session.graph.add(request)
-        for p in parameters:
-            if p.var_id is None:  # an input given by value, or a new output variable
-                var = fresh[p.name]
-                var.var_id = f"var-{secrets.token_hex(8)}"
-                session.vars[var.var_id] = var
-                self.journal.record(
-                    lambda store, v=var: store.add_var(v.var_id, session.session_id, v.name, v.value)
-                )
-        request.timings["submitted_at"] = time.time()
-        session.calls[call_id] = request
+        request = RequestChain.build(_new_id("call"), chunks, named | fresh, outputs)
         stored = [
             {
                 "name": p.name,
                 "is_output": p.is_output,
-                "var_id": (named | fresh)[p.name].var_id,
                 "sampling": msgspec.to_builtins(outputs[p.name]) if p.is_output else None,
             }
             for p in parameters
         ]
+        return await self._accept(
+            session, request, named | fresh, list(fresh.values()), stored, template, models, output_criteria
+        )
+
+    async def submit_transform(
+        self, session: Session, inputs: list[TransformInput], steps: list, output: str
+    ) -> tuple[RequestChain, dict[str, str]]:
+        """A call that derives ``output`` from ``inputs`` by native string transforms."""
+        transforms.validate(steps)
+        if not inputs:
+            raise BadRequestError("a transform needs at least one input")
+        bound: dict[str, SemanticVariable] = {}
+        fresh = []
+        for n, item in enumerate(inputs):
+            if (item.var_id is None) == (item.value is None):
+                raise BadRequestError(f"transform input {n}: give a var_id or a value")
+            if item.var_id is not None:
+                bound[f"input{n}"] = self.var(session, item.var_id)
+            else:
+                bound[f"input{n}"] = SemanticVariable("", f"input{n}", item.value)
+                fresh.append(bound[f"input{n}"])
+        out = SemanticVariable("", output)
+        fresh.append(out)
+        request = RequestChain.transform(_new_id("call"), list(bound.values()), out, steps)
+        bound[output] = out
+        stored = [{"name": name, "is_output": False} for name in bound if name != output]
+        stored.append({"name": output, "is_output": True, "transform": msgspec.to_builtins(steps)})
+        return await self._accept(session, request, bound, fresh, stored, "", [], None)
+
+    async def _accept(
+        self,
+        session: Session,
+        request: RequestChain,
+        bound: dict[str, SemanticVariable],
+        fresh: list[SemanticVariable],
+        stored: list[dict],
+        template: str,
+        models: list[str],
+        output_criteria: str | None,
+    ) -> tuple[RequestChain, dict[str, str]]:
+        """Link a built call into the session's DAG (or raise, changing nothing), store it
+        with its new variables, and start it."""
+        session.graph.add(request)
+        for var in fresh:  # inputs given by value, and the new output variables
+            var.var_id = _new_id("var")
+            session.vars[var.var_id] = var
+            self.journal.record(
+                lambda store, v=var: store.add_var(v.var_id, session.session_id, v.name, v.value)
+            )
+        for param in stored:
+            param["var_id"] = bound[param["name"]].var_id
+        request.timings["submitted_at"] = time.time()
+        session.calls[request.call_id] = request
         seq = next(self._call_seq)
-        criteria = output_criteria or THROUGHPUT
         self.journal.record(
-            lambda store: store.add_call(
-                call_id,
-                session.session_id,
-                seq,
-                template,
-                stored,
-                list(models),
-                output_criteria,
-                timings=dict(request.timings),
+            lambda store, t=dict(request.timings): store.add_call(
+                request.call_id, session.session_id, seq, template, stored, models, output_criteria, timings=t
             )
         )
-        self._run(session, request, tuple(models), criteria)
+        self._run(session, request, tuple(models), output_criteria or THROUGHPUT)
         await self.journal.flush()
         return request, {c.gen.var.name: c.gen.var.var_id for c in request.chains}
 
@@ -362,10 +404,18 @@ class ServeCore:
     def _restore_call(self, session: Session, record: CallRecord) -> None:
         params = record.parameters
         bound = {p["name"]: session.vars[p["var_id"]] for p in params}
-        outputs = {
-            p["name"]: msgspec.convert(p["sampling"] or {}, SamplingParams) for p in params if p["is_output"]
-        }
-        request = RequestChain.build(record.call_id, parse_template(record.template), bound, outputs)
+        out = params[-1]
+        if "transform" in out:
+            inputs = [bound[p["name"]] for p in params[:-1]]
+            steps = msgspec.convert(out["transform"], transforms.Steps)
+            request = RequestChain.transform(record.call_id, inputs, bound[out["name"]], steps)
+        else:
+            outputs = {
+                p["name"]: msgspec.convert(p["sampling"] or {}, SamplingParams)
+                for p in params
+                if p["is_output"]
+            }
+            request = RequestChain.build(record.call_id, parse_template(record.template), bound, outputs)
         request.engine_id = record.engine_id
         request.timings = dict(record.timings)
         session.graph.link(request)

@@ -18,7 +18,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from parrot.engines.protocol.errors import EngineUnavailableError, ProducerFailedError
+from parrot.engines.protocol.errors import EngineUnavailableError, ProducerFailedError, TransformError
+from parrot.platform.serve import transforms
 from parrot.platform.serve.context_manager import ContextTree, Piece
 from parrot.platform.serve.engine_client import Engine
 from parrot.platform.serve.graph import (
@@ -26,6 +27,7 @@ from parrot.platform.serve.graph import (
     ConstantFill,
     PlaceholderGen,
     SemanticVariable,
+    TransformGen,
 )
 
 log = logging.getLogger(__name__)
@@ -318,10 +320,24 @@ class GraphExecutor:
         if failed is not None:
             self.variables.fail(chain.gen.var, failed)
             return
+        if isinstance(chain.gen, TransformGen):
+            self._transform(chain, chain.gen)
+            return
         # Chains whose outputs feed one consumer form a group scheduled together.
         consumers = {id(c.request) for c in chain.gen.var.consumers}
         group = min(consumers) if consumers else None
         self.scheduler.submit(CompletionTask(chain, self.session_id, next(self.seq), criteria, group, models))
+
+    def _transform(self, chain: CompletionChain, gen: TransformGen) -> None:
+        """Transforms run here, at once: microseconds of string work need no engine."""
+        chain.request.engine_id = "servecore"
+        chain.request.timings.setdefault("started_at", time.time())
+        try:
+            value = transforms.apply(gen.steps, [v.value or "" for v in chain.input_vars()])
+        except TransformError as error:
+            self.variables.fail(gen.var, str(error))
+        else:
+            self.variables.set_value(gen.var, value)
 
     def cancel(self) -> None:
         for watcher in list(self._watchers):

@@ -50,8 +50,17 @@ class PlaceholderGen:
     sampling: SamplingParams
 
 
+@dataclass(eq=False)
+class TransformGen:
+    """An output derived from the inputs by native string transforms, on the ServeCore
+    (no LLM call, no code from the request)."""
+
+    var: SemanticVariable
+    steps: list  # of parrot.platform.serve.transforms.Step
+
+
 FillNode = ConstantFill | PlaceholderFill
-Node = ConstantFill | PlaceholderFill | PlaceholderGen
+Node = ConstantFill | PlaceholderFill | PlaceholderGen | TransformGen
 
 
 @dataclass(eq=False)
@@ -61,7 +70,7 @@ class CompletionChain:
     request: RequestChain
     index: int  # position among the request's chains
     fills: list[FillNode]
-    gen: PlaceholderGen
+    gen: PlaceholderGen | TransformGen
 
     @property
     def previous(self) -> CompletionChain | None:
@@ -141,6 +150,17 @@ class RequestChain:
         if not request.chains:
             raise TemplateError("a semantic call needs at least one output placeholder")
         # Text after the last output is not part of any generation; it is kept in ``nodes``.
+        return request
+
+    @classmethod
+    def transform(
+        cls, call_id: str, inputs: list[SemanticVariable], output: SemanticVariable, steps: list
+    ) -> RequestChain:
+        """A transform call: its inputs' values, in order, through ``steps`` into ``output``."""
+        fills: list[FillNode] = [PlaceholderFill(v) for v in inputs]
+        gen = TransformGen(output, steps)
+        request = cls(call_id, [*fills, gen])
+        request.chains.append(CompletionChain(request, 0, fills, gen))
         return request
 
     def output_vars(self) -> list[SemanticVariable]:
