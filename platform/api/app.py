@@ -203,6 +203,8 @@ async def metrics(state: State) -> str:
         "# TYPE parrot_prefix_pieces_total counter",
         f'parrot_prefix_pieces_total{{found="yes"}} {st.pieces_reused}',
         f'parrot_prefix_pieces_total{{found="no"}} {st.pieces - st.pieces_reused}',
+        "# TYPE parrot_contexts_evicted_total counter",
+        f"parrot_contexts_evicted_total {st.evicted}",
         "# TYPE parrot_tokenizer_cache_total counter",
         f'parrot_tokenizer_cache_total{{result="hit"}} {core.tokenizers.hits}',
         f'parrot_tokenizer_cache_total{{result="miss"}} {core.tokenizers.misses}',

@@ -31,6 +31,13 @@ def add_parser(commands) -> None:
     p.add_argument(
         "--session-timeout", type=float, default=3600.0, help="seconds before an idle session expires"
     )
+    for name, what in (
+        ("app-fifo", "downstream tasks of applications in progress first"),
+        ("task-groups", "schedule the tasks one consumer waits on together"),
+        ("context-affinity", "prefer the engine holding the longest prompt prefix"),
+        ("criteria", "latency-critical tasks first and to lightly loaded engines"),
+    ):
+        p.add_argument(f"--no-{name}", action="store_true", help=f"scheduling policy off: {what}")
     p.add_argument(
         "--db",
         default=os.environ.get("PARROT_DB"),
@@ -90,6 +97,7 @@ def run(args: argparse.Namespace) -> None:
 
     from parrot.platform.api.app import create_app
     from parrot.platform.serve.core import ServeCore
+    from parrot.platform.serve.executor import SchedulingPolicy
     from parrot.platform.store.store import Store, sqlite_url
 
     token = args.admin_token or os.environ.get("PARROT_ADMIN_TOKEN")
@@ -107,7 +115,14 @@ def run(args: argparse.Namespace) -> None:
             flush=True,
         )
         store = Store(args.db or sqlite_url(data_dir(args.data_dir)))
-        app = create_app(ServeCore(args.session_timeout, store), engine_urls=urls, admin_token=token)
+        policy = SchedulingPolicy(
+            app_fifo=not args.no_app_fifo,
+            task_groups=not args.no_task_groups,
+            context_affinity=not args.no_context_affinity,
+            criteria=not args.no_criteria,
+        )
+        core = ServeCore(args.session_timeout, store, policy)
+        app = create_app(core, engine_urls=urls, admin_token=token)
         uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
     finally:
         if child is not None:

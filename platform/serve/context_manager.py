@@ -38,6 +38,19 @@ class Piece:
         return cls(("var", var_id), value, session_id)
 
 
+@dataclass(frozen=True)
+class MemoryPressure:
+    """When the ServeCore frees cached contexts on an engine: above ``high`` of its KV
+    blocks in use, down to ``low``."""
+
+    high: float = 0.9
+    low: float = 0.75
+
+    def __post_init__(self) -> None:
+        if not 0 < self.low <= self.high <= 1:
+            raise ValueError(f"need 0 < low <= high <= 1, got low={self.low} high={self.high}")
+
+
 @dataclass(eq=False)
 class EngineContext:
     context_id: int
@@ -130,15 +143,43 @@ class ContextTree:
             freed += await self._free_subtree(min(leaves, key=lambda n: n.last_used))
         return freed
 
+    async def relieve(
+        self, info: dict, pressure: MemoryPressure, keep: Sequence[Sequence[Piece]] = ()
+    ) -> int:
+        """Under memory pressure (the engine's ``ping`` shows KV usage above
+        ``pressure.high``), free unused leaves least recently used first until the usage
+        estimate is down to ``pressure.low``. Contexts in use, and those on the path of a
+        prompt in ``keep`` (queued tasks' pieces), are never freed. Returns how many went."""
+        total, used, block = info.get("kv_blocks_total"), info.get("kv_blocks_used"), info.get("block_size")
+        if not total or not block or used is None or used <= pressure.high * total:
+            return 0
+        protected = set()
+        for pieces in keep:
+            node = self.match(pieces)[0]
+            protected.update(id(n) for n in (node.path() if node is not None else ()))
+        to_free, evicted = used - pressure.low * total, 0
+        while to_free > 0:
+            leaves = [n for n in self._all() if not n.children and n.refs == 0 and id(n) not in protected]
+            if not leaves:
+                break
+            tokens = await self._free_leaf(min(leaves, key=lambda n: n.last_used))
+            to_free -= -(-tokens // block)  # blocks it held (its own, unshared)
+            evicted += 1
+        return evicted
+
+    async def _free_leaf(self, node: EngineContext) -> int:
+        freed = await self.engine.free_context(node.context_id)
+        siblings = node.parent.children if node.parent is not None else self.roots
+        siblings.pop(node.key, None)
+        return freed
+
     async def _free_subtree(self, node: EngineContext) -> int:
         count = 0
         for child in list(node.children.values()):
             count += await self._free_subtree(child)
         if node.refs > 0:
             return count  # in use: kept (its session is going away; freed when released)
-        await self.engine.free_context(node.context_id)
-        siblings = node.parent.children if node.parent is not None else self.roots
-        siblings.pop(node.key, None)
+        await self._free_leaf(node)
         return count + 1
 
     def _all(self) -> Iterator[EngineContext]:

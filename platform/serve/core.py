@@ -36,6 +36,7 @@ from parrot.platform.serve.executor import (
     EngineSlot,
     GlobalScheduler,
     GraphExecutor,
+    SchedulingPolicy,
     Variables,
 )
 from parrot.platform.serve.graph import Graph, RequestChain, SemanticVariable
@@ -85,14 +86,19 @@ def _hash(secret: str) -> str:
 
 
 class ServeCore:
-    def __init__(self, session_timeout_s: float = 3600.0, store: Store | None = None) -> None:
+    def __init__(
+        self,
+        session_timeout_s: float = 3600.0,
+        store: Store | None = None,
+        policy: SchedulingPolicy | None = None,
+    ) -> None:
         if session_timeout_s <= 0:
             raise ValueError("session_timeout_s must be positive")
         self.session_timeout_s = session_timeout_s
         self._expiry_task: asyncio.Task | None = None
         self.journal = Journal(store)
         self.variables = Variables(on_change=self._var_changed)
-        self.scheduler = GlobalScheduler(self.variables)
+        self.scheduler = GlobalScheduler(self.variables, policy=policy)
         self.scheduler.on_start = self._task_started
         self.tokenizers = TokenizerManager()
         self.engines = EngineRegistry(self.scheduler, self.journal, context_ids(), self.tokenizers)

@@ -12,6 +12,7 @@ trip happens between dependent calls.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import logging
 import time
@@ -20,7 +21,7 @@ from dataclasses import dataclass, field
 
 from parrot.engines.protocol.errors import EngineUnavailableError, ProducerFailedError, TransformError
 from parrot.platform.serve import transforms
-from parrot.platform.serve.context_manager import ContextTree, Piece
+from parrot.platform.serve.context_manager import ContextTree, MemoryPressure, Piece
 from parrot.platform.serve.engine_client import Engine
 from parrot.platform.serve.graph import (
     CompletionChain,
@@ -33,6 +34,16 @@ from parrot.platform.serve.graph import (
 log = logging.getLogger(__name__)
 
 LATENCY, THROUGHPUT = "latency", "throughput"
+
+
+@dataclass(frozen=True)
+class SchedulingPolicy:
+    """The global scheduler's policies, each on by default and each switchable."""
+
+    app_fifo: bool = True  # downstream tasks of applications in progress before new ones
+    task_groups: bool = True  # tasks one consumer waits on are scheduled together
+    context_affinity: bool = True  # the engine holding the longest prompt prefix wins
+    criteria: bool = True  # latency tasks first, to lightly loaded engines; throughput fills up
 
 
 @dataclass(eq=False)
@@ -58,12 +69,13 @@ class EngineSlot:
 class CompletionTask:
     chain: CompletionChain
     session_id: str
-    seq: int  # arrival order, for app-FIFO
+    seq: int  # arrival order of the task
     criteria: str = THROUGHPUT
     group: int | None = None  # tasks a consumer waits on together
     models: tuple[str, ...] = ()
     engine_id: str | None = None
     depth: int = 0  # of a latency-critical task: how far upstream of the awaited variable
+    app_seq: int = 0  # arrival order of its session's first task, for app-FIFO
 
     def pieces(self) -> list[Piece]:
         out = []
@@ -124,13 +136,21 @@ class SchedulerStats:
     task_seconds: float = 0.0  # summed over done tasks
     pieces: int = 0  # prompt pieces of started tasks
     pieces_reused: int = 0  # of those, found in an engine's context tree (prefix hits)
+    evicted: int = 0  # cached contexts freed under engine memory pressure
 
 
 class GlobalScheduler:
     """Assigns ready tasks to engines and runs them."""
 
-    def __init__(self, variables: Variables) -> None:
+    def __init__(
+        self,
+        variables: Variables,
+        pressure: MemoryPressure | None = None,
+        policy: SchedulingPolicy | None = None,
+    ) -> None:
         self.variables = variables
+        self.pressure = pressure or MemoryPressure()
+        self.policy = policy or SchedulingPolicy()
         self.engines: dict[str, EngineSlot] = {}
         self.queue: list[CompletionTask] = []
         self._wake = asyncio.Event()
@@ -185,9 +205,20 @@ class GlobalScheduler:
             self._wake.clear()
             self.dispatch()
 
+    def order(self, task: CompletionTask) -> tuple:
+        """Latency-critical first (the deepest upstream first, as the rest wait on it), then
+        task groups together, then the application that started first (app-FIFO: the
+        downstream tasks of apps in progress before new apps), then arrival."""
+        policy = self.policy
+        return (
+            (task.criteria != LATENCY, -task.depth) if policy.criteria else (False, 0),
+            (task.group is None, task.group or 0) if policy.task_groups else (False, 0),
+            task.app_seq if policy.app_fifo else 0,
+            task.seq,
+        )
+
     def dispatch(self) -> None:
-        # Latency-critical first, then groups together, then the oldest application first.
-        self.queue.sort(key=lambda t: (t.criteria != LATENCY, -t.depth, t.group is None, t.seq))
+        self.queue.sort(key=self.order)
         for task in list(self.queue):
             slot = self._pick(task)
             if slot is None:
@@ -219,9 +250,9 @@ class GlobalScheduler:
         # Context affinity: the engine holding the longest prefix of the prompt wins;
         # then latency tasks take the least loaded engine, throughput tasks the fullest.
         def score(s: EngineSlot) -> tuple:
-            matched = s.tree.match(pieces)[1]
-            load = s.running if task.criteria == LATENCY else -s.running
-            return (-matched, load)
+            matched = s.tree.match(pieces)[1] if self.policy.context_affinity else 0
+            fill_up = self.policy.criteria and task.criteria == THROUGHPUT
+            return (-matched, -s.running if fill_up else s.running)
 
         return min(free, key=score)
 
@@ -273,7 +304,7 @@ class GlobalScheduler:
         while True:
             for slot in list(self.engines.values()):
                 try:
-                    await slot.client.ping()
+                    info = await slot.client.ping()
                 except EngineUnavailableError:
                     slot.missed_pings += 1
                     if slot.up and slot.missed_pings >= max_missed:
@@ -284,7 +315,13 @@ class GlobalScheduler:
                     if not slot.up:
                         slot.up = True
                         self._wake.set()
+                    await self._relieve(slot, info)
             await asyncio.sleep(interval_s)
+
+    async def _relieve(self, slot: EngineSlot, info: dict) -> None:
+        keep = [t.pieces() for t in self.queue if not t.models or slot.model in t.models]
+        with contextlib.suppress(EngineUnavailableError):  # the next ping finds out
+            self.stats.evicted += await slot.tree.relieve(info, self.pressure, keep)
 
 
 class GraphExecutor:
@@ -295,6 +332,7 @@ class GraphExecutor:
         self.scheduler = scheduler
         self.variables = scheduler.variables
         self.seq = seq
+        self.app_seq: int | None = None  # when this session's first task arrived
         self._watchers: set[asyncio.Task] = set()
 
     def submit(
@@ -326,7 +364,11 @@ class GraphExecutor:
         # Chains whose outputs feed one consumer form a group scheduled together.
         consumers = {id(c.request) for c in chain.gen.var.consumers}
         group = min(consumers) if consumers else None
-        self.scheduler.submit(CompletionTask(chain, self.session_id, next(self.seq), criteria, group, models))
+        seq = next(self.seq)
+        if self.app_seq is None:
+            self.app_seq = seq
+        task = CompletionTask(chain, self.session_id, seq, criteria, group, models, app_seq=self.app_seq)
+        self.scheduler.submit(task)
 
     def _transform(self, chain: CompletionChain, gen: TransformGen) -> None:
         """Transforms run here, at once: microseconds of string work need no engine."""

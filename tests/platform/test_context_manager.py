@@ -8,7 +8,7 @@ import pytest_asyncio
 
 from parrot.engines.protocol.errors import UnknownContextError
 from parrot.engines.protocol.sampling import SamplingParams
-from parrot.platform.serve.context_manager import ContextTree, Piece
+from parrot.platform.serve.context_manager import ContextTree, MemoryPressure, Piece
 from parrot.platform.serve.engine_client import HttpEngine
 
 pytestmark = pytest.mark.asyncio(loop_scope="function")
@@ -88,3 +88,33 @@ async def test_a_failed_fill_leaves_nothing_held(tree):
         await tree.acquire([Piece.constant(SYSTEM), Piece.variable("v", "", "s1")])
     root = tree.roots[("text", SYSTEM)]
     assert root.refs == 0 and not root.children
+
+
+async def test_memory_pressure_frees_the_least_recently_used_unneeded_contexts(tree, engine_server):
+    """Above the high mark, unused leaves go, oldest first, until usage is at the low mark;
+    a held context and one a queued task will need stay."""
+    texts = [f"Archive record {n}: " + f"the keeper logged storm number {n} at dawn. " * 12 for n in range(5)]
+    held = []
+    for n, text in enumerate(texts):
+        held.append(await tree.acquire([Piece.variable(f"v{n}", text, "pressure")]))
+    for node in held[:4]:
+        tree.release(node)  # held[4] stays in use
+    async with httpx.AsyncClient(base_url=engine_server.url) as c:
+        info = (await c.get("/ping")).json()
+    per_context = -(-len(texts[0]) // 4 // info["block_size"])  # a rough lower bound, in blocks
+    total, used = info["kv_blocks_total"], info["kv_blocks_used"]
+    pressure = MemoryPressure(high=(used - 1) / total, low=(used - per_context) / total)
+    keep = [[Piece.variable("v0", texts[0], "pressure")]]  # a queued task starts with v0
+    evicted = await tree.relieve(info, pressure, keep)
+    left = {n.key for n in tree._all()}
+    assert evicted >= 1
+    assert ("var", "v0") in left and ("var", "v4") in left  # queued-for and in use
+    assert ("var", "v1") not in left  # the least recently used free one went first
+    after = await used_blocks(engine_server.url)
+    assert after <= used - per_context
+    # Below the high mark nothing happens.
+    calm = {**info, "kv_blocks_used": 0}
+    assert await tree.relieve(calm, pressure, keep) == 0
+    tree.release(held[4])
+    with pytest.raises(ValueError):
+        MemoryPressure(high=0.5, low=0.9)
