@@ -52,6 +52,24 @@ class Tokenizer:
         )
 
 
+def chat_pieces(tokenizer: Tokenizer, messages: list[dict[str, str]]) -> list[str]:
+    """The chat prompt split at message boundaries: piece i ends after message i, as long
+    as the template renders each shorter chat as a prefix of the longer one (templates
+    that rewrite earlier turns get fewer, longer pieces). ``"".join`` is the whole prompt."""
+    full = tokenizer.apply_chat_template(messages, add_generation_prompt=True)
+    pieces: list[str] = []
+    done = ""
+    for end in range(1, len(messages)):
+        prefix = tokenizer.apply_chat_template(messages[:end], add_generation_prompt=False)
+        if not (prefix.startswith(done) and full.startswith(prefix)):
+            break
+        if len(prefix) > len(done):
+            pieces.append(prefix[len(done) :])
+            done = prefix
+    pieces.append(full[len(done) :])
+    return pieces
+
+
 class IncrementalDetokenizer:
     """Turns generated tokens into text deltas, holding back incomplete UTF-8 sequences.
 

@@ -50,6 +50,8 @@ class StreamEnd(msgspec.Struct, kw_only=True):
     context_id: int
     token_ids: list[int]
     text: str
+    prompt_tokens: int = 0
+    cached_tokens: int = 0
 
 
 class FreeContextRequest(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
@@ -76,3 +78,20 @@ class ErrorBody(msgspec.Struct, kw_only=True):
 
 class ErrorResponse(msgspec.Struct, kw_only=True):
     error: ErrorBody
+
+
+class ChatTurn(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    role: Annotated[str, msgspec.Meta(min_length=1, max_length=64)]
+    content: str
+
+
+class RenderChatRequest(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    messages: Annotated[list[ChatTurn], msgspec.Meta(min_length=1, max_length=4096)]
+
+
+class RenderChatResponse(msgspec.Struct, kw_only=True):
+    """The chat's prompt (with the generation prompt) in pieces that end at message
+    boundaries where the model's template allows: joined, they are the whole prompt.
+    Pieces let a shared system prompt or a shared chat history be one cached context."""
+
+    pieces: list[str]

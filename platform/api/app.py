@@ -12,6 +12,7 @@ from litestar.params import FromPath, FromQuery, JSONBody, QueryParameter
 
 from parrot.engines.protocol.errors import ForbiddenError, UnauthorizedError
 from parrot.engines.protocol.http import exception_handlers
+from parrot.platform.api.openai_front import openai_front
 from parrot.platform.api.schemas import (
     CallInfo,
     CallSubmitted,
@@ -231,7 +232,10 @@ async def healthz(state: State) -> dict:
 
 
 def create_app(
-    core: ServeCore, engine_urls: tuple[str, ...] = (), admin_token: str | None = None
+    core: ServeCore,
+    engine_urls: tuple[str, ...] = (),
+    admin_token: str | None = None,
+    openai_api_keys: tuple[str, ...] = (),
 ) -> Litestar:
     """The API app; on start it starts the core (restoring what its store holds) and
     registers the given engines."""
@@ -258,9 +262,16 @@ def create_app(
             register_engine,
             remove_engine,
             metrics,
+            openai_front(),
         ],
         # Without a configured token nobody is admin: a random one no client can know.
-        state=State({"core": core, "admin_token": admin_token or secrets.token_urlsafe(32)}),
+        state=State(
+            {
+                "core": core,
+                "admin_token": admin_token or secrets.token_urlsafe(32),
+                "openai_api_keys": tuple(openai_api_keys),
+            }
+        ),
         exception_handlers=exception_handlers(),
         on_startup=[start],
         on_shutdown=[stop],

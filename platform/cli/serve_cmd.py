@@ -39,6 +39,14 @@ def add_parser(commands) -> None:
     ):
         p.add_argument(f"--no-{name}", action="store_true", help=f"scheduling policy off: {what}")
     p.add_argument(
+        "--openai-api-key",
+        action="append",
+        default=[k for k in os.environ.get("PARROT_OPENAI_API_KEYS", "").split(",") if k],
+        metavar="KEY",
+        help="require this key on the OpenAI-compatible /v1 routes (repeatable; "
+        "default: $PARROT_OPENAI_API_KEYS, comma-separated; none: open)",
+    )
+    p.add_argument(
         "--db",
         default=os.environ.get("PARROT_DB"),
         metavar="URL",
@@ -122,7 +130,8 @@ def run(args: argparse.Namespace) -> None:
             criteria=not args.no_criteria,
         )
         core = ServeCore(args.session_timeout, store, policy)
-        app = create_app(core, engine_urls=urls, admin_token=token)
+        keys = tuple(args.openai_api_key)
+        app = create_app(core, engine_urls=urls, admin_token=token, openai_api_keys=keys)
         uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
     finally:
         if child is not None:

@@ -11,6 +11,7 @@ the engine needs room, never while in use.
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import secrets
 import time
@@ -60,6 +61,15 @@ class EngineContext:
     children: dict[tuple, EngineContext] = field(default_factory=dict)
     refs: int = 0
     last_used: float = field(default_factory=time.monotonic)
+    # Set once the engine has filled it. A node is in the tree while its fill is in flight,
+    # so concurrent prompts with the same prefix wait for that fill instead of repeating it.
+    filled: asyncio.Event = field(default_factory=asyncio.Event)
+    error: BaseException | None = None  # why its fill failed (it left the tree then)
+
+    async def wait_filled(self) -> None:
+        await self.filled.wait()
+        if self.error is not None:
+            raise self.error
 
     def path(self) -> Iterator[EngineContext]:
         node: EngineContext | None = self
@@ -98,16 +108,14 @@ class ContextTree:
             n.refs += 1
         held = node
         try:
+            for n in reversed(list(node.path()) if node is not None else []):
+                await n.wait_filled()  # filled by a concurrent prompt with the same prefix
             for piece in pieces[depth:]:
                 child = EngineContext(next(self.ids), piece.key, held, piece.session_id, refs=1)
-                parent_id = held.context_id if held is not None else None
-                if self.tokenize is None:
-                    await self.engine.fill(child.context_id, text=piece.text, parent_context_id=parent_id)
-                else:
-                    tokens = await self.tokenize(piece.text)
-                    await self.engine.fill(child.context_id, token_ids=tokens, parent_context_id=parent_id)
-                (held.children if held is not None else self.roots)[piece.key] = child
+                siblings = held.children if held is not None else self.roots
+                siblings[piece.key] = child
                 held = child
+                await self._fill(child, piece)
         except BaseException:
             if held is not None:
                 self.release(held)
@@ -116,6 +124,23 @@ class ContextTree:
         for n in held.path():
             n.last_used = now
         return held
+
+    async def _fill(self, node: EngineContext, piece: Piece) -> None:
+        parent_id = node.parent.context_id if node.parent is not None else None
+        try:
+            if self.tokenize is None:
+                await self.engine.fill(node.context_id, text=piece.text, parent_context_id=parent_id)
+            else:
+                tokens = await self.tokenize(piece.text)
+                await self.engine.fill(node.context_id, token_ids=tokens, parent_context_id=parent_id)
+        except BaseException as error:
+            siblings = node.parent.children if node.parent is not None else self.roots
+            if siblings.get(node.key) is node:
+                del siblings[node.key]
+            node.error = error
+            raise
+        finally:
+            node.filled.set()
 
     def release(self, node: EngineContext) -> None:
         for n in node.path():

@@ -13,6 +13,7 @@ import itertools
 import logging
 import secrets
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import msgspec
@@ -69,6 +70,7 @@ class Session:
     vars: dict[str, SemanticVariable] = field(default_factory=dict)
     calls: dict[str, RequestChain] = field(default_factory=dict)
     last_active: float = field(default_factory=time.monotonic)
+    stored: bool = True  # persisted; one-shot sessions of the OpenAI front are not
     stored_active: float = field(default_factory=time.monotonic)  # last_active as stored
 
 
@@ -143,12 +145,14 @@ class ServeCore:
         await self.journal.flush()
 
     # -- sessions ------------------------------------------------------------------------
-    async def create_session(self) -> tuple[Session, str]:
+    async def create_session(self, stored: bool = True) -> tuple[Session, str]:
         session_id = secrets.token_hex(8)
         auth = secrets.token_urlsafe(24)
         session = self._new_session(session_id, _hash(auth))
-        self.journal.record(lambda store: store.add_session(session_id, session.auth_hash))
-        await self.journal.flush()
+        session.stored = stored
+        if stored:
+            self.journal.record(lambda store: store.add_session(session_id, session.auth_hash))
+            await self.journal.flush()
         return session, auth
 
     def _new_session(self, session_id: str, auth_hash: str) -> Session:
@@ -167,7 +171,7 @@ class ServeCore:
         if not hmac.compare_digest(session.auth_hash, _hash(auth)):
             raise ForbiddenError(f"the session_auth does not belong to session {session_id!r}")
         session.last_active = time.monotonic()
-        if session.last_active - session.stored_active > TOUCH_EVERY_S:
+        if session.stored and session.last_active - session.stored_active > TOUCH_EVERY_S:
             session.stored_active = session.last_active
             self.journal.record(lambda store: store.touch_session(session_id))
         return session
@@ -188,16 +192,18 @@ class ServeCore:
     async def delete_session(self, session: Session) -> None:
         session.executor.cancel()
         self.sessions.pop(session.session_id, None)
-        self.journal.record(lambda store: store.delete_session(session.session_id))
+        if session.stored:
+            self.journal.record(lambda store: store.delete_session(session.session_id))
         for slot in self.scheduler.engines.values():
             await slot.tree.free_session(session.session_id)
         await self.journal.flush()
 
     # -- variables -----------------------------------------------------------------------
     def _add_var(self, session: Session, name: str, value: str | None) -> SemanticVariable:
-        var = SemanticVariable(_new_id("var"), name, value)
+        var = SemanticVariable(_new_id("var"), name, value, stored=session.stored)
         session.vars[var.var_id] = var
-        self.journal.record(lambda store: store.add_var(var.var_id, session.session_id, name, value))
+        if var.stored:
+            self.journal.record(lambda store: store.add_var(var.var_id, session.session_id, name, value))
         return var
 
     async def create_var(self, session: Session, name: str, value: str | None = None) -> SemanticVariable:
@@ -222,7 +228,9 @@ class ServeCore:
         return var
 
     def _var_changed(self, var: SemanticVariable) -> None:
-        if var.error is not None:
+        if not var.stored:
+            pass
+        elif var.error is not None:
             self.journal.record(lambda store: store.set_var_error(var.var_id, var.error))
         else:
             self.journal.record(lambda store: store.set_var_value(var.var_id, var.value))
@@ -331,24 +339,50 @@ class ServeCore:
         with its new variables, and start it."""
         session.graph.add(request)
         for var in fresh:  # inputs given by value, and the new output variables
-            var.var_id = _new_id("var")
+            var.var_id, var.stored = _new_id("var"), session.stored
             session.vars[var.var_id] = var
-            self.journal.record(
-                lambda store, v=var: store.add_var(v.var_id, session.session_id, v.name, v.value)
-            )
+            if session.stored:
+                self.journal.record(
+                    lambda store, v=var: store.add_var(v.var_id, session.session_id, v.name, v.value)
+                )
         for param in stored:
             param["var_id"] = bound[param["name"]].var_id
         request.timings["submitted_at"] = time.time()
         session.calls[request.call_id] = request
         seq = next(self._call_seq)
-        self.journal.record(
-            lambda store, t=dict(request.timings): store.add_call(
-                request.call_id, session.session_id, seq, template, stored, models, output_criteria, timings=t
+        if session.stored:
+            self.journal.record(
+                lambda store, t=dict(request.timings): store.add_call(
+                    request.call_id,
+                    session.session_id,
+                    seq,
+                    template,
+                    stored,
+                    models,
+                    output_criteria,
+                    timings=t,
+                )
             )
-        )
         self._run(session, request, tuple(models), output_criteria or THROUGHPUT)
         await self.journal.flush()
         return request, {c.gen.var.name: c.gen.var.var_id for c in request.chains}
+
+    async def submit_prompt(
+        self,
+        session: Session,
+        pieces: list[str],
+        sampling: SamplingParams,
+        models: list[str],
+        on_token: Callable[[str], None] | None = None,
+    ) -> RequestChain:
+        """One latency-critical generation after text ``pieces``, taken as they are (no
+        template, so braces are just text): how the OpenAI front runs a request. Each piece
+        is a constant, content-addressed prefix: a system prompt or chat history that many
+        requests share is one context per engine."""
+        out = SemanticVariable("", "completion")
+        request = RequestChain.prompt(_new_id("call"), pieces, out, sampling, on_token)
+        await self._accept(session, request, {"completion": out}, [out], [], "", models, LATENCY)
+        return request
 
     def _run(self, session: Session, request: RequestChain, models: tuple[str, ...], criteria: str) -> None:
         if criteria == LATENCY:
@@ -366,7 +400,7 @@ class ServeCore:
         request.engine_id = task.engine_id
         first = "started_at" not in request.timings
         request.timings.setdefault("started_at", time.time())
-        if first:
+        if first and request.stored:
             self.journal.record(
                 lambda store, t=dict(request.timings): store.update_call(
                     request.call_id, state="running", engine_id=request.engine_id, timings=t
@@ -378,6 +412,8 @@ class ServeCore:
         if state not in ("done", "failed") or "finished_at" in request.timings:
             return
         request.timings["finished_at"] = time.time()
+        if not request.stored:
+            return
         self.journal.record(
             lambda store, t=dict(request.timings): store.update_call(
                 request.call_id, state=state, engine_id=request.engine_id, error=request.error, timings=t

@@ -15,12 +15,15 @@ import msgspec
 from parrot.engines.protocol.errors import EngineUnavailableError, ParrotError, error_from_response
 from parrot.engines.protocol.sampling import SamplingParams
 from parrot.engines.protocol.schemas import (
+    ChatTurn,
     FillRequest,
     FillResponse,
     FreeContextRequest,
     FreeContextResponse,
     GenerateRequest,
     GenerateResponse,
+    RenderChatRequest,
+    RenderChatResponse,
     StreamEnd,
     TokenizeRequest,
     TokenizeResponse,
@@ -111,6 +114,10 @@ class HttpEngine:
     async def tokenize(self, text: str) -> list[int]:
         raw = await self._post("/tokenize", TokenizeRequest(text=text))
         return msgspec.json.decode(raw, type=TokenizeResponse).token_ids
+
+    async def render_chat(self, messages: list[ChatTurn]) -> list[str]:
+        raw = await self._post("/render_chat", RenderChatRequest(messages=messages))
+        return msgspec.json.decode(raw, type=RenderChatResponse).pieces
 
     async def ping(self) -> dict:
         try:

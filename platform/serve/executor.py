@@ -20,6 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from parrot.engines.protocol.errors import EngineUnavailableError, ProducerFailedError, TransformError
+from parrot.engines.protocol.schemas import GenerateResponse, StreamEnd
 from parrot.platform.serve import transforms
 from parrot.platform.serve.context_manager import ContextTree, MemoryPressure, Piece
 from parrot.platform.serve.engine_client import Engine
@@ -76,6 +77,7 @@ class CompletionTask:
     engine_id: str | None = None
     depth: int = 0  # of a latency-critical task: how far upstream of the awaited variable
     app_seq: int = 0  # arrival order of its session's first task, for app-FIFO
+    streamed: bool = False  # some of its output already went to a streaming client
 
     def pieces(self) -> list[Piece]:
         out = []
@@ -267,14 +269,21 @@ class GlobalScheduler:
             self.stats.pieces_reused += slot.tree.match(pieces)[1]
             context = await slot.tree.acquire(pieces)
             output_id = next(slot.tree.ids)
-            result = await slot.client.generate(output_id, gen.sampling, parent_context_id=context.context_id)
+            result = await self._generate(task, slot, output_id, context.context_id)
             await slot.client.free_context(output_id)
+            task.chain.result = result
             self.variables.set_value(gen.var, result.text)
             self.stats.done += 1
             self.stats.task_seconds += time.monotonic() - started
         except asyncio.CancelledError:
             raise
         except EngineUnavailableError as error:
+            if task.streamed:  # its client has seen tokens: a rerun elsewhere would repeat them
+                slot.mark_down()
+                context = None
+                self.stats.failed += 1
+                self.variables.fail(gen.var, f"engine {slot.engine_id} failed mid-stream: {error}")
+                return
             # The engine died: run the task elsewhere (its contexts died with the engine).
             log.warning(
                 "engine %s is down (%s); rescheduling call %s",
@@ -298,6 +307,20 @@ class GlobalScheduler:
                 if self.on_done is not None:
                     self.on_done(task)
             self._wake.set()
+
+    async def _generate(
+        self, task: CompletionTask, slot: EngineSlot, output_id: int, parent_id: int
+    ) -> GenerateResponse | StreamEnd:
+        gen = task.chain.gen
+        if gen.on_token is None:
+            return await slot.client.generate(output_id, gen.sampling, parent_context_id=parent_id)
+        async for event in slot.client.generate_stream(output_id, gen.sampling, parent_context_id=parent_id):
+            if isinstance(event, StreamEnd):
+                return event
+            if event.text:
+                task.streamed = True
+                gen.on_token(event.text)
+        raise EngineUnavailableError(f"engine {slot.engine_id} ended a stream without its end event")
 
     async def monitor(self, interval_s: float = 2.0, max_missed: int = 2) -> None:
         """Ping every engine: mark it down after ``max_missed`` failures, up when it answers."""

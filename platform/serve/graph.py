@@ -10,11 +10,12 @@ chain before it in its own call. Variables link calls of a session into a DAG.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 
 from parrot.engines.protocol.errors import GraphError, TemplateError
 from parrot.engines.protocol.sampling import SamplingParams
+from parrot.engines.protocol.schemas import GenerateResponse, StreamEnd
 from parrot.platform.serve.template import Chunk, PlaceholderChunk, TextChunk
 
 
@@ -28,6 +29,7 @@ class SemanticVariable:
     error: str | None = None  # why it will never get a value (its producer failed)
     producer: CompletionChain | None = None
     consumers: list[CompletionChain] = field(default_factory=list)
+    stored: bool = True  # False in sessions that are not persisted (one-shot OpenAI requests)
 
     @property
     def ready(self) -> bool:
@@ -48,6 +50,8 @@ class PlaceholderFill:
 class PlaceholderGen:
     var: SemanticVariable
     sampling: SamplingParams
+    # Set by a streaming client (the OpenAI front): receives each text delta as generated.
+    on_token: Callable[[str], None] | None = None
 
 
 @dataclass(eq=False)
@@ -71,6 +75,7 @@ class CompletionChain:
     index: int  # position among the request's chains
     fills: list[FillNode]
     gen: PlaceholderGen | TransformGen
+    result: GenerateResponse | StreamEnd | None = None  # the engine's answer, once generated
 
     @property
     def previous(self) -> CompletionChain | None:
@@ -118,6 +123,10 @@ class RequestChain:
         return "running" if "started_at" in self.timings else "pending"
 
     @property
+    def stored(self) -> bool:
+        return self.chains[0].gen.var.stored
+
+    @property
     def error(self) -> str | None:
         return next((v.error for v in self.output_vars() if v.error), None)
 
@@ -150,6 +159,22 @@ class RequestChain:
         if not request.chains:
             raise TemplateError("a semantic call needs at least one output placeholder")
         # Text after the last output is not part of any generation; it is kept in ``nodes``.
+        return request
+
+    @classmethod
+    def prompt(
+        cls,
+        call_id: str,
+        pieces: list[str],
+        output: SemanticVariable,
+        sampling: SamplingParams,
+        on_token: Callable[[str], None] | None = None,
+    ) -> RequestChain:
+        """Text pieces as they are (no template parsing), then one generation."""
+        fills: list[FillNode] = [ConstantFill(p) for p in pieces if p]
+        gen = PlaceholderGen(output, sampling, on_token)
+        request = cls(call_id, [*fills, gen])
+        request.chains.append(CompletionChain(request, 0, fills, gen))
         return request
 
     @classmethod

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import httpx
 import pytest
 import pytest_asyncio
 
-from parrot.engines.protocol.errors import UnknownContextError
+from parrot.engines.protocol.errors import BadRequestError, UnknownContextError
 from parrot.engines.protocol.sampling import SamplingParams
 from parrot.platform.serve.context_manager import ContextTree, MemoryPressure, Piece
 from parrot.platform.serve.engine_client import HttpEngine
@@ -118,3 +120,28 @@ async def test_memory_pressure_frees_the_least_recently_used_unneeded_contexts(t
     tree.release(held[4])
     with pytest.raises(ValueError):
         MemoryPressure(high=0.5, low=0.9)
+
+
+async def test_concurrent_prompts_with_one_prefix_fill_it_once(tree, engine_server):
+    async with httpx.AsyncClient(base_url=engine_server.url) as c:
+        before = (await c.get("/ping")).json()["num_contexts"]
+    nodes = await asyncio.gather(
+        *(
+            tree.acquire([Piece.constant(SYSTEM + " (concurrent)"), Piece.variable(f"c{n}", f"Q{n}?", "cc")])
+            for n in range(8)
+        )
+    )
+    assert len({n.parent.context_id for n in nodes}) == 1  # one shared prefix context
+    async with httpx.AsyncClient(base_url=engine_server.url) as c:
+        assert (await c.get("/ping")).json()["num_contexts"] - before == 1 + 8
+    for node in nodes:
+        tree.release(node)
+
+
+async def test_a_failed_fill_fails_every_prompt_waiting_on_it_and_leaves_no_node(tree):
+    huge = Piece.constant("tide " * 7000)  # more KV than the engine's whole cache
+    results = await asyncio.gather(
+        *(tree.acquire([huge, Piece.variable(f"h{n}", "x", "hh")]) for n in range(3)), return_exceptions=True
+    )
+    assert all(isinstance(r, BadRequestError) for r in results), results
+    assert huge.key not in tree.roots

@@ -10,6 +10,7 @@ from litestar.response import ServerSentEvent
 
 from parrot.engines.builtin.engine import BuiltinEngine
 from parrot.engines.builtin.jobs import GenerateResult
+from parrot.engines.builtin.tokenizer import chat_pieces
 from parrot.engines.protocol.errors import BadRequestError
 from parrot.engines.protocol.http import exception_handlers
 from parrot.engines.protocol.schemas import (
@@ -19,6 +20,8 @@ from parrot.engines.protocol.schemas import (
     FreeContextResponse,
     GenerateRequest,
     GenerateResponse,
+    RenderChatRequest,
+    RenderChatResponse,
     StreamEnd,
     TokenizeRequest,
     TokenizeResponse,
@@ -78,6 +81,8 @@ async def generate_stream(data: JSONBody[GenerateRequest], state: State) -> Serv
                     context_id=event.context_id,
                     token_ids=event.token_ids,
                     text=event.text,
+                    prompt_tokens=event.prompt_tokens,
+                    cached_tokens=event.cached_tokens,
                 )
                 yield {"event": "end", "data": msgspec.json.encode(end).decode()}
                 return
@@ -92,6 +97,18 @@ async def generate_stream(data: JSONBody[GenerateRequest], state: State) -> Serv
 async def free_context(data: JSONBody[FreeContextRequest], state: State) -> FreeContextResponse:
     freed = await _engine(state).free_context(data.context_id)
     return FreeContextResponse(context_id=data.context_id, freed_tokens=freed)
+
+
+@post("/render_chat", status_code=200)
+async def render_chat(data: JSONBody[RenderChatRequest], state: State) -> RenderChatResponse:
+    """The model's chat template applied for a ServeCore, in message-boundary pieces."""
+    messages = [{"role": m.role, "content": m.content} for m in data.messages]
+    try:
+        return RenderChatResponse(pieces=chat_pieces(_engine(state).tokenizer, messages))
+    except ValueError as error:  # no chat template
+        raise BadRequestError(str(error)) from None
+    except Exception as error:  # a template that rejects the conversation (raise_exception)
+        raise BadRequestError(f"the model's chat template rejects these messages: {error}") from None
 
 
 @get("/ping")
@@ -116,7 +133,16 @@ def create_app(engine: BuiltinEngine, manage_engine: bool = True) -> Litestar:
     from parrot.engines.builtin.server.openai_api import openai_router
 
     return Litestar(
-        route_handlers=[fill, generate, generate_stream, free_context, ping, tokenize, openai_router()],
+        route_handlers=[
+            fill,
+            generate,
+            generate_stream,
+            free_context,
+            ping,
+            tokenize,
+            render_chat,
+            openai_router(),
+        ],
         state=State({"engine": engine}),
         exception_handlers=exception_handlers(),
         on_startup=[start] if manage_engine else [],

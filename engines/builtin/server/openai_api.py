@@ -15,7 +15,6 @@ import time
 import uuid
 from collections.abc import AsyncIterator
 
-import msgspec
 from litestar import Router, get, post
 from litestar.datastructures import State
 from litestar.params import JSONBody
@@ -23,23 +22,28 @@ from litestar.response import Stream
 
 from parrot.engines.builtin.engine import BuiltinEngine
 from parrot.engines.builtin.jobs import GenerateResult, TokenEvent
-from parrot.engines.builtin.server.openai_schemas import (
-    AssistantMessage,
-    ChatChoice,
-    ChatChunkChoice,
-    ChatCompletionChunk,
+from parrot.engines.protocol.errors import BadRequestError
+from parrot.engines.protocol.openai_schemas import (
     ChatCompletionRequest,
     ChatCompletionResponse,
-    ChatDelta,
-    CompletionChoice,
     CompletionRequest,
     CompletionResponse,
     ModelCard,
     ModelList,
-    PromptTokensDetails,
     Usage,
 )
-from parrot.engines.protocol.errors import BadRequestError
+from parrot.engines.protocol.openai_stream import (
+    Answer,
+    Delta,
+    Finish,
+    chat_response,
+    chat_stream,
+    completion_response,
+    completion_stream,
+    content_text,
+    sampling_params,
+    usage,
+)
 from parrot.engines.protocol.sampling import SamplingParams
 
 
@@ -58,23 +62,8 @@ def _engine(state: State) -> BuiltinEngine:
 
 
 def _sampling(req, prompt_len: int, max_model_len: int, default_max: int | None) -> SamplingParams:
-    max_tokens = getattr(req, "max_completion_tokens", None) or req.max_tokens or default_max
-    if max_tokens is None:
-        max_tokens = max(1, max_model_len - prompt_len)
-    stop = [req.stop] if isinstance(req.stop, str) else list(req.stop or [])
-    fields = {
-        "max_tokens": max_tokens,
-        "temperature": req.temperature,
-        "top_p": req.top_p,
-        "top_k": max(0, req.top_k),
-        "seed": req.seed,
-        "stop": stop,
-        "presence_penalty": req.presence_penalty,
-        "frequency_penalty": req.frequency_penalty,
-        "repetition_penalty": req.repetition_penalty,
-        "ignore_eos": req.ignore_eos,
-    }
-    return msgspec.convert(fields, SamplingParams)
+    """Without a max_tokens, chat generates up to the end of the model's context."""
+    return sampling_params(req, default_max or max(1, max_model_len - prompt_len))
 
 
 def _check_model(engine: BuiltinEngine, model: str | None) -> None:
@@ -108,12 +97,7 @@ class _Run:
             await self.engine.free_context(cid)
 
     def usage(self, completion_tokens: int) -> Usage:
-        return Usage(
-            prompt_tokens=len(self.tokens),
-            completion_tokens=completion_tokens,
-            total_tokens=len(self.tokens) + completion_tokens,
-            prompt_tokens_details=PromptTokensDetails(cached_tokens=self.cached_tokens),
-        )
+        return usage(len(self.tokens), completion_tokens, self.cached_tokens)
 
     async def generate_all(self) -> list[GenerateResult]:
         await self.fill()
@@ -149,10 +133,27 @@ class _Run:
             for task in tasks:
                 task.cancel()
 
+    async def deltas(self, first: tuple, events: AsyncIterator[tuple]) -> AsyncIterator[Delta | Finish]:
+        """The merged stream as shared OpenAI events; frees the contexts at its end."""
+        try:
+            event: tuple | None = first
+            while event is not None:
+                index, item = event
+                if isinstance(item, GenerateResult):
+                    yield Finish(index, item.finish_reason, len(item.token_ids))
+                else:
+                    yield Delta(index, item.text)
+                event = await anext(events, None)
+        finally:
+            await events.aclose()
+            await self.free()
 
-def _sse(payload: msgspec.Struct | str) -> bytes:
-    body = payload if isinstance(payload, str) else msgspec.json.encode(payload).decode()
-    return f"data: {body}\n\n".encode()
+    async def answers(self) -> list[Answer]:
+        try:
+            results = await self.generate_all()
+        finally:
+            await self.free()
+        return [Answer(r.text, r.finish_reason, len(r.token_ids)) for r in results]
 
 
 def openai_router() -> Router:
@@ -169,54 +170,15 @@ def openai_router() -> Router:
         run = _Run(engine, ids, tokens, sampling, data.n)
         rid, created, model = f"cmpl-{uuid.uuid4().hex}", int(time.time()), engine.model_name
         if not data.stream:
-            try:
-                results = await run.generate_all()
-            finally:
-                await run.free()
-            return CompletionResponse(
-                id=rid,
-                created=created,
-                model=model,
-                choices=[
-                    CompletionChoice(index=i, text=r.text, finish_reason=r.finish_reason)
-                    for i, r in enumerate(results)
-                ],
-                usage=run.usage(sum(len(r.token_ids) for r in results)),
+            answers = await run.answers()
+            return completion_response(
+                rid, created, model, answers, run.usage(sum(a.completion_tokens for a in answers))
             )
-        include_usage = bool(data.stream_options and data.stream_options.include_usage)
         events = run.stream_all()
         first = await anext(events)  # errors before the first token still get a 4xx
-
-        async def body():
-            completion_tokens = 0
-            try:
-                event: tuple | None = first
-                while event is not None:
-                    index, item = event
-                    if isinstance(item, GenerateResult):
-                        completion_tokens += len(item.token_ids)
-                        choice = CompletionChoice(index=index, text="", finish_reason=item.finish_reason)
-                    else:
-                        choice = CompletionChoice(index=index, text=item.text, finish_reason=None)
-                    if not isinstance(item, TokenEvent) or item.text:
-                        yield _sse(CompletionResponse(id=rid, created=created, model=model, choices=[choice]))
-                    event = await anext(events, None)
-                if include_usage:
-                    yield _sse(
-                        CompletionResponse(
-                            id=rid,
-                            created=created,
-                            model=model,
-                            choices=[],
-                            usage=run.usage(completion_tokens),
-                        )
-                    )
-                yield _sse("[DONE]")
-            finally:
-                await events.aclose()
-                await run.free()
-
-        return Stream(body(), media_type="text/event-stream")
+        final_usage = run.usage if data.stream_options and data.stream_options.include_usage else None
+        body = completion_stream(run.deltas(first, events), rid, created, model, final_usage)
+        return Stream(body, media_type="text/event-stream")
 
     @post("/chat/completions", status_code=200)
     async def chat_completions(
@@ -226,7 +188,7 @@ def openai_router() -> Router:
         _check_model(engine, data.model)
         if data.logprobs:
             raise BadRequestError("logprobs are not supported")
-        messages = [{"role": m.role, "content": _content_text(m.content)} for m in data.messages]
+        messages = [{"role": m.role, "content": content_text(m.content)} for m in data.messages]
         try:
             text = engine.tokenizer.apply_chat_template(messages, add_generation_prompt=True)
         except ValueError as error:
@@ -236,59 +198,15 @@ def openai_router() -> Router:
         run = _Run(engine, ids, tokens, sampling, data.n)
         rid, created, model = f"chatcmpl-{uuid.uuid4().hex}", int(time.time()), engine.model_name
         if not data.stream:
-            try:
-                results = await run.generate_all()
-            finally:
-                await run.free()
-            return ChatCompletionResponse(
-                id=rid,
-                created=created,
-                model=model,
-                choices=[
-                    ChatChoice(
-                        index=i, message=AssistantMessage(content=r.text), finish_reason=r.finish_reason
-                    )
-                    for i, r in enumerate(results)
-                ],
-                usage=run.usage(sum(len(r.token_ids) for r in results)),
+            answers = await run.answers()
+            return chat_response(
+                rid, created, model, answers, run.usage(sum(a.completion_tokens for a in answers))
             )
-        include_usage = bool(data.stream_options and data.stream_options.include_usage)
         events = run.stream_all()
         first = await anext(events)
-
-        def chunk(choices: list[ChatChunkChoice], usage: Usage | None = None) -> bytes:
-            return _sse(
-                ChatCompletionChunk(id=rid, created=created, model=model, choices=choices, usage=usage)
-            )
-
-        async def body():
-            completion_tokens = 0
-            try:
-                for i in range(data.n):
-                    yield chunk([ChatChunkChoice(index=i, delta=ChatDelta(role="assistant", content=""))])
-                event: tuple | None = first
-                while event is not None:
-                    index, item = event
-                    if isinstance(item, GenerateResult):
-                        completion_tokens += len(item.token_ids)
-                        yield chunk(
-                            [
-                                ChatChunkChoice(
-                                    index=index, delta=ChatDelta(), finish_reason=item.finish_reason
-                                )
-                            ]
-                        )
-                    elif item.text:
-                        yield chunk([ChatChunkChoice(index=index, delta=ChatDelta(content=item.text))])
-                    event = await anext(events, None)
-                if include_usage:
-                    yield chunk([], run.usage(completion_tokens))
-                yield _sse("[DONE]")
-            finally:
-                await events.aclose()
-                await run.free()
-
-        return Stream(body(), media_type="text/event-stream")
+        final_usage = run.usage if data.stream_options and data.stream_options.include_usage else None
+        body = chat_stream(run.deltas(first, events), data.n, rid, created, model, final_usage)
+        return Stream(body, media_type="text/event-stream")
 
     @get("/models")
     async def models(state: State) -> ModelList:
@@ -308,16 +226,3 @@ def _prompt_tokens(engine: BuiltinEngine, prompt: str | list[int | str]) -> list
     if not tokens:
         raise BadRequestError("the prompt is empty")
     return tokens
-
-
-def _content_text(content: str | list[dict] | None) -> str:
-    if content is None:
-        return ""
-    if isinstance(content, str):
-        return content
-    parts = []
-    for part in content:
-        if part.get("type") != "text":
-            raise BadRequestError(f"only text message parts are supported, got {part.get('type')!r}")
-        parts.append(str(part.get("text", "")))
-    return "".join(parts)

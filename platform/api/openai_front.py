@@ -1,0 +1,140 @@
+"""The OpenAI-compatible API of the ServeCore: ``/v1/completions``, ``/v1/chat/completions``
+(plain and streaming, with ``usage``) and ``/v1/models``.
+
+Existing OpenAI clients (the ``openai`` package, LangChain's ``ChatOpenAI``) get Parrot's
+scheduling and prefix sharing without changes: each request runs as a one-call session
+(:mod:`parrot.platform.serve.oneshot`), its prompt split into constant pieces at message
+boundaries, so a system prompt shared by many requests is one context per engine. API
+keys for this front are optional (``--openai-api-key``); without any, it is open.
+"""
+
+from __future__ import annotations
+
+import hmac
+import time
+import uuid
+
+from litestar import Request, Router, get, post
+from litestar.datastructures import State
+from litestar.params import JSONBody
+from litestar.response import Stream
+
+from parrot.engines.protocol.errors import BadRequestError, ForbiddenError, NotFoundError, UnauthorizedError
+from parrot.engines.protocol.openai_schemas import (
+    ChatCompletionRequest,
+    ChatCompletionResponse,
+    CompletionRequest,
+    CompletionResponse,
+    ModelCard,
+    ModelList,
+)
+from parrot.engines.protocol.openai_stream import (
+    chat_response,
+    chat_stream,
+    completion_response,
+    completion_stream,
+    content_text,
+    sampling_params,
+)
+from parrot.engines.protocol.schemas import ChatTurn
+from parrot.platform.serve.core import ServeCore
+from parrot.platform.serve.oneshot import OneShot, render_chat
+
+COMPLETION_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
+CHAT_MAX_TOKENS = 512  # without max_tokens a chat answer stops here (or at end of sequence)
+
+
+def _check_key(request: Request, state: State) -> None:
+    keys: tuple[str, ...] = state.openai_api_keys
+    if not keys:
+        return
+    scheme, _, token = request.headers.get("authorization", "").partition(" ")
+    if scheme.lower() != "bearer" or not token.strip():
+        raise UnauthorizedError("this API needs 'Authorization: Bearer <api key>'")
+    if not any(hmac.compare_digest(token.strip(), key) for key in keys):
+        raise ForbiddenError("unknown API key")
+
+
+def models_served(core: ServeCore) -> list[str]:
+    return sorted({s.model for s in core.scheduler.engines.values() if s.model})
+
+
+def _model(core: ServeCore, asked: str | None) -> str:
+    served = models_served(core)
+    if not served:
+        raise NotFoundError("no engine is registered")
+    if asked is None:
+        return served[0]
+    if asked not in served:
+        raise NotFoundError(f"model {asked!r} is not served here; GET /v1/models lists {served}")
+    return asked
+
+
+def _prompt(prompt: str | list) -> str:
+    if isinstance(prompt, list):
+        if len(prompt) != 1 or not isinstance(prompt[0], str):
+            raise BadRequestError(
+                "send one prompt per request, as a string (token ids are not supported here)"
+            )
+        prompt = prompt[0]
+    if not prompt:
+        raise BadRequestError("the prompt is empty")
+    return prompt
+
+
+def _final_usage(data, run: OneShot):
+    return run.usage if data.stream_options and data.stream_options.include_usage else None
+
+
+@post("/completions", status_code=200)
+async def completions(
+    data: JSONBody[CompletionRequest], request: Request, state: State
+) -> CompletionResponse | Stream:
+    _check_key(request, state)
+    core: ServeCore = state.core
+    if data.echo or data.logprobs:
+        raise BadRequestError("echo and logprobs are not supported")
+    model = _model(core, data.model)
+    sampling = sampling_params(data, COMPLETION_MAX_TOKENS)
+    run = await OneShot.start(core, [_prompt(data.prompt)], sampling, data.n, model, stream=data.stream)
+    rid, created = f"cmpl-{uuid.uuid4().hex}", int(time.time())
+    if not data.stream:
+        answers = await run.answers()
+        return completion_response(
+            rid, created, model, answers, run.usage(sum(a.completion_tokens for a in answers))
+        )
+    body = completion_stream(run.events(), rid, created, model, _final_usage(data, run))
+    return Stream(body, media_type="text/event-stream")
+
+
+@post("/chat/completions", status_code=200)
+async def chat_completions(
+    data: JSONBody[ChatCompletionRequest], request: Request, state: State
+) -> ChatCompletionResponse | Stream:
+    _check_key(request, state)
+    core: ServeCore = state.core
+    if data.logprobs:
+        raise BadRequestError("logprobs are not supported")
+    model = _model(core, data.model)
+    messages = [ChatTurn(role=m.role, content=content_text(m.content)) for m in data.messages]
+    pieces = await render_chat(core, model, messages)
+    sampling = sampling_params(data, CHAT_MAX_TOKENS)
+    run = await OneShot.start(core, pieces, sampling, data.n, model, stream=data.stream)
+    rid, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
+    if not data.stream:
+        answers = await run.answers()
+        return chat_response(
+            rid, created, model, answers, run.usage(sum(a.completion_tokens for a in answers))
+        )
+    body = chat_stream(run.events(), data.n, rid, created, model, _final_usage(data, run))
+    return Stream(body, media_type="text/event-stream")
+
+
+@get("/models")
+async def models(request: Request, state: State) -> ModelList:
+    _check_key(request, state)
+    return ModelList(data=[ModelCard(id=m, created=0) for m in models_served(state.core)])
+
+
+def openai_front() -> Router:
+    return Router(path="/v1", route_handlers=[completions, chat_completions, models])
