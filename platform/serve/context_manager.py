@@ -39,6 +39,11 @@ class Piece:
         return cls(("var", var_id), value, session_id)
 
 
+def group_key(pieces: Sequence[Piece]) -> tuple:
+    """The key of a context that holds several pieces."""
+    return ("group", *(p.key for p in pieces))
+
+
 @dataclass(frozen=True)
 class MemoryPressure:
     """When the ServeCore frees cached contexts on an engine: above ``high`` of its KV
@@ -90,12 +95,34 @@ class ContextTree:
     def match(self, pieces: Sequence[Piece]) -> tuple[EngineContext | None, int]:
         """The deepest cached context for a prefix of ``pieces`` and how many pieces it covers."""
         level, node, depth = self.roots, None, 0
-        for piece in pieces:
-            child = level.get(piece.key)
+        while depth < len(pieces):
+            child, step = level.get(pieces[depth].key), 1
+            if child is None:  # a context that holds several pieces, the longest first
+                for end in range(len(pieces), depth + 1, -1):
+                    child = level.get(group_key(pieces[depth:end]))
+                    if child is not None:
+                        step = end - depth
+                        break
             if child is None:
                 break
-            node, level, depth = child, child.children, depth + 1
+            node, level, depth = child, child.children, depth + step
         return node, depth
+
+    @staticmethod
+    def groups(pieces: Sequence[Piece], after: EngineContext | None) -> list[Sequence[Piece]]:
+        """How the pieces not yet cached become contexts. Constant pieces that follow only
+        constant ones (a system prompt) get a context each: any session may share them.
+        From the first piece of a session on, nothing can be shared across sessions, so
+        the rest is one context, filled in one engine step instead of one step a piece."""
+        out: list[Sequence[Piece]] = []
+        shareable = after is None or after.session_id is None
+        for n, piece in enumerate(pieces):
+            if shareable and piece.session_id is None:
+                out.append([piece])
+            else:
+                out.append(pieces[n:])
+                break
+        return out
 
     async def acquire(self, pieces: Sequence[Piece]) -> EngineContext:
         """A context holding exactly ``pieces``: forked from the longest cached prefix, the
@@ -110,12 +137,16 @@ class ContextTree:
         try:
             for n in reversed(list(node.path()) if node is not None else []):
                 await n.wait_filled()  # filled by a concurrent prompt with the same prefix
-            for piece in pieces[depth:]:
-                child = EngineContext(next(self.ids), piece.key, held, piece.session_id, refs=1)
+            for group in self.groups(pieces[depth:], node):
+                key = group[0].key if len(group) == 1 else group_key(group)
+                session = next((p.session_id for p in group if p.session_id is not None), None)
+                if held is not None and held.session_id is not None:
+                    session = held.session_id
+                child = EngineContext(next(self.ids), key, held, session, refs=1)
                 siblings = held.children if held is not None else self.roots
-                siblings[piece.key] = child
+                siblings[key] = child
                 held = child
-                await self._fill(child, piece)
+                await self._fill(child, group)
         except BaseException:
             if held is not None:
                 self.release(held)
@@ -125,13 +156,15 @@ class ContextTree:
             n.last_used = now
         return held
 
-    async def _fill(self, node: EngineContext, piece: Piece) -> None:
+    async def _fill(self, node: EngineContext, group: Sequence[Piece]) -> None:
         parent_id = node.parent.context_id if node.parent is not None else None
         try:
             if self.tokenize is None:
-                await self.engine.fill(node.context_id, text=piece.text, parent_context_id=parent_id)
+                text = "".join(p.text for p in group)
+                await self.engine.fill(node.context_id, text=text, parent_context_id=parent_id)
             else:
-                tokens = await self.tokenize(piece.text)
+                # Each piece tokenized on its own (cached), as when it is a context of its own.
+                tokens = [t for p in group for t in await self.tokenize(p.text)]
                 await self.engine.fill(node.context_id, token_ids=tokens, parent_context_id=parent_id)
         except BaseException as error:
             siblings = node.parent.children if node.parent is not None else self.roots
