@@ -26,7 +26,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         stream=sys.stderr,
     )
-    logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per engine request is noise
+    for noisy in ("httpx", "httpx2"):  # one line per engine request (and ping) is noise
+        logging.getLogger(noisy).setLevel(logging.WARNING)
     try:
         args.run(args)
     except KeyboardInterrupt:

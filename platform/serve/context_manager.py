@@ -164,7 +164,8 @@ class ContextTree:
                 await self.engine.fill(node.context_id, text=text, parent_context_id=parent_id)
             else:
                 # Each piece tokenized on its own (cached), as when it is a context of its own.
-                tokens = [t for p in group for t in await self.tokenize(p.text)]
+                parts = await asyncio.gather(*(self.tokenize(p.text) for p in group))
+                tokens = [t for part in parts for t in part]
                 await self.engine.fill(node.context_id, token_ids=tokens, parent_context_id=parent_id)
         except BaseException as error:
             siblings = node.parent.children if node.parent is not None else self.roots
@@ -188,7 +189,7 @@ class ContextTree:
         ]
         freed = 0
         for node in doomed:
-            freed += await self._free_subtree(node)
+            freed += await self.free_subtree(node)
         return freed
 
     async def evict(self, max_contexts: int) -> int:
@@ -198,7 +199,7 @@ class ContextTree:
             leaves = [n for n in self._all() if not n.children and n.refs == 0]
             if not leaves:
                 break
-            freed += await self._free_subtree(min(leaves, key=lambda n: n.last_used))
+            freed += await self.free_subtree(min(leaves, key=lambda n: n.last_used))
         return freed
 
     async def relieve(
@@ -231,10 +232,10 @@ class ContextTree:
         siblings.pop(node.key, None)
         return freed
 
-    async def _free_subtree(self, node: EngineContext) -> int:
+    async def free_subtree(self, node: EngineContext) -> int:
         count = 0
         for child in list(node.children.values()):
-            count += await self._free_subtree(child)
+            count += await self.free_subtree(child)
         if node.refs > 0:
             return count  # in use: kept (its session is going away; freed when released)
         await self._free_leaf(node)

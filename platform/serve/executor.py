@@ -19,7 +19,12 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from parrot.engines.protocol.errors import EngineUnavailableError, ProducerFailedError, TransformError
+from parrot.engines.protocol.errors import (
+    EngineUnavailableError,
+    ParrotError,
+    ProducerFailedError,
+    TransformError,
+)
 from parrot.engines.protocol.schemas import GenerateResponse, StreamEnd
 from parrot.platform.serve import transforms
 from parrot.platform.serve.context_manager import ContextTree, MemoryPressure, Piece
@@ -60,10 +65,22 @@ class EngineSlot:
     up: bool = True
     missed_pings: int = 0
 
+    stale: list[ContextTree] = field(default_factory=list)  # trees of before it went down
+
     def mark_down(self) -> None:
-        """The engine is gone, and its contexts with it: start a fresh tree for when it returns."""
+        """The engine is gone, and its contexts (most likely) with it: start a fresh tree for
+        when it returns, and keep the old one to free what survived (an in-process OpenAI
+        engine keeps its text contexts; a network blip leaves a builtin engine's KV)."""
         self.up = False
+        self.stale.append(self.tree)
         self.tree = ContextTree(self.client, self.tree.ids, self.tree.tokenize)
+
+    async def free_stale(self) -> None:
+        while self.stale:
+            tree = self.stale.pop()
+            with contextlib.suppress(ParrotError):
+                for root in list(tree.roots.values()):
+                    await tree.free_subtree(root)
 
 
 @dataclass(eq=False)
@@ -338,6 +355,7 @@ class GlobalScheduler:
                     if not slot.up:
                         slot.up = True
                         self._wake.set()
+                        await slot.free_stale()
                     await self._relieve(slot, info)
             await asyncio.sleep(interval_s)
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -45,6 +46,9 @@ class Store:
             # SQLite settings are per connection: foreign keys (session cascades), WAL.
             event.listen(self.engine.sync_engine, "connect", _sqlite_pragmas)
         self._sessions = async_sessionmaker(self.engine, expire_on_commit=False)
+        # aiosqlite's DEBUG lines echo every statement with its values: engine API keys and
+        # session data must never reach a log, whatever level the operator picks.
+        logging.getLogger("aiosqlite").setLevel(max(logging.INFO, logging.getLogger("aiosqlite").level))
 
     async def migrate(self) -> None:
         if self.url.startswith("sqlite"):

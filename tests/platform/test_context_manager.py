@@ -25,7 +25,7 @@ async def tree(engine_server, ids):
     tree = ContextTree(engine, ids)
     yield tree
     for root in list(tree.roots.values()):
-        await tree._free_subtree(root)
+        await tree.free_subtree(root)
     await engine.aclose()
 
 
@@ -145,3 +145,17 @@ async def test_a_failed_fill_fails_every_prompt_waiting_on_it_and_leaves_no_node
     )
     assert all(isinstance(r, BadRequestError) for r in results), results
     assert huge.key not in tree.roots
+
+
+async def test_contexts_of_a_tree_marked_down_are_freed_when_the_engine_returns(tree, engine_server):
+    from parrot.platform.serve.executor import EngineSlot
+
+    node = await tree.acquire([Piece.variable("blip", "A network blip leaves this context behind.", "bl")])
+    tree.release(node)
+    slot = EngineSlot("e", "m", tree.engine, tree)
+    async with httpx.AsyncClient(base_url=engine_server.url) as c:
+        before = (await c.get("/ping")).json()["num_contexts"]
+        slot.mark_down()
+        assert len(slot.tree) == 0 and len(slot.stale) == 1
+        await slot.free_stale()
+        assert (await c.get("/ping")).json()["num_contexts"] == before - 1 and not slot.stale

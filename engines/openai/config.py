@@ -1,0 +1,122 @@
+"""Configuration of an OpenAI engine: a frozen dataclass, validated with exceptions.
+
+The API key is a secret: it is left out of ``repr()`` and of :meth:`OpenAIEngineConfig.describe`
+(the public part, for listings). ``dataclasses.asdict`` would include it: do not use it to
+show a config.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Final
+from urllib.parse import urlsplit, urlunsplit
+
+from parrot.engines.protocol.errors import BadRequestError
+
+CHAT, COMPLETIONS = "chat", "completions"
+APIS: Final = (CHAT, COMPLETIONS)
+
+# The openai client insists on a key; endpoints without authentication get this one.
+PLACEHOLDER_KEY: Final = "none"
+
+
+@dataclass(frozen=True)
+class OpenAIEngineConfig:
+    """One OpenAI-compatible endpoint and how to talk to it.
+
+    - ``base_url``: the API root as the ``openai`` client takes it, e.g.
+      ``https://api.openai.com/v1`` or ``http://127.0.0.1:8000/v1``.
+    - ``model``: the model name sent with every request (and reported by ``ping``).
+    - ``api_key``: None (or empty) for endpoints without authentication.
+    - ``api``: ``"chat"`` (``/chat/completions``, text mapped onto messages, see
+      :mod:`parrot.engines.openai.chat`) or ``"completions"`` (``/completions``, text verbatim).
+    - ``capacity``: requests in flight to the endpoint at once (more wait in the engine).
+    - ``timeout_s``: the longest wait for the endpoint (connect, or between bytes of an answer).
+    - ``max_retries``: retries after a retryable failure (429, 408, 5xx, timeout, connection error).
+    - ``backoff_base_s`` / ``backoff_max_s``: exponential backoff between retries
+      (``base * 2**attempt``, jittered, at most ``max``); a ``Retry-After`` is honoured up to ``max``.
+    - ``cooldown_s``: after a hard failure the engine reports itself unavailable (``ping``
+      raises) for this long, then probes the endpoint again.
+    """
+
+    base_url: str
+    model: str
+    api_key: str | None = field(default=None, repr=False)
+    api: str = CHAT
+    capacity: int = 16
+    timeout_s: float = 60.0
+    max_retries: int = 4
+    backoff_base_s: float = 0.5
+    backoff_max_s: float = 20.0
+    cooldown_s: float = 10.0
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.base_url, str):
+            raise BadRequestError("base_url must be a string")
+        url = self.base_url.strip()
+        try:
+            parts = urlsplit(url)
+            parts.port  # noqa: B018  (raises ValueError on a bad port)
+        except ValueError:
+            raise BadRequestError(f"base_url is not a valid URL: {_public_url(url)!r}") from None
+        if parts.scheme not in ("http", "https") or not parts.hostname or any(c.isspace() for c in url):
+            raise BadRequestError(
+                f"base_url must be an http:// or https:// URL with a host, got {_public_url(url)!r}"
+            )
+        object.__setattr__(self, "base_url", url.rstrip("/"))
+        if not isinstance(self.model, str) or not self.model.strip():
+            raise BadRequestError("an openai engine needs a non-empty 'model'")
+        if self.api not in APIS:
+            raise BadRequestError(f"api must be one of {list(APIS)}, got {self.api!r}")
+        if self.api_key is not None and not isinstance(self.api_key, str):
+            raise BadRequestError("api_key must be a string")
+        _check_int("capacity", self.capacity, 1)
+        _check_int("max_retries", self.max_retries, 0)
+        _check_number("timeout_s", self.timeout_s, positive=True)
+        _check_number("backoff_base_s", self.backoff_base_s)
+        _check_number("backoff_max_s", self.backoff_max_s)
+        _check_number("cooldown_s", self.cooldown_s)
+        if self.backoff_max_s < self.backoff_base_s:
+            raise BadRequestError(
+                f"backoff_max_s ({self.backoff_max_s}) must be >= backoff_base_s ({self.backoff_base_s})"
+            )
+
+    @property
+    def key(self) -> str:
+        """The key to send (the placeholder when there is none)."""
+        return self.api_key or PLACEHOLDER_KEY
+
+    @property
+    def public_url(self) -> str:
+        """``base_url`` without credentials or query (for messages and listings)."""
+        return _public_url(self.base_url)
+
+    def describe(self) -> dict:
+        """The public part of the config (never the key)."""
+        return {"base_url": self.public_url, "model": self.model, "api": self.api, "capacity": self.capacity}
+
+
+def _public_url(url: str) -> str:
+    try:
+        parts = urlsplit(url)
+        host = parts.hostname or ""
+        if ":" in host:
+            host = f"[{host}]"
+        netloc = f"{host}:{parts.port}" if parts.port else host
+        return urlunsplit((parts.scheme, netloc, parts.path, "", ""))
+    except ValueError:
+        return "<invalid url>"
+
+
+def _check_int(name: str, value: object, minimum: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise BadRequestError(f"{name} must be an integer >= {minimum}, got {value!r}")
+
+
+def _check_number(name: str, value: object, positive: bool = False) -> None:
+    ok = isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+    if not ok or value < 0 or (positive and value == 0):
+        raise BadRequestError(
+            f"{name} must be a {'positive' if positive else 'non-negative'} number, got {value!r}"
+        )

@@ -1,0 +1,97 @@
+"""Text contexts: the OpenAI engine's equivalent of the builtin engine's KV contexts.
+
+A context is text. A child forked from a parent sees the parent's text as it was at the
+fork, by reference (the parent's node is kept alive by its children even after it is
+freed), so a system prompt shared by many forks is held once. A context stores only the
+text filled into it (and generated into it) after the fork; its whole text is assembled
+when a generation needs it.
+
+Lengths ("tokens" in the engine API) are counted in characters: this engine has no
+tokenizer.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from parrot.engines.protocol.errors import BadRequestError, ContextConflictError, UnknownContextError
+
+
+@dataclass(eq=False)
+class TextContext:
+    context_id: int
+    parent: TextContext | None = None
+    parent_id: int | None = None
+    parent_len: int = 0  # characters of the parent's text this context sees (its length at the fork)
+    own: str = ""  # text appended to this context itself
+
+    def __len__(self) -> int:
+        return self.parent_len + len(self.own)
+
+    def append(self, text: str) -> None:
+        self.own += text
+
+    def text(self) -> str:
+        """The whole text: the visible part of each ancestor, then its own."""
+        chunks: list[str] = []
+        node: TextContext | None = self
+        visible = len(self)
+        while node is not None:
+            if visible > node.parent_len:
+                chunks.append(node.own[: visible - node.parent_len])
+            visible = node.parent_len
+            node = node.parent
+        return "".join(reversed(chunks))
+
+
+class ContextStore:
+    """The contexts of one engine, by id."""
+
+    def __init__(self) -> None:
+        self._contexts: dict[int, TextContext] = {}
+
+    def __len__(self) -> int:
+        return len(self._contexts)
+
+    def get(self, context_id: int) -> TextContext | None:
+        return self._contexts.get(context_id)
+
+    def context_for(self, context_id: int, parent_id: int | None) -> TextContext:
+        """The context ``context_id``, created (forked from ``parent_id`` if given) when new.
+
+        An existing context is returned as is when ``parent_id`` is None or its own parent;
+        another parent is a conflict (as on the builtin engine)."""
+        ctx = self._contexts.get(context_id)
+        if ctx is not None:
+            if parent_id is not None and parent_id != ctx.parent_id:
+                raise ContextConflictError(
+                    f"context {context_id} already exists with parent {ctx.parent_id}, not {parent_id}"
+                )
+            return ctx
+        parent = None
+        if parent_id is not None:
+            if parent_id == context_id:
+                raise BadRequestError("a context cannot be its own parent")
+            parent = self._contexts.get(parent_id)
+            if parent is None:
+                raise UnknownContextError(f"parent context {parent_id} does not exist")
+        ctx = TextContext(context_id, parent, parent_id, len(parent) if parent is not None else 0)
+        self._contexts[context_id] = ctx
+        return ctx
+
+    def existing(self, context_id: int, parent_id: int | None) -> TextContext:
+        """For a generation: the context, or a new fork of ``parent_id``; never a new root."""
+        if parent_id is None and context_id not in self._contexts:
+            raise UnknownContextError(
+                f"context {context_id} does not exist: fill it first, or pass parent_context_id to fork"
+            )
+        return self.context_for(context_id, parent_id)
+
+    def free(self, context_id: int) -> int:
+        """Forget a context; returns the characters it held itself (0 if unknown). Its
+        children keep working: they hold their parent's node."""
+        ctx = self._contexts.pop(context_id, None)
+        return len(ctx.own) if ctx is not None else 0
+
+    def own_chars(self) -> int:
+        return sum(len(c.own) for c in self._contexts.values())

@@ -1,0 +1,299 @@
+"""The OpenAI engine: the ServeCore's ``Engine`` protocol over an OpenAI-compatible endpoint.
+
+Contexts are text (:mod:`parrot.engines.openai.contexts`): ``fill`` appends text,
+``generate`` sends a context's whole text to the endpoint, through the completions API
+(verbatim) or the chat API (mapped onto messages, :mod:`parrot.engines.openai.chat`), and
+appends the answer. Lengths in responses are characters; ``token_ids`` are always empty
+and stream events carry ``token_id=-1`` (the endpoint's tokens are not seen here), while
+``prompt_tokens`` / ``cached_tokens`` are the endpoint's own usage counts when it reports them.
+
+Failures are retried here (the ``openai`` client's own retries are off) with exponential
+backoff honouring ``Retry-After`` (:mod:`parrot.engines.openai.retry`), and mapped onto
+Parrot's errors (:mod:`parrot.engines.openai.failures`). After a final availability
+failure the engine is unhealthy: ``ping`` raises :class:`EngineUnavailableError` for
+``cooldown_s``, then probes ``GET /models`` again. A streaming generation is retried only
+before its first text went out (a retry after would repeat text to the consumer).
+
+The API key is sent to the endpoint and nowhere else: not in ``repr``, errors or logs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any, Final, TypeVar
+
+import httpx2
+import openai
+
+from parrot.engines.openai.config import CHAT, OpenAIEngineConfig
+from parrot.engines.openai.contexts import ContextStore, TextContext
+from parrot.engines.openai.failures import Failure, classify
+from parrot.engines.openai.request import build_request, choice_text, usage_counts
+from parrot.engines.openai.retry import Backoff
+from parrot.engines.protocol.errors import BadRequestError, EngineUnavailableError, ParrotError
+from parrot.engines.protocol.sampling import SamplingParams
+from parrot.engines.protocol.schemas import FillResponse, GenerateResponse, StreamEnd, TokenStreamEvent
+
+log = logging.getLogger(__name__)
+
+PING_TIMEOUT_S: Final = 5.0
+_CLIENT_ERRORS = (openai.APIError, httpx2.TransportError)
+T = TypeVar("T")
+
+
+class OpenAIEngine:
+    """An OpenAI-compatible endpoint as a Parrot engine, used in-process by the ServeCore."""
+
+    def __init__(self, config: OpenAIEngineConfig, backoff: Backoff | None = None) -> None:
+        self.config = config
+        self._where = f"openai endpoint {config.public_url}"
+        self._client = openai.AsyncOpenAI(
+            base_url=config.base_url, api_key=config.key, max_retries=0, timeout=config.timeout_s
+        )
+        self._backoff = backoff or Backoff(config.backoff_base_s, config.backoff_max_s)
+        self._contexts = ContextStore()
+        self._slots = asyncio.Semaphore(config.capacity)
+        self._running = self._waiting = 0
+        self._done = self._failed = self._retries = 0
+        self._unhealthy: str | None = None  # why, while unhealthy
+        self._down_until = 0.0  # monotonic; ping raises before it
+        self._model_listed: bool | None = None
+
+    def __repr__(self) -> str:
+        d = self.config.describe()
+        return f"OpenAIEngine(base_url={d['base_url']!r}, model={d['model']!r}, api={d['api']!r})"
+
+    def describe(self) -> dict:
+        return self.config.describe()
+
+    @property
+    def healthy(self) -> bool:
+        return self._unhealthy is None
+
+    # -- the Engine protocol -----------------------------------------------------------
+    async def fill(
+        self,
+        context_id: int,
+        token_ids: list[int] | None = None,
+        text: str | None = None,
+        parent_context_id: int | None = None,
+    ) -> FillResponse:
+        """Append ``text`` to the context (created, forked from the parent, when new).
+        Lengths are in characters."""
+        if token_ids is not None:
+            raise BadRequestError("an openai engine's contexts are text: fill with text, not token_ids")
+        if text is None:
+            raise BadRequestError("fill needs text")
+        ctx = self._contexts.context_for(context_id, parent_context_id)
+        ctx.append(text)
+        return FillResponse(context_id=context_id, filled_tokens=len(text), context_len=len(ctx))
+
+    async def generate(
+        self, context_id: int, sampling: SamplingParams, parent_context_id: int | None = None
+    ) -> GenerateResponse:
+        ctx, created = self._target(context_id, parent_context_id)
+        try:
+            request = self._request(ctx, sampling)
+            answer = await self._call(lambda: self._create(request, stream=False))
+            choices = getattr(answer, "choices", None)
+            if not choices:
+                raise ParrotError(f"{self._where} answered without a choice")
+            choice = choices[0]
+        except BaseException:
+            if created:
+                self._contexts.free(context_id)
+            raise
+        text = choice_text(self.config.api, choice)
+        ctx.append(text)
+        prompt_tokens, cached = usage_counts(answer.usage)
+        return GenerateResponse(
+            context_id=context_id,
+            token_ids=[],
+            text=text,
+            finish_reason=choice.finish_reason or "stop",
+            prompt_tokens=prompt_tokens,
+            cached_tokens=cached,
+        )
+
+    async def generate_stream(
+        self, context_id: int, sampling: SamplingParams, parent_context_id: int | None = None
+    ) -> AsyncIterator[TokenStreamEvent | StreamEnd]:
+        """A :class:`TokenStreamEvent` per text delta (``token_id=-1``), then :class:`StreamEnd`."""
+        ctx, created = self._target(context_id, parent_context_id)
+        pieces: list[str] = []
+        finished = False
+        try:
+            request = self._request(ctx, sampling)
+            state: dict[str, Any] = {"finish": None, "usage": None}
+            async with self._slot():
+                for attempt in range(self.config.max_retries + 1):
+                    try:
+                        async with await self._create(request, stream=True) as stream:
+                            async for chunk in stream:
+                                delta = self._read_chunk(chunk, state)
+                                if delta:
+                                    pieces.append(delta)
+                                    yield TokenStreamEvent(token_id=-1, text=delta)
+                        break
+                    except _CLIENT_ERRORS as error:
+                        failure = classify(error, self._where, self.config.timeout_s, self._redact)
+                    if pieces:  # text went out already: a retry would repeat it
+                        failure = Failure(
+                            EngineUnavailableError(f"{failure.error} (mid-stream)"), False, hard=True
+                        )
+                    # outside the except block: the client's exception (which holds the
+                    # request, key included) is not chained to the error raised here
+                    await self._after_failure(failure, attempt)
+            self._succeeded()
+            finished = True
+        finally:
+            if finished or not created:
+                ctx.append("".join(pieces))
+            else:
+                self._contexts.free(context_id)
+        prompt_tokens, cached = usage_counts(state["usage"])
+        yield StreamEnd(
+            finish_reason=state["finish"] or "stop",
+            context_id=context_id,
+            token_ids=[],
+            text="".join(pieces),
+            prompt_tokens=prompt_tokens,
+            cached_tokens=cached,
+        )
+
+    async def free_context(self, context_id: int) -> int:
+        """Forget the context; returns the characters it held itself (forks of it keep working)."""
+        return self._contexts.free(context_id)
+
+    async def ping(self) -> dict:
+        """Load and health. Probes ``GET /models`` (short timeout); raises
+        :class:`EngineUnavailableError` when the endpoint is unreachable or rejects the key,
+        and during the cool-down after a hard failure."""
+        remaining = self._down_until - time.monotonic()
+        if self._unhealthy is not None and remaining > 0:
+            raise EngineUnavailableError(
+                f"{self._where} is unhealthy ({self._unhealthy}); next probe in {remaining:.1f} s"
+            )
+        timeout = min(self.config.timeout_s, PING_TIMEOUT_S)
+        failure = None
+        try:
+            page = await self._client.models.list(timeout=timeout)
+            self._model_listed = any(m.id == self.config.model for m in page.data)
+        except _CLIENT_ERRORS as error:
+            failure = classify(error, self._where, timeout, self._redact)
+        if failure is not None and failure.hard:
+            self._unhealthy = str(failure.error)
+            raise failure.error
+        if failure is not None:
+            self._model_listed = None  # it answered, with a 4xx (no /models here): reachable
+        self._unhealthy = None
+        return self.stats()
+
+    def stats(self) -> dict:
+        return {
+            "model": self.config.model,
+            "kind": "openai",
+            **self.config.describe(),
+            "healthy": self.healthy,
+            "model_listed": self._model_listed,
+            "num_running": self._running,
+            "num_waiting": self._waiting,
+            "num_contexts": len(self._contexts),
+            "context_chars": self._contexts.own_chars(),
+            "requests_done": self._done,
+            "requests_failed": self._failed,
+            "retries": self._retries,
+        }
+
+    async def aclose(self) -> None:
+        await self._client.close()
+
+    # -- internals ---------------------------------------------------------------------
+    def _target(self, context_id: int, parent_id: int | None) -> tuple[TextContext, bool]:
+        created = self._contexts.get(context_id) is None
+        return self._contexts.existing(context_id, parent_id), created
+
+    def _request(self, ctx: TextContext, sampling: SamplingParams) -> dict[str, Any]:
+        if len(ctx) == 0:
+            raise BadRequestError(
+                f"context {ctx.context_id} is empty: fill it (or fork a filled parent) before generating"
+            )
+        return build_request(self.config, ctx.text(), sampling)
+
+    def _create(self, request: dict[str, Any], stream: bool) -> Awaitable[Any]:
+        extra = {"stream": True, "stream_options": {"include_usage": True}} if stream else {}
+        api = self._client.chat.completions if self.config.api == CHAT else self._client.completions
+        return api.create(**request, **extra)
+
+    def _read_chunk(self, chunk: Any, state: dict[str, Any]) -> str:
+        if getattr(chunk, "usage", None) is not None:
+            state["usage"] = chunk.usage
+        text = ""
+        for choice in chunk.choices or ():
+            if choice.index == 0:
+                text += choice_text(self.config.api, choice)
+                state["finish"] = choice.finish_reason or state["finish"]
+        return text
+
+    @contextlib.asynccontextmanager
+    async def _slot(self) -> AsyncIterator[None]:
+        """One of ``capacity`` requests in flight."""
+        self._waiting += 1
+        try:
+            await self._slots.acquire()
+        finally:
+            self._waiting -= 1
+        self._running += 1
+        try:
+            yield
+        finally:
+            self._running -= 1
+            self._slots.release()
+
+    async def _call(self, attempt: Callable[[], Awaitable[T]]) -> T:
+        """One request with retries, in a capacity slot."""
+        async with self._slot():
+            for number in range(self.config.max_retries + 1):
+                try:
+                    result = await attempt()
+                except _CLIENT_ERRORS as error:
+                    failure = classify(error, self._where, self.config.timeout_s, self._redact)
+                else:
+                    self._succeeded()
+                    return result
+                await self._after_failure(failure, number)  # not chained to the client's exception
+        raise AssertionError("unreachable: the last attempt raises")
+
+    async def _after_failure(self, failure: Failure, attempt: int) -> None:
+        """Wait before the next attempt, or raise the failure's error when it is final."""
+        if not failure.retryable or attempt >= self.config.max_retries:
+            self._failed += 1
+            if failure.hard:
+                self._mark_unhealthy(str(failure.error))
+            raise failure.error
+        delay = self._backoff.delay(attempt, failure.retry_after)
+        self._retries += 1
+        log.warning(
+            "%s; retry %d of %d in %.2f s", failure.error, attempt + 1, self.config.max_retries, delay
+        )
+        await asyncio.sleep(delay)
+
+    def _succeeded(self) -> None:
+        self._done += 1
+        if self._unhealthy is not None:
+            log.info("%s answers again", self._where)
+        self._unhealthy = None
+        self._down_until = 0.0
+
+    def _mark_unhealthy(self, reason: str) -> None:
+        self._unhealthy = reason
+        self._down_until = time.monotonic() + self.config.cooldown_s
+        log.warning("%s is unhealthy for %g s: %s", self._where, self.config.cooldown_s, reason)
+
+    def _redact(self, text: str) -> str:
+        key = self.config.api_key
+        return text.replace(key, "***") if key and len(key) >= 4 else text

@@ -1,0 +1,98 @@
+"""OpenAI-compatible engines behind the ServeCore: registered over the API, a DAG runs on
+one end to end (a second engine's real ``/v1`` routes, chat and completions modes), and the
+registered API key shows up in no response and no log line."""
+
+from __future__ import annotations
+
+import logging
+
+import httpx
+import pytest
+from conftest import ServerThread
+
+from parrot.platform.api.app import create_app
+from parrot.platform.serve.core import ServeCore
+from parrot.platform.store.store import Store, sqlite_url
+
+SECRET = "sk-parrot-test-0123456789abcdef"
+ADMIN = {"Authorization": "Bearer admin"}
+
+
+@pytest.fixture
+def servecore(tmp_path):
+    core = ServeCore(store=Store(sqlite_url(tmp_path)))
+    server = ServerThread(create_app(core, admin_token="admin"))
+    with server, httpx.Client(base_url=server.url, timeout=120) as api:
+        yield api
+
+
+def served_model(engine_server) -> str:
+    return httpx.get(f"{engine_server.url}/v1/models").json()["data"][0]["id"]
+
+
+def out(name: str) -> dict:
+    return {"name": name, "is_output": True, "sampling": {"max_tokens": 8, "temperature": 0}}
+
+
+@pytest.mark.parametrize("api", ["chat", "completions"])
+def test_a_dag_runs_on_an_openai_engine(servecore, engine_server, api, caplog):
+    caplog.set_level(logging.DEBUG)
+    body = {
+        "kind": "openai",
+        "base_url": f"{engine_server.url}/v1",
+        "model": served_model(engine_server),
+        "api_key": SECRET,
+        "api": api,
+        "capacity": 4,
+    }
+    r = servecore.post("/v1/engines", json=body, headers=ADMIN)
+    assert r.status_code == 201, r.text
+    engine = r.json()
+    assert engine["kind"] == "openai" and engine["up"] and engine["model"] == body["model"]
+    s = servecore.post("/v1/session").json()
+    sid, auth = s["session_id"], {"Authorization": f"Bearer {s['session_auth']}"}
+    template_a = "<|im_start|>user\nName a sea creature.<|im_end|>\n<|im_start|>assistant\n{{a}}"
+    a = servecore.post(
+        "/v1/semantic_call",
+        headers=auth,
+        json={"session_id": sid, "template": template_a, "parameters": [out("a")]},
+    ).json()
+    template_b = "<|im_start|>user\nDescribe {{a}} in three words.<|im_end|>\n<|im_start|>assistant\n{{b}}"
+    b = servecore.post(
+        "/v1/semantic_call",
+        headers=auth,
+        json={
+            "session_id": sid,
+            "template": template_b,
+            "parameters": [{"name": "a", "var_id": a["outputs"]["a"]}, out("b")],
+        },
+    ).json()
+    final = servecore.get(f"/v1/semantic_var/{b['outputs']['b']}", params={"session_id": sid}, headers=auth)
+    assert final.status_code == 200 and final.json()["value"], final.text
+    for call in (a, b):
+        info = servecore.get(f"/v1/semantic_call/{call['call_id']}", params={"session_id": sid}, headers=auth)
+        assert info.json()["state"] == "done" and info.json()["engine"] == engine["engine_id"]
+    # The key is in no response and no log line.
+    pages = [
+        r.text,
+        servecore.get("/v1/engines").text,
+        servecore.get("/metrics").text,
+        servecore.get(f"/v1/session/{sid}", headers=auth).text,
+        servecore.get("/schema/openapi.json").text,
+    ]
+    assert all(SECRET not in page for page in pages)
+    leaks = [r for r in caplog.records if SECRET in r.getMessage()]
+    assert not leaks, [(r.name, r.getMessage()[:300]) for r in leaks]
+
+
+def test_bad_openai_registrations_leak_no_key(servecore, caplog):
+    caplog.set_level(logging.DEBUG)
+    body = {"kind": "openai", "base_url": "http://127.0.0.1:9/v1", "model": "m", "api_key": SECRET}
+    r = servecore.post("/v1/engines", json=body, headers=ADMIN)
+    assert r.status_code == 400 and "could not reach" in r.json()["error"]["message"], r.text
+    assert SECRET not in r.text
+    r = servecore.post("/v1/engines", json={**body, "api": "embeddings"}, headers=ADMIN)
+    assert r.status_code == 400 and SECRET not in r.text
+    assert servecore.get("/v1/engines").json() == []
+    leaks = [r for r in caplog.records if SECRET in r.getMessage()]
+    assert not leaks, [(r.name, r.getMessage()[:300]) for r in leaks]
