@@ -20,40 +20,57 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import logging
+import os
+import shutil
+import signal
 import socket
 import statistics
+import subprocess
 import sys
-import threading
+import tempfile
 import time
 from pathlib import Path
 
 import httpx
-import uvicorn
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _report import machine, write_section
-
-from parrot.engines.builtin.config import EngineConfig
-from parrot.engines.builtin.engine import BuiltinEngine
-from parrot.engines.builtin.server.app import create_app as engine_app
-from parrot.platform.api.app import create_app as serve_app
-from parrot.platform.serve.core import ServeCore
-from parrot.platform.serve.executor import SchedulingPolicy
 
 STEPS = ("Topic: {}\nOne fact about it:", "Fact: {}\nShorter:", "Short fact: {}\nTitle:")
 SAMPLING = {"temperature": 0, "ignore_eos": True}
 
 
-def serve(app) -> tuple[uvicorn.Server, str]:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
-    threading.Thread(target=server.run, daemon=True).start()
-    while not server.started:
-        time.sleep(0.05)
-    return server, f"http://127.0.0.1:{port}"
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def start(args: list[str], ready_path: str, data_dir: str) -> tuple[subprocess.Popen, str]:
+    """``parrot ARGS --port P`` as its own process (as deployed), once it answers."""
+    port = free_port()
+    env = {**os.environ, "PARROT_ADMIN_TOKEN": "bench", "PARROT_DATA_DIR": data_dir}
+    cmd = [
+        sys.executable,
+        "-m",
+        "parrot.platform.cli.main",
+        "--log-level",
+        "warning",
+        *args,
+        "--port",
+        str(port),
+    ]
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}"
+    while True:
+        if proc.poll() is not None:
+            raise SystemExit(f"{args[0]} exited with code {proc.returncode}")
+        try:
+            if httpx.get(url + ready_path, timeout=2).status_code == 200:
+                return proc, url
+        except httpx.TransportError:
+            pass
+        time.sleep(0.3)
 
 
 class Parrot:
@@ -145,54 +162,70 @@ async def latency_under_load(parrot: Parrot, max_tokens: int) -> float:
 
 
 async def main(repeats: int) -> None:
-    logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per request otherwise
-    engine = BuiltinEngine(EngineConfig.from_env(kv_cache_bytes=512 * 2**20))
-    engine.start()
-    _, engine_url = serve(engine_app(engine, manage_engine=False))
     topics = [f"lighthouse number {i}" for i in range(8)]
     parts = [f"Chapter {i}: the keeper mends lamp {i} and logs the storm." for i in range(8)]
     rows = []
-    apps_url = serve(serve_app(ServeCore(), engine_urls=(engine_url,)))[1]
-    # Latency under load: ServeCores that give the engine 4 tasks at a time.
-    loaded = {}
-    for name, policy in (("on", SchedulingPolicy()), ("off", SchedulingPolicy(criteria=False))):
-        loaded[name] = serve(serve_app(ServeCore(policy=policy), admin_token="bench"))[1]
-        httpx.post(
-            f"{loaded[name]}/v1/engines",
-            json={"url": engine_url, "capacity": 4},
-            headers={"Authorization": "Bearer bench"},
-        ).raise_for_status()
-    async with (
-        httpx.AsyncClient(base_url=apps_url, timeout=600) as apps,
-        httpx.AsyncClient(base_url=engine_url, timeout=600) as direct,
-    ):
-        parrot, baseline = Parrot(apps), RequestLevel(direct)
-        await parrot.chain("warm-up", 4)  # the first requests pay one-time costs
-        await baseline.chain("warm-up", 4)
-        cases = {
-            "8 chains x 3 steps (16 tok)": (
-                lambda: asyncio.gather(*(parrot.chain(t, 16) for t in topics)),
-                lambda: asyncio.gather(*(baseline.chain(t, 16) for t in topics)),
-            ),
-            "map-reduce 8 + 1 (16 tok)": (
-                lambda: parrot.map_reduce(parts, 16),
-                lambda: baseline.map_reduce(parts, 16),
-            ),
-        }
-        for case, (ours, theirs) in cases.items():
-            a = [await timed(ours()) for _ in range(repeats)]
-            b = [await timed(theirs()) for _ in range(repeats)]
-            rows.append((case, "request-level client", statistics.median(b), statistics.median(a)))
-    lat = {}
-    for name, url in loaded.items():
-        async with httpx.AsyncClient(base_url=url, timeout=600) as client:
-            lat[name] = statistics.median(
-                [await latency_under_load(Parrot(client), 16) for _ in range(repeats)]
+    data = tempfile.mkdtemp(prefix="parrot-bench-")
+    procs = []
+    try:
+        engine, engine_url = start(["engine", "--kv-cache-memory", "512MiB"], "/ping", data)
+        procs.append(engine)
+        apps, apps_url = start(
+            ["serve", "--engine", engine_url, "--db", f"sqlite+aiosqlite:///{data}/apps.db"], "/healthz", data
+        )
+        procs.append(apps)
+        # Latency under load: ServeCores that give the engine 4 tasks at a time.
+        loaded = {}
+        for name, flag in (("on", []), ("off", ["--no-criteria"])):
+            proc, loaded[name] = start(
+                ["serve", "--no-engine", "--db", f"sqlite+aiosqlite:///{data}/{name}.db", *flag],
+                "/healthz",
+                data,
             )
-    rows.append(("latency chain behind 24 calls", "criteria policy off", lat["off"], lat["on"]))
-    engine.stop()
+            procs.append(proc)
+            httpx.post(
+                f"{loaded[name]}/v1/engines",
+                json={"url": engine_url, "capacity": 4},
+                headers={"Authorization": "Bearer bench"},
+            ).raise_for_status()
+        async with (
+            httpx.AsyncClient(base_url=apps_url, timeout=600) as client,
+            httpx.AsyncClient(base_url=engine_url, timeout=600) as direct,
+        ):
+            parrot, baseline = Parrot(client), RequestLevel(direct)
+            await parrot.chain("warm-up", 4)  # the first requests pay one-time costs
+            await baseline.chain("warm-up", 4)
+            cases = {
+                "8 chains x 3 steps (16 tok)": (
+                    lambda: asyncio.gather(*(parrot.chain(t, 16) for t in topics)),
+                    lambda: asyncio.gather(*(baseline.chain(t, 16) for t in topics)),
+                ),
+                "map-reduce 8 + 1 (16 tok)": (
+                    lambda: parrot.map_reduce(parts, 16),
+                    lambda: baseline.map_reduce(parts, 16),
+                ),
+            }
+            for case, (ours, theirs) in cases.items():
+                a, b = [], []
+                for _ in range(repeats):  # interleaved, so drifts hit both alike
+                    a.append(await timed(ours()))
+                    b.append(await timed(theirs()))
+                rows.append((case, "request-level client", statistics.median(b), statistics.median(a)))
+        lat = {}
+        for name, url in loaded.items():
+            async with httpx.AsyncClient(base_url=url, timeout=600) as client:
+                runs = [await latency_under_load(Parrot(client), 16) for _ in range(repeats)]
+                lat[name] = statistics.median(runs)
+        rows.append(("latency chain behind 24 calls", "criteria policy off", lat["off"], lat["on"]))
+    finally:
+        for proc in procs:
+            proc.send_signal(signal.SIGINT)
+        for proc in procs:
+            proc.wait(timeout=60)
+        shutil.rmtree(data, ignore_errors=True)
     lines = [
         f"Machine: {machine()}. Default model, float32, greedy with ignore_eos; median of {repeats}.",
+        "The engine and each ServeCore run as their own processes (`parrot engine`, `parrot serve`).",
         "",
         "| workload | baseline | baseline s | Parrot s | speed-up |",
         "| --- | --- | ---: | ---: | ---: |",

@@ -25,6 +25,11 @@ def add_parser(commands) -> None:
         metavar="URL",
         help="register a running engine (repeatable); without it a builtin engine is started",
     )
+    p.add_argument(
+        "--no-engine",
+        action="store_true",
+        help="start no builtin engine (register engines later with POST /v1/engines)",
+    )
     p.add_argument("--engine-port", type=int, default=9001, help="port of the builtin engine it starts")
     p.add_argument("--model", default=None, help="model of the builtin engine it starts")
     p.add_argument("--admin-token", default=None, help="default: $PARROT_ADMIN_TOKEN, else generated")
@@ -114,7 +119,7 @@ def run(args: argparse.Namespace) -> None:
         print(f"parrot serve: admin token (shown once): {token}", flush=True)
     child = None
     urls = tuple(args.engine)
-    if not urls:
+    if not urls and not args.no_engine:
         child, url = start_engine(args)
         urls = (url,)
     try:

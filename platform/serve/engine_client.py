@@ -115,6 +115,14 @@ class HttpEngine:
         raw = await self._post("/tokenize", TokenizeRequest(text=text))
         return msgspec.json.decode(raw, type=TokenizeResponse).token_ids
 
+    async def tokenizer_json(self) -> str | None:
+        """The engine's ``tokenizer.json`` (None when it has none)."""
+        try:
+            r = await self._client.get("/tokenizer")
+        except httpx.TransportError as error:
+            raise EngineUnavailableError(f"engine {self.base_url} unreachable: {error!r}") from error
+        return r.text if r.status_code == 200 else None
+
     async def render_chat(self, messages: list[ChatTurn]) -> list[str]:
         raw = await self._post("/render_chat", RenderChatRequest(messages=messages))
         return msgspec.json.decode(raw, type=RenderChatResponse).pieces

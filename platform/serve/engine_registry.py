@@ -112,6 +112,8 @@ class EngineRegistry:
         engine_id = engine_id or f"engine-{next(self._ids)}"
         tokenize = getattr(client, "tokenize", None)  # engines that take token ids
         if tokenize is not None:
+            if up and not self.tokenizers.has_local(model):
+                await self._load_tokenizer(model, client)
             tokenize = self.tokenizers.for_engine(model, tokenize)
         tree = ContextTree(client, self.context_ids, tokenize)
         slot = EngineSlot(engine_id, model, client, tree, spec.capacity)
@@ -122,6 +124,15 @@ class EngineRegistry:
             lambda store: store.save_engine(engine_id, spec.kind, url, model, spec.config(), spec.api_key)
         )
         return slot
+
+    async def _load_tokenizer(self, model: str, client: Engine) -> None:
+        fetch = getattr(client, "tokenizer_json", None)
+        try:
+            text = await fetch() if fetch is not None else None
+            if text is not None:
+                self.tokenizers.load(model, text)
+        except Exception as error:  # the engine's /tokenize still works: slower, not wrong
+            log.warning("could not load the tokenizer of %s here (%s); the engine tokenizes", model, error)
 
     async def remove(self, engine_id: str) -> None:
         slot = self.scheduler.engines.pop(engine_id, None)

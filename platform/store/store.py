@@ -40,6 +40,10 @@ def upgrade_to_head(url: str) -> None:
 
 class Store:
     def __init__(self, url: str) -> None:
+        if url.startswith("sqlite") and ("///" not in url or url.endswith(":memory:")):
+            # Alembic migrates over a connection of its own: an in-memory database would be
+            # another, empty one.
+            raise ValueError(f"the database must be a file (sqlite+aiosqlite:///path/parrot.db), got {url!r}")
         self.url = url
         self.engine: AsyncEngine = create_async_engine(url)
         if url.startswith("sqlite"):

@@ -52,3 +52,22 @@ async def test_cached_tokens_are_those_the_engine_fills(engine_server, engine):
         assert await manager.tokenize("smol", text, client.tokenize) == first and manager.hits == 1
     finally:
         await client.aclose()
+
+
+async def test_the_models_tokenizer_runs_here_once_loaded(engine_server, engine):
+    client = HttpEngine(engine_server.url)
+    try:
+        manager = TokenizerManager()
+        manager.load("smol", await client.tokenizer_json())
+        asked: list[str] = []
+
+        async def fetch(text: str) -> list[int]:
+            asked.append(text)
+            return await client.tokenize(text)
+
+        texts = ["<|im_start|>user\nÜnïcode 😀 and {{braces}}<|im_end|>\n", "  two spaces\n\n", "Topic: "]
+        for text in texts:
+            assert await manager.tokenize("smol", text, fetch) == engine.tokenize(text)
+        assert asked == []  # no request per piece
+    finally:
+        await client.aclose()

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import msgspec
-from litestar import Litestar, get, post
+from litestar import Litestar, Response, get, post
 from litestar.datastructures import State
 from litestar.params import JSONBody
 from litestar.response import ServerSentEvent
@@ -11,7 +11,7 @@ from litestar.response import ServerSentEvent
 from parrot.engines.builtin.engine import BuiltinEngine
 from parrot.engines.builtin.jobs import GenerateResult
 from parrot.engines.builtin.tokenizer import chat_pieces
-from parrot.engines.protocol.errors import BadRequestError
+from parrot.engines.protocol.errors import BadRequestError, NotFoundError
 from parrot.engines.protocol.http import exception_handlers
 from parrot.engines.protocol.schemas import (
     FillRequest,
@@ -111,6 +111,16 @@ async def render_chat(data: JSONBody[RenderChatRequest], state: State) -> Render
         raise BadRequestError(f"the model's chat template rejects these messages: {error}") from None
 
 
+@get("/tokenizer", media_type="application/json")
+async def tokenizer_file(state: State) -> Response:
+    """The model's ``tokenizer.json``, so a ServeCore can tokenize prompts itself (once per
+    model) and send token ids; 404 for a tokenizer without one."""
+    path = _engine(state).model_folder / "tokenizer.json"
+    if not path.is_file():
+        raise NotFoundError("this model's tokenizer has no tokenizer.json")
+    return Response(content=path.read_bytes(), media_type="application/json")
+
+
 @get("/ping")
 async def ping(state: State) -> dict:
     return await _engine(state).stats()
@@ -140,6 +150,7 @@ def create_app(engine: BuiltinEngine, manage_engine: bool = True) -> Litestar:
             free_context,
             ping,
             tokenize,
+            tokenizer_file,
             render_chat,
             openai_router(),
         ],
