@@ -13,19 +13,17 @@ from litestar.params import FromPath, FromQuery, JSONBody, QueryParameter
 from parrot.engines.protocol.errors import ForbiddenError, UnauthorizedError
 from parrot.engines.protocol.http import exception_handlers
 from parrot.platform.api.openai_front import openai_front
-from parrot.platform.api.schemas import (
+from parrot.platform.api.responses import (
     CallInfo,
     CallSubmitted,
-    CreateVar,
     EngineInfo,
-    RegisterEngine,
+    Health,
+    ParamInfo,
     SessionCreated,
     SessionInfo,
-    SetVar,
-    SubmitCall,
-    SubmitTransform,
     VarInfo,
 )
+from parrot.platform.api.schemas import CreateVar, RegisterEngine, SetVar, SubmitCall, SubmitTransform
 from parrot.platform.serve.core import ServeCore, Session
 from parrot.platform.serve.executor import EngineSlot
 from parrot.platform.serve.graph import RequestChain, SemanticVariable
@@ -61,7 +59,7 @@ def _call_info(request: RequestChain) -> CallInfo:
     return CallInfo(
         call_id=request.call_id,
         state=request.state,
-        outputs={c.gen.var.name: c.gen.var.var_id for c in request.chains},
+        outputs=request.outputs(),
         engine=request.engine_id,
         timings=request.timings,
         error=request.error,
@@ -121,7 +119,7 @@ async def submit_call(data: JSONBody[SubmitCall], request: Request, state: State
         session, data.template, data.parameters, data.models, data.output_criteria
     )
     info = [
-        {"name": p.name, "is_output": p.is_output, "var_id": outputs.get(p.name) or p.var_id}
+        ParamInfo(name=p.name, is_output=p.is_output, var_id=outputs.get(p.name) or p.var_id)
         for p in data.parameters
     ]
     return CallSubmitted(call_id=call.call_id, outputs=outputs, param_info=info)
@@ -131,8 +129,8 @@ async def submit_call(data: JSONBody[SubmitCall], request: Request, state: State
 async def submit_transform(data: JSONBody[SubmitTransform], request: Request, state: State) -> CallSubmitted:
     session = _session(request, state, data.session_id)
     call, outputs = await _core(state).submit_transform(session, data.inputs, data.steps, data.output)
-    info = [{"name": n.var.name, "is_output": False, "var_id": n.var.var_id} for n in call.chains[0].fills]
-    info.append({"name": data.output, "is_output": True, "var_id": outputs[data.output]})
+    info = [ParamInfo(name=n.var.name, is_output=False, var_id=n.var.var_id) for n in call.chains[0].fills]
+    info.append(ParamInfo(name=data.output, is_output=True, var_id=outputs[data.output]))
     return CallSubmitted(call_id=call.call_id, outputs=outputs, param_info=info)
 
 
@@ -227,8 +225,8 @@ async def metrics(state: State) -> str:
 
 
 @get("/healthz")
-async def healthz(state: State) -> dict:
-    return {"status": "ok", "engines": len(_core(state).scheduler.engines)}
+async def healthz(state: State) -> Health:
+    return Health(status="ok", engines=len(_core(state).scheduler.engines))
 
 
 def create_app(

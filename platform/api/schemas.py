@@ -1,4 +1,4 @@
-"""Typed request and response bodies of the Parrot REST API."""
+"""Typed request bodies of the Parrot REST API (responses: :mod:`parrot.platform.api.responses`)."""
 
 from __future__ import annotations
 
@@ -13,34 +13,6 @@ from parrot.platform.serve.transforms import Steps
 
 Name = Annotated[str, msgspec.Meta(min_length=1, max_length=256)]
 Text = Annotated[str, msgspec.Meta(max_length=4_000_000)]
-
-
-class SessionCreated(msgspec.Struct, kw_only=True):
-    session_id: str
-    session_auth: str
-
-
-class VarInfo(msgspec.Struct, kw_only=True):
-    var_id: str
-    name: str
-    ready: bool
-    value: str | None = None
-    error: str | None = None
-
-
-class CallInfo(msgspec.Struct, kw_only=True):
-    call_id: str
-    state: str  # pending | running | done | failed
-    outputs: dict[str, str]
-    engine: str | None = None
-    timings: dict[str, float] = msgspec.field(default_factory=dict)  # unix seconds
-    error: str | None = None
-
-
-class SessionInfo(msgspec.Struct, kw_only=True):
-    session_id: str
-    vars: list[VarInfo]
-    calls: list[CallInfo]
 
 
 class CreateVar(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
@@ -73,12 +45,6 @@ class SubmitTransform(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     output: Name = "result"
 
 
-class CallSubmitted(msgspec.Struct, kw_only=True):
-    call_id: str
-    outputs: dict[str, str]
-    param_info: list[dict]
-
-
 Url = Annotated[str, msgspec.Meta(min_length=1, max_length=2048)]
 
 
@@ -104,14 +70,3 @@ class RegisterEngine(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
         if self.base_url is None or self.model is None:
             raise BadRequestError("an openai engine needs 'base_url' and 'model'")
         return EngineSpec("openai", self.base_url, self.capacity, self.model, self.api, self.api_key)
-
-
-class EngineInfo(msgspec.Struct, kw_only=True):
-    engine_id: str
-    kind: str
-    url: str
-    model: str
-    up: bool
-    running: int
-    capacity: int
-    queued_tasks: int = 0

@@ -1,4 +1,5 @@
-"""The ``parrot`` command: ``parrot serve`` runs the ServeCore, ``parrot engine`` one engine."""
+"""The ``parrot`` command: ``parrot serve`` runs the ServeCore, ``parrot engine`` one engine,
+``parrot run APP.py`` a Parrot application against a server."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import sys
 from collections.abc import Sequence
 
 from parrot.platform.cli import engine_cmd, serve_cmd
+from parrot.sdk import run as run_cmd
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -16,6 +18,7 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True)
     engine_cmd.add_parser(commands)
     serve_cmd.add_parser(commands)
+    run_cmd.add_parser(commands)
     return parser
 
 

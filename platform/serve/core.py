@@ -365,7 +365,7 @@ class ServeCore:
             )
         self._run(session, request, tuple(models), output_criteria or THROUGHPUT)
         await self.journal.flush()
-        return request, {c.gen.var.name: c.gen.var.var_id for c in request.chains}
+        return request, request.outputs()
 
     async def submit_prompt(
         self,

@@ -102,9 +102,8 @@ class CompletionTask:
             if isinstance(node, ConstantFill):
                 if node.text:
                     out.append(Piece.constant(node.text))
-            else:  # an input, or an earlier output of the same call: filled by value
-                var = node.var
-                out.append(Piece.variable(var.var_id, var.value or "", self.session_id))
+            elif node.var.value:  # an input, or an earlier output of the call (empty: nothing)
+                out.append(Piece.variable(node.var.var_id, node.var.value, self.session_id))
         return out
 
 

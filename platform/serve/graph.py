@@ -52,6 +52,7 @@ class PlaceholderGen:
     sampling: SamplingParams
     # Set by a streaming client (the OpenAI front): receives each text delta as generated.
     on_token: Callable[[str], None] | None = None
+    placeholder: str = ""  # the template's name for it (its variable may be named otherwise)
 
 
 @dataclass(eq=False)
@@ -145,7 +146,9 @@ class RequestChain:
             if isinstance(chunk, TextChunk):
                 nodes.append(ConstantFill(chunk.text))
             elif chunk.name in outputs:
-                nodes.append(PlaceholderGen(variables[chunk.name], outputs[chunk.name]))
+                nodes.append(
+                    PlaceholderGen(variables[chunk.name], outputs[chunk.name], placeholder=chunk.name)
+                )
             else:
                 nodes.append(PlaceholderFill(variables[chunk.name]))
         request = cls(call_id, nodes)
@@ -187,6 +190,11 @@ class RequestChain:
         request = cls(call_id, [*fills, gen])
         request.chains.append(CompletionChain(request, 0, fills, gen))
         return request
+
+    def outputs(self) -> dict[str, str]:
+        """Output placeholder (or transform output) name -> variable id."""
+        names = [c.gen.placeholder if isinstance(c.gen, PlaceholderGen) else "" for c in self.chains]
+        return {name or c.gen.var.name: c.gen.var.var_id for name, c in zip(names, self.chains, strict=True)}
 
     def output_vars(self) -> list[SemanticVariable]:
         return [c.gen.var for c in self.chains]

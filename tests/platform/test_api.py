@@ -444,3 +444,25 @@ def test_a_transform_that_fails_fails_its_variable_and_its_consumers(api):
     assert r.status_code >= 400 and "did not match" in r.json()["error"]["message"], r.text
     state = api.get(f"/v1/semantic_call/{bad['call_id']}", params={"session_id": sid}, headers=auth).json()
     assert state["state"] == "failed" and "did not match" in state["error"]
+
+
+def test_outputs_are_keyed_by_placeholder_and_empty_inputs_fill_nothing(api):
+    sid, auth = new_session(api)
+    target = api.post("/v1/semantic_var", json={"session_id": sid, "name": "answer"}, headers=auth).json()
+    call = api.post(
+        "/v1/semantic_call",
+        headers=auth,
+        json={
+            "session_id": sid,
+            "template": "Say something {{empty}}: {{out}}",
+            "parameters": [
+                {"name": "empty", "value": ""},
+                {"name": "out", "is_output": True, "var_id": target["var_id"], "sampling": {"max_tokens": 3}},
+            ],
+        },
+    ).json()
+    assert call["outputs"] == {"out": target["var_id"]}  # not keyed by the variable's name
+    r = api.get(f"/v1/semantic_var/{target['var_id']}", params={"session_id": sid}, headers=auth)
+    assert r.status_code == 200 and r.json()["ready"], r.text
+    info = api.get(f"/v1/semantic_call/{call['call_id']}", params={"session_id": sid}, headers=auth).json()
+    assert info["outputs"] == {"out": target["var_id"]} and info["state"] == "done"

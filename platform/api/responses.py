@@ -1,0 +1,78 @@
+"""Response bodies of the Parrot REST API: the server encodes them, the SDK decodes them.
+
+Light on purpose (msgspec only), so a client imports them without the ServeCore. Fields a
+newer server adds are ignored when an older client decodes.
+"""
+
+from __future__ import annotations
+
+import msgspec
+
+
+class VarInfo(msgspec.Struct, kw_only=True, frozen=True):
+    """A semantic variable as the server sees it (``value`` only from a get)."""
+
+    var_id: str
+    name: str
+    ready: bool
+    value: str | None = None
+    error: str | None = None  # why it will never get a value
+
+
+class CallInfo(msgspec.Struct, kw_only=True, frozen=True):
+    """A semantic call: ``state`` is pending, running, done or failed; ``timings`` has
+    ``submitted_at``, ``started_at``, ``finished_at`` (unix seconds) once they happened."""
+
+    call_id: str
+    state: str
+    outputs: dict[str, str]  # output placeholder -> var_id
+    engine: str | None = None
+    timings: dict[str, float] = msgspec.field(default_factory=dict)
+    error: str | None = None
+
+
+class SessionInfo(msgspec.Struct, kw_only=True, frozen=True):
+    """A session's variables (without values) and calls, in the order they were made."""
+
+    session_id: str
+    vars: list[VarInfo]
+    calls: list[CallInfo]
+
+
+class SessionCreated(msgspec.Struct, kw_only=True, frozen=True):
+    session_id: str
+    session_auth: str
+
+
+class ParamInfo(msgspec.Struct, kw_only=True, frozen=True):
+    name: str  # the placeholder
+    is_output: bool
+    var_id: str | None = None
+
+
+class CallSubmitted(msgspec.Struct, kw_only=True, frozen=True):
+    call_id: str
+    outputs: dict[str, str]  # output placeholder -> var_id
+    param_info: list[ParamInfo] = msgspec.field(default_factory=list)
+
+    def output_ids(self) -> dict[str, str]:
+        """Output placeholder -> var_id."""
+        return {p.name: p.var_id for p in self.param_info if p.is_output and p.var_id}
+
+
+class EngineInfo(msgspec.Struct, kw_only=True, frozen=True):
+    """An engine registered with the ServeCore (never with its API key)."""
+
+    engine_id: str
+    kind: str
+    url: str
+    model: str
+    up: bool
+    running: int
+    capacity: int
+    queued_tasks: int = 0
+
+
+class Health(msgspec.Struct, kw_only=True, frozen=True):
+    status: str
+    engines: int

@@ -1,0 +1,164 @@
+"""The asyncio client: :class:`AsyncClient`, :class:`AsyncSession`, :class:`AsyncVar`.
+
+The same requests as :mod:`parrot.sdk.client` (built in :mod:`parrot.sdk.handles`), sent
+with ``await``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Generator, Mapping, Sequence
+from typing import Any, TypeVar
+
+from parrot.sdk import ops
+from parrot.sdk.errors import NotFoundError, ParrotError
+from parrot.sdk.handles import DEFAULT_WAIT_S, Call, ClientBase, SessionBase, VarBase
+from parrot.sdk.http import AsyncTransport, Op
+from parrot.sdk.ops import SessionKey
+from parrot.sdk.params import Output
+from parrot.sdk.results import CallInfo, EngineInfo, Health, SessionInfo
+
+T = TypeVar("T")
+
+
+class AsyncVar(VarBase):
+    """A semantic variable: ``await var.get()`` (or ``aget``) waits for its value."""
+
+    session: AsyncSession
+
+    async def get(self, criteria: str = "latency", timeout: float = DEFAULT_WAIT_S) -> str:
+        """See :meth:`parrot.sdk.client.Var.get`."""
+        if self._value is not None:
+            return self._value
+        return await self.session.send(self._get_op(criteria, timeout))
+
+    aget = get
+
+    async def set(self, value: str) -> None:
+        await self.session.send(self._set_op(value))
+
+    async def is_ready(self) -> bool:
+        return self._value is not None or await self.session.send(self._ready_op())
+
+    async def call_info(self) -> CallInfo | None:
+        op = self._call_info_op()
+        return None if op is None else await self.session.send(op)
+
+
+class AsyncSession(SessionBase[AsyncVar]):
+    """``async with client.session() as s:`` creates a session, deletes it at the end, and
+    runs semantic functions called with ``await f.asubmit(...)`` inside the block in it."""
+
+    var_class = AsyncVar
+
+    def __init__(self, client: AsyncClient, key: SessionKey) -> None:
+        super().__init__(key)
+        self.client = client
+
+    async def send(self, op: Op[T]) -> T:
+        return await self.client.send(op)
+
+    async def __aenter__(self) -> AsyncSession:
+        self._enter()
+        return self
+
+    async def __aexit__(self, exc_type, exc, tb) -> None:
+        self._leave()
+        with contextlib.suppress(ParrotError if exc_type else NotFoundError):
+            await self.delete()
+
+    async def var(self, name: str, value: str | None = None) -> AsyncVar:
+        return await self.send(self._var_op(name, value))
+
+    async def submit(
+        self,
+        template: str,
+        inputs: Mapping[str, AsyncVar | str] | None = None,
+        outputs: Mapping[str, Output] | None = None,
+        *,
+        models: Sequence[str] = (),
+        output_criteria: str | None = None,
+    ) -> Call[AsyncVar]:
+        """See :meth:`parrot.sdk.client.Session.submit`."""
+        return await self.send(
+            self._submit_op(template, inputs or {}, outputs or {}, models, output_criteria)
+        )
+
+    async def transform(
+        self, inputs: Sequence[AsyncVar | str], steps: Sequence[Mapping[str, Any]], output: str = "result"
+    ) -> AsyncVar:
+        return await self.send(self._transform_op(inputs, steps, output))
+
+    async def info(self) -> SessionInfo:
+        return await self.send(self._info_op())
+
+    async def call_info(self, call_id: str) -> CallInfo:
+        return await self.send(self._call_info_op(call_id))
+
+    async def delete(self) -> None:
+        await self.send(self._delete_op())
+
+
+class _OpenSession:
+    """What ``AsyncClient.session()`` returns: ``await`` it for a session, or use it in
+    ``async with`` to have the session deleted at the end."""
+
+    def __init__(self, client: AsyncClient) -> None:
+        self._client = client
+        self._session: AsyncSession | None = None
+
+    async def _create(self) -> AsyncSession:
+        created = await self._client.send(ops.create_session())
+        return AsyncSession(self._client, SessionKey(created.session_id, created.session_auth))
+
+    def __await__(self) -> Generator[Any, None, AsyncSession]:
+        return self._create().__await__()
+
+    async def __aenter__(self) -> AsyncSession:
+        self._session = await self._create()
+        return await self._session.__aenter__()
+
+    async def __aexit__(self, exc_type, exc, tb) -> None:
+        if self._session is not None:
+            await self._session.__aexit__(exc_type, exc, tb)
+
+
+class AsyncClient(ClientBase):
+    """An asyncio client of a Parrot server (see :class:`ClientConfig` for the defaults)."""
+
+    transport_class = AsyncTransport
+
+    async def send(self, op: Op[T]) -> T:
+        return await self._transport.send(op)
+
+    async def close(self) -> None:
+        await self._transport.close()
+
+    async def __aenter__(self) -> AsyncClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    def session(self) -> _OpenSession:
+        """``s = await client.session()``, or ``async with client.session() as s:``."""
+        return _OpenSession(self)
+
+    def attach(self, session_id: str, session_auth: str) -> AsyncSession:
+        return AsyncSession(self, SessionKey(session_id, session_auth))
+
+    async def engines(self) -> list[EngineInfo]:
+        return await self.send(ops.list_engines())
+
+    async def register_engine(self, url: str | None = None, **spec: Any) -> EngineInfo:
+        """See :meth:`parrot.sdk.client.Client.register_engine`."""
+        return await self.send(ops.register_engine(self.config.admin_token, {"url": url, **spec}))
+
+    async def remove_engine(self, engine_id: str) -> None:
+        await self.send(ops.remove_engine(self.config.admin_token, engine_id))
+
+    async def healthz(self) -> Health:
+        return await self.send(ops.healthz())
+
+    async def metrics(self) -> dict[str, float]:
+        return await self.send(ops.metrics())

@@ -1,0 +1,65 @@
+"""The public API of the Parrot SDK, in one import::
+
+    from parrot.sdk.api import Client, Input, Output, semantic_function
+
+(``parrot.sdk`` itself is a namespace package and exports nothing; see sdk/README.md.)
+"""
+
+from parrot.sdk.aclient import AsyncClient, AsyncSession, AsyncVar
+from parrot.sdk.client import Client, Session, Var
+from parrot.sdk.config import ClientConfig
+from parrot.sdk.errors import (
+    AuthError,
+    BadRequestError,
+    ConflictError,
+    DefinitionError,
+    EngineUnavailableError,
+    ForbiddenError,
+    GraphError,
+    NotFoundError,
+    ParrotError,
+    ProducerFailedError,
+    ServerUnreachableError,
+    TemplateError,
+    UnauthorizedError,
+    WaitTimeoutError,
+)
+from parrot.sdk.functions import SemanticFunction, semantic_function
+from parrot.sdk.handles import Call, current_session
+from parrot.sdk.params import Input, Output
+from parrot.sdk.results import CallInfo, EngineInfo, Health, SessionInfo, VarInfo
+
+__all__ = [
+    "AsyncClient",
+    "AsyncSession",
+    "AsyncVar",
+    "AuthError",
+    "BadRequestError",
+    "Call",
+    "CallInfo",
+    "Client",
+    "ClientConfig",
+    "ConflictError",
+    "DefinitionError",
+    "EngineInfo",
+    "EngineUnavailableError",
+    "ForbiddenError",
+    "GraphError",
+    "Health",
+    "Input",
+    "NotFoundError",
+    "Output",
+    "ParrotError",
+    "ProducerFailedError",
+    "SemanticFunction",
+    "ServerUnreachableError",
+    "Session",
+    "SessionInfo",
+    "TemplateError",
+    "UnauthorizedError",
+    "Var",
+    "VarInfo",
+    "WaitTimeoutError",
+    "current_session",
+    "semantic_function",
+]

@@ -1,0 +1,149 @@
+"""The synchronous client: :class:`Client`, :class:`Session`, :class:`Var`."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Mapping, Sequence
+from typing import Any, TypeVar
+
+from parrot.sdk import ops
+from parrot.sdk.errors import NotFoundError, ParrotError
+from parrot.sdk.handles import DEFAULT_WAIT_S, Call, ClientBase, SessionBase, VarBase
+from parrot.sdk.http import Op, SyncTransport
+from parrot.sdk.ops import SessionKey
+from parrot.sdk.params import Output
+from parrot.sdk.results import CallInfo, EngineInfo, Health, SessionInfo
+
+T = TypeVar("T")
+
+
+class Var(VarBase):
+    """A semantic variable: a future of a text value, produced by a call or set by you."""
+
+    session: Session
+
+    def get(self, criteria: str = "latency", timeout: float = DEFAULT_WAIT_S) -> str:
+        """Wait for the value. ``criteria="latency"`` makes its producers latency-critical;
+        ``"throughput"`` lets them be batched. Raises :class:`WaitTimeoutError` after
+        ``timeout`` seconds and :class:`ProducerFailedError` when it will never come."""
+        if self._value is not None:
+            return self._value
+        return self.session.send(self._get_op(criteria, timeout))
+
+    def set(self, value: str) -> None:
+        """Give the variable its value (once; not for outputs of a call)."""
+        self.session.send(self._set_op(value))
+
+    @property
+    def ready(self) -> bool:
+        """Whether it has a value (asks the server until this client has seen one)."""
+        return self._value is not None or self.session.send(self._ready_op())
+
+    def call_info(self) -> CallInfo | None:
+        """The state and timings of the call that produces it (None when it was made
+        with ``session.var``, or produced by a call this client did not submit)."""
+        op = self._call_info_op()
+        return None if op is None else self.session.send(op)
+
+
+class Session(SessionBase[Var]):
+    """A session on the server. ``with client.session() as s:`` deletes it at the end, and
+    semantic functions called inside the block run in it."""
+
+    var_class = Var
+
+    def __init__(self, client: Client, key: SessionKey) -> None:
+        super().__init__(key)
+        self.client = client
+
+    def send(self, op: Op[T]) -> T:
+        return self.client.send(op)
+
+    def __enter__(self) -> Session:
+        self._enter()
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        self._leave()
+        # Deleting must not hide the error that ended the block.
+        with contextlib.suppress(ParrotError if exc_type else NotFoundError):
+            self.delete()
+
+    def var(self, name: str, value: str | None = None) -> Var:
+        """A new variable, with a value or (to be set or generated later) without."""
+        return self.send(self._var_op(name, value))
+
+    def submit(
+        self,
+        template: str,
+        inputs: Mapping[str, Var | str] | None = None,
+        outputs: Mapping[str, Output] | None = None,
+        *,
+        models: Sequence[str] = (),
+        output_criteria: str | None = None,
+    ) -> Call[Var]:
+        """A semantic call: ``template`` with ``{{name}}`` placeholders, each one an input
+        (a Var or a str) or an output; returns at once with the output variables."""
+        return self.send(self._submit_op(template, inputs or {}, outputs or {}, models, output_criteria))
+
+    def transform(
+        self, inputs: Sequence[Var | str], steps: Sequence[Mapping[str, Any]], output: str = "result"
+    ) -> Var:
+        """A variable derived from ``inputs`` on the server by string ``steps`` (strip,
+        lower, upper, regex, json_field, join, split_take, format), without an LLM."""
+        return self.send(self._transform_op(inputs, steps, output))
+
+    def info(self) -> SessionInfo:
+        return self.send(self._info_op())
+
+    def call_info(self, call_id: str) -> CallInfo:
+        return self.send(self._call_info_op(call_id))
+
+    def delete(self) -> None:
+        """Delete the session and free everything it holds on the server."""
+        self.send(self._delete_op())
+
+
+class Client(ClientBase):
+    """A client of a Parrot server (see :class:`ClientConfig` for the defaults)."""
+
+    transport_class = SyncTransport
+
+    def send(self, op: Op[T]) -> T:
+        return self._transport.send(op)
+
+    def close(self) -> None:
+        self._transport.close()
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def session(self) -> Session:
+        """A new session, created now; use it in a ``with`` block to delete it at the end."""
+        created = self.send(ops.create_session())
+        return Session(self, SessionKey(created.session_id, created.session_auth))
+
+    def attach(self, session_id: str, session_auth: str) -> Session:
+        """A session created earlier (by this or another client)."""
+        return Session(self, SessionKey(session_id, session_auth))
+
+    def engines(self) -> list[EngineInfo]:
+        return self.send(ops.list_engines())
+
+    def register_engine(self, url: str | None = None, **spec: Any) -> EngineInfo:
+        """Register a builtin engine at ``url``, or an OpenAI-compatible one with
+        ``kind="openai", base_url=..., model=..., api_key=..., api="chat"``; ``capacity``."""
+        return self.send(ops.register_engine(self.config.admin_token, {"url": url, **spec}))
+
+    def remove_engine(self, engine_id: str) -> None:
+        self.send(ops.remove_engine(self.config.admin_token, engine_id))
+
+    def healthz(self) -> Health:
+        return self.send(ops.healthz())
+
+    def metrics(self) -> dict[str, float]:
+        """The Prometheus samples: {``name{labels}``: value}."""
+        return self.send(ops.metrics())

@@ -1,0 +1,206 @@
+"""What sync and async sessions and variables share: their state, and the Ops they send.
+
+:class:`SessionBase` and :class:`VarBase` build every request and read every answer; the
+subclasses in :mod:`parrot.sdk.client` and :mod:`parrot.sdk.aclient` only send them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from contextvars import ContextVar, Token
+from dataclasses import dataclass
+from typing import Any, ClassVar, Generic, TypeVar
+
+from parrot.sdk import ops
+from parrot.sdk.config import DEFAULT_TIMEOUT_S, ClientConfig
+from parrot.sdk.http import Op
+from parrot.sdk.ops import SessionKey
+from parrot.sdk.params import Output
+from parrot.sdk.results import CallInfo, CallSubmitted, SessionInfo, VarInfo
+
+DEFAULT_WAIT_S = 300.0
+
+# The session a ``with client.session()`` block runs in: semantic functions called in the
+# block submit to it. A ContextVar, so threads and asyncio tasks each see their own.
+CURRENT_SESSION: ContextVar[SessionBase | None] = ContextVar("parrot_current_session", default=None)
+
+
+def current_session() -> SessionBase | None:
+    """The session of the innermost ``with client.session()`` block around the caller."""
+    return CURRENT_SESSION.get()
+
+
+class VarBase:
+    """A semantic variable of a session: a future of a text value."""
+
+    def __init__(
+        self,
+        session: SessionBase,
+        var_id: str,
+        name: str,
+        value: str | None = None,
+        call_id: str | None = None,
+    ) -> None:
+        self.session = session
+        self.var_id = var_id
+        self.name = name
+        self.call_id = call_id  # the call that produces it, when this client submitted it
+        self._value = value
+
+    @property
+    def value(self) -> str | None:
+        """The value once this client has seen it (set or got), else None; asks nothing."""
+        return self._value
+
+    def _keep(self, info: VarInfo) -> str:
+        self._value = info.value or ""
+        return self._value
+
+    def _get_op(self, criteria: str, timeout: float) -> Op[str]:
+        return ops.get_var(self.session.key, self.var_id, criteria, timeout).then(self._keep)
+
+    def _set_op(self, value: str) -> Op[None]:
+        def keep(_: VarInfo) -> None:
+            self._value = value
+
+        return ops.set_var(self.session.key, self.var_id, value).then(keep)
+
+    def _ready_op(self) -> Op[bool]:
+        def ready(info: SessionInfo) -> bool:
+            return any(v.var_id == self.var_id and v.ready for v in info.vars)
+
+        return ops.session_info(self.session.key).then(ready)
+
+    def _call_info_op(self) -> Op[CallInfo] | None:
+        if self.call_id is None:
+            return None
+        return ops.call_info(self.session.key, self.call_id)
+
+    def __repr__(self) -> str:
+        state = "pending" if self._value is None else f"value={self._value!r}"
+        return f"{type(self).__name__}({self.name!r}, {self.var_id}, {state})"
+
+
+V = TypeVar("V", bound=VarBase)
+
+
+@dataclass(frozen=True)
+class Call(Generic[V]):
+    """A submitted semantic call and its output variables by placeholder name."""
+
+    call_id: str
+    outputs: dict[str, V]
+
+
+def _reference(value: Any, what: str) -> dict[str, str]:
+    if isinstance(value, VarBase):
+        return {"var_id": value.var_id}
+    if isinstance(value, str):
+        return {"value": value}
+    raise TypeError(f"{what} must be a Var or a str, not {type(value).__name__}")
+
+
+def call_parameters(inputs: Mapping[str, VarBase | str], outputs: Mapping[str, Output]) -> list[dict]:
+    """The API's ``parameters`` list: inputs by var_id or value, outputs with sampling."""
+    params: list[dict[str, Any]] = [
+        {"name": name, **_reference(value, f"input {name!r}")} for name, value in inputs.items()
+    ]
+    for name, output in outputs.items():
+        if not isinstance(output, Output):
+            raise TypeError(f"output {name!r} must be an Output, not {type(output).__name__}")
+        param: dict[str, Any] = {"name": name, "is_output": True, "sampling": dict(output.sampling) or None}
+        if output.target is not None:
+            param["var_id"] = output.target.var_id
+        params.append(param)
+    return params
+
+
+class SessionBase(Generic[V]):
+    """A session on the server: ``session_id`` and ``session_auth`` (its secret)."""
+
+    var_class: ClassVar[type]
+
+    def __init__(self, key: SessionKey) -> None:
+        self.key = key
+        self._tokens: list[Token] = []
+
+    @property
+    def session_id(self) -> str:
+        return self.key.session_id
+
+    @property
+    def session_auth(self) -> str:
+        return self.key.session_auth
+
+    def _enter(self) -> None:
+        self._tokens.append(CURRENT_SESSION.set(self))
+
+    def _leave(self) -> None:
+        CURRENT_SESSION.reset(self._tokens.pop())
+
+    def _new_var(self, var_id: str, name: str, value: str | None = None, call_id: str | None = None) -> V:
+        return self.var_class(self, var_id, name, value, call_id)
+
+    def _var_op(self, name: str, value: str | None) -> Op[V]:
+        return ops.create_var(self.key, name, value).then(lambda i: self._new_var(i.var_id, i.name, value))
+
+    def _submit_op(
+        self,
+        template: str,
+        inputs: Mapping[str, VarBase | str],
+        outputs: Mapping[str, Output],
+        models: Sequence[str],
+        output_criteria: str | None,
+    ) -> Op[Call[V]]:
+        params = call_parameters(inputs, outputs)
+
+        def wrap(submitted: CallSubmitted) -> Call[V]:
+            made = {}
+            for name, var_id in submitted.output_ids().items():
+                target = outputs[name].target
+                made[name] = target or self._new_var(var_id, name, call_id=submitted.call_id)
+                made[name].call_id = submitted.call_id
+            return Call(submitted.call_id, made)
+
+        return ops.submit_call(self.key, template, params, models, output_criteria).then(wrap)
+
+    def _transform_op(
+        self, inputs: Sequence[VarBase | str], steps: Sequence[Mapping[str, Any]], output: str
+    ) -> Op[V]:
+        refs = [_reference(value, f"transform input {n}") for n, value in enumerate(inputs)]
+
+        def wrap(submitted: CallSubmitted) -> V:
+            return self._new_var(submitted.output_ids()[output], output, call_id=submitted.call_id)
+
+        return ops.submit_transform(self.key, refs, steps, output).then(wrap)
+
+    def _info_op(self) -> Op[SessionInfo]:
+        return ops.session_info(self.key)
+
+    def _call_info_op(self, call_id: str) -> Op[CallInfo]:
+        return ops.call_info(self.key, call_id)
+
+    def _delete_op(self) -> Op[None]:
+        return ops.delete_session(self.key)
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.session_id!r})"
+
+
+class ClientBase:
+    """A client's configuration and transport (see :class:`ClientConfig` for the defaults)."""
+
+    transport_class: ClassVar[type]
+
+    def __init__(
+        self,
+        base_url: str | None = None,
+        *,
+        timeout: float = DEFAULT_TIMEOUT_S,
+        admin_token: str | None = None,
+    ) -> None:
+        self.config = ClientConfig.resolve(base_url, timeout, admin_token)
+        self._transport = self.transport_class(self.config.base_url, self.config.timeout)
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.config.base_url!r})"

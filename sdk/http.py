@@ -1,0 +1,117 @@
+"""Requests as values, and the two transports (sync and async) that send them.
+
+An :class:`Op` says everything about one REST request and how to read its answer, so the
+logic of every route is written once (in :mod:`parrot.sdk.ops`) and only the sending
+differs between :class:`SyncTransport` and :class:`AsyncTransport`. Error responses become
+the matching :mod:`parrot.sdk.errors` class here, in one place.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, replace
+from typing import Any, Generic, TypeVar
+
+import httpx
+import msgspec
+
+from parrot.sdk.errors import ServerUnreachableError, error_for
+
+T = TypeVar("T")
+U = TypeVar("U")
+
+
+@dataclass(frozen=True)
+class Op(Generic[T]):
+    """One REST request: route, body, credentials, and ``decode`` for a success response.
+
+    ``wait_s`` is how long the server may hold the request on purpose (a get that waits
+    for a value); it is added to the client's timeout.
+    """
+
+    method: str
+    path: str
+    decode: Callable[[httpx.Response], T]
+    json: Any = None
+    params: Mapping[str, Any] | None = None
+    token: str | None = None
+    wait_s: float = 0.0
+
+    def then(self, func: Callable[[T], U]) -> Op[U]:
+        """The same request, its decoded result passed through ``func``."""
+        decode = self.decode
+        return replace(self, decode=lambda response: func(decode(response)))  # type: ignore[arg-type]
+
+
+def struct(kind: type[T]) -> Callable[[httpx.Response], T]:
+    return lambda response: msgspec.json.decode(response.content, type=kind)
+
+
+def text(response: httpx.Response) -> str:
+    return response.text
+
+
+def nothing(_: httpx.Response) -> None:
+    return None
+
+
+def _request(op: Op, timeout: float) -> dict[str, Any]:
+    headers = {"Authorization": f"Bearer {op.token}"} if op.token else {}
+    return {
+        "method": op.method,
+        "url": op.path,
+        "json": op.json,
+        "params": op.params,
+        "headers": headers,
+        "timeout": timeout + op.wait_s,
+    }
+
+
+def _read(op: Op[T], response: httpx.Response) -> T:
+    if response.is_success:
+        return op.decode(response)
+    code, message = None, response.text[:1000] or response.reason_phrase
+    try:
+        body = response.json()["error"]
+        code, message = body.get("code"), body.get("message", message)
+    except (ValueError, KeyError, TypeError, AttributeError):
+        pass  # not a Parrot error body (a proxy's page, ...): keep the text
+    raise error_for(response.status_code, code, message)
+
+
+def _unreachable(base_url: str, error: httpx.TransportError) -> ServerUnreachableError:
+    return ServerUnreachableError(f"Parrot server {base_url} unreachable: {error!r}")
+
+
+class SyncTransport:
+    def __init__(self, base_url: str, timeout: float) -> None:
+        self.base_url = base_url
+        self.timeout = timeout
+        self._http = httpx.Client(base_url=base_url)
+
+    def send(self, op: Op[T]) -> T:
+        try:
+            response = self._http.request(**_request(op, self.timeout))
+        except httpx.TransportError as error:
+            raise _unreachable(self.base_url, error) from error
+        return _read(op, response)
+
+    def close(self) -> None:
+        self._http.close()
+
+
+class AsyncTransport:
+    def __init__(self, base_url: str, timeout: float) -> None:
+        self.base_url = base_url
+        self.timeout = timeout
+        self._http = httpx.AsyncClient(base_url=base_url)
+
+    async def send(self, op: Op[T]) -> T:
+        try:
+            response = await self._http.request(**_request(op, self.timeout))
+        except httpx.TransportError as error:
+            raise _unreachable(self.base_url, error) from error
+        return _read(op, response)
+
+    async def close(self) -> None:
+        await self._http.aclose()

@@ -1,0 +1,118 @@
+"""Every route of the Parrot REST API as a pure function that returns an :class:`Op`.
+
+Nothing here sends anything; the sync and async clients send the same Ops.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from parrot.sdk.http import Op, nothing, struct, text
+from parrot.sdk.results import (
+    CallInfo,
+    CallSubmitted,
+    EngineInfo,
+    Health,
+    SessionCreated,
+    SessionInfo,
+    VarInfo,
+    parse_metrics,
+)
+
+
+@dataclass(frozen=True)
+class SessionKey:
+    """What identifies a session and proves the right to use it."""
+
+    session_id: str
+    session_auth: str
+
+
+def create_session() -> Op[SessionCreated]:
+    return Op("POST", "/v1/session", struct(SessionCreated))
+
+
+def session_info(key: SessionKey) -> Op[SessionInfo]:
+    return Op("GET", f"/v1/session/{key.session_id}", struct(SessionInfo), token=key.session_auth)
+
+
+def delete_session(key: SessionKey) -> Op[None]:
+    return Op("DELETE", f"/v1/session/{key.session_id}", nothing, token=key.session_auth)
+
+
+def create_var(key: SessionKey, name: str, value: str | None = None) -> Op[VarInfo]:
+    body = {"session_id": key.session_id, "name": name, "value": value}
+    return Op("POST", "/v1/semantic_var", struct(VarInfo), json=body, token=key.session_auth)
+
+
+def set_var(key: SessionKey, var_id: str, value: str) -> Op[VarInfo]:
+    body = {"session_id": key.session_id, "value": value}
+    return Op("PUT", f"/v1/semantic_var/{var_id}", struct(VarInfo), json=body, token=key.session_auth)
+
+
+def get_var(key: SessionKey, var_id: str, criteria: str, timeout: float) -> Op[VarInfo]:
+    """Wait up to ``timeout`` seconds for the value; ``latency`` also makes its producers
+    (back through the DAG) latency-critical on the server."""
+    params = {"session_id": key.session_id, "criteria": criteria, "timeout": timeout}
+    return Op(
+        "GET",
+        f"/v1/semantic_var/{var_id}",
+        struct(VarInfo),
+        params=params,
+        token=key.session_auth,
+        wait_s=timeout,
+    )
+
+
+def submit_call(
+    key: SessionKey,
+    template: str,
+    parameters: Sequence[Mapping[str, Any]],
+    models: Sequence[str] = (),
+    output_criteria: str | None = None,
+) -> Op[CallSubmitted]:
+    """``parameters`` as the API takes them: ``name``, ``is_output``, ``var_id`` or
+    ``value``, ``sampling`` (see :func:`parrot.sdk.params.call_parameters`)."""
+    body = {
+        "session_id": key.session_id,
+        "template": template,
+        "parameters": list(parameters),
+        "models": list(models),
+        "output_criteria": output_criteria,
+    }
+    return Op("POST", "/v1/semantic_call", struct(CallSubmitted), json=body, token=key.session_auth)
+
+
+def submit_transform(
+    key: SessionKey, inputs: Sequence[Mapping[str, str]], steps: Sequence[Mapping[str, Any]], output: str
+) -> Op[CallSubmitted]:
+    body = {"session_id": key.session_id, "inputs": list(inputs), "steps": list(steps), "output": output}
+    return Op("POST", "/v1/semantic_transform", struct(CallSubmitted), json=body, token=key.session_auth)
+
+
+def call_info(key: SessionKey, call_id: str) -> Op[CallInfo]:
+    params = {"session_id": key.session_id}
+    return Op("GET", f"/v1/semantic_call/{call_id}", struct(CallInfo), params=params, token=key.session_auth)
+
+
+def list_engines() -> Op[list[EngineInfo]]:
+    return Op("GET", "/v1/engines", struct(list[EngineInfo]))
+
+
+def register_engine(admin_token: str | None, spec: Mapping[str, Any]) -> Op[EngineInfo]:
+    body = {k: v for k, v in spec.items() if v is not None}
+    return Op("POST", "/v1/engines", struct(EngineInfo), json=body, token=admin_token)
+
+
+def remove_engine(admin_token: str | None, engine_id: str) -> Op[None]:
+    return Op("DELETE", f"/v1/engines/{engine_id}", nothing, token=admin_token)
+
+
+def healthz() -> Op[Health]:
+    return Op("GET", "/healthz", struct(Health))
+
+
+def metrics() -> Op[dict[str, float]]:
+    return Op("GET", "/metrics", text).then(parse_metrics)

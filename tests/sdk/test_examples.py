@@ -1,0 +1,137 @@
+"""The example applications run against a real ``parrot serve``: every output is there, and
+the server ran each call only after the calls it depends on had finished."""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import itertools
+import json
+import re
+import subprocess
+import sys
+from types import ModuleType
+
+from conftest import REPO_ROOT
+
+from parrot.sdk import run as sdk_run
+
+EXAMPLES = REPO_ROOT / "examples"
+
+
+def example(name: str) -> ModuleType:
+    spec = importlib.util.spec_from_file_location(f"parrot_example_{name}", EXAMPLES / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def assert_done(*calls: dict) -> None:
+    for call in calls:
+        assert call["state"] == "done" and call["error"] is None, call
+
+
+def assert_after(consumer: dict, *producers: dict) -> None:
+    """``consumer`` started only once every producer had finished (server clock)."""
+    last = max(p["timings"]["finished_at"] for p in producers)
+    assert consumer["timings"]["started_at"] >= last, (consumer, producers)
+
+
+def test_chain_summarization(parrot_url):
+    result = example("chain_summarization").main(parrot_url, max_parts=3)
+    steps = result["steps"]
+    assert result["parts"] == 3 and len(steps) == 3
+    assert all(step["summary"].strip() for step in steps)
+    assert result["summary"] == steps[-1]["summary"]
+    assert_done(*(step["call"] for step in steps))
+    for before, after in itertools.pairwise(steps):
+        assert_after(after["call"], before["call"])
+
+
+def test_map_reduce_summarization(parrot_url):
+    result = example("map_reduce_summarization").main(parrot_url, max_parts=4)
+    maps = [m["call"] for m in result["maps"]]
+    assert len(maps) == 4 and all(m["summary"].strip() for m in result["maps"])
+    assert result["moral"].strip()
+    assert_done(result["reduce"], *maps)
+    assert_after(result["reduce"], *maps)
+    # The maps do not wait for each other: each started before any map had finished.
+    first_finish = min(m["timings"]["finished_at"] for m in maps)
+    assert all(m["timings"]["started_at"] <= first_finish for m in maps)
+
+
+def test_code_review_agents(parrot_url):
+    result = example("code_review_agents").main(parrot_url)
+    assert set(result) == {"coder", "tester", "reviewer"}
+    assert all(agent["output"].strip() for agent in result.values())
+    coder, tester, reviewer = (result[k]["call"] for k in ("coder", "tester", "reviewer"))
+    assert_done(coder, tester, reviewer)
+    assert_after(tester, coder)
+    assert_after(reviewer, coder, tester)
+
+
+def test_shared_prompt_chatbot(parrot_url):
+    result = example("shared_prompt_chatbot").main(parrot_url, users=3)
+    conversations = result["conversations"]
+    assert len({c["session_id"] for c in conversations}) == 3
+    for conversation in conversations:
+        first, second = conversation["turns"]
+        assert first["assistant"].strip() and second["assistant"].strip()
+        assert_done(first["call"], second["call"])
+        assert_after(second["call"], first["call"])
+    # The system prompt was found already on the engine for most of the six calls.
+    assert result["prompt_pieces_found_cached"] >= 3
+
+
+def test_parrot_run_points_an_app_at_the_server(parrot_url, tmp_path):
+    """``parrot run APP --server URL ARGS``: the app's clients talk to URL, it gets ARGS."""
+    app = tmp_path / "app.py"
+    app.write_text(
+        "import json, sys\n"
+        "from parrot.sdk.api import Client\n"
+        "with Client() as client:\n"
+        "    print(json.dumps({'argv': sys.argv[1:], 'url': client.config.base_url,"
+        " 'status': client.healthz().status}))\n"
+    )
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "parrot.sdk.run",
+            str(app),
+            "--server",
+            parrot_url,
+            "--n",
+            "3",
+            "--",
+            "--server",
+        ],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
+    assert json.loads(out.stdout) == {"argv": ["--n", "3", "--server"], "url": parrot_url, "status": "ok"}
+    # The same command as a subcommand of ``parrot``.
+    parser = argparse.ArgumentParser(prog="parrot")
+    sdk_run.add_parser(parser.add_subparsers())
+    args = parser.parse_args(["run", str(app), "--server", parrot_url])
+    assert args.run is sdk_run.run and args.app == str(app)
+
+
+def python_blocks(path) -> list[str]:
+    return re.findall(r"```python\n(.*?)```", path.read_text(), flags=re.S)
+
+
+def test_documented_snippets_run(parrot_url, capsys):
+    """The main README's Python snippets (the OpenAI client and the SDK quick start) and the
+    SDK README's first example, as written but for the server's address."""
+    readme = python_blocks(REPO_ROOT / "README.md")
+    assert any("semantic_function" in code for code in readme)
+    snippets = [*readme, python_blocks(REPO_ROOT / "sdk" / "README.md")[1]]
+    for code in snippets:
+        assert "http://127.0.0.1:9000" in code
+        exec(compile(code.replace("http://127.0.0.1:9000", parrot_url), "snippet", "exec"), {})
+        printed = capsys.readouterr().out
+        assert printed.strip(), code
