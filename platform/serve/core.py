@@ -20,7 +20,9 @@ import msgspec
 
 from parrot.engines.protocol.errors import (
     BadRequestError,
+    EngineUnavailableError,
     ForbiddenError,
+    NoEngineError,
     NotFoundError,
     ParrotError,
     UnauthorizedError,
@@ -283,6 +285,7 @@ class ServeCore:
                 raise BadRequestError(f"input {p.name!r} cannot have sampling settings")
             elif p.var_id is None and p.value is None:
                 raise BadRequestError(f"input {p.name!r} needs a var_id or a value")
+        self._require_engine(models)
         named = {p.name: self.var(session, p.var_id) for p in parameters if p.var_id is not None}
         # Dry run on placeholder variables first: a rejected call leaves nothing behind.
         fresh = {p.name: SemanticVariable("", p.name, p.value) for p in parameters if p.var_id is None}
@@ -379,10 +382,21 @@ class ServeCore:
         template, so braces are just text): how the OpenAI front runs a request. Each piece
         is a constant, content-addressed prefix: a system prompt or chat history that many
         requests share is one context per engine."""
+        self._require_engine(models)
         out = SemanticVariable("", "completion")
         request = RequestChain.prompt(_new_id("call"), pieces, out, sampling, on_token)
         await self._accept(session, request, {"completion": out}, [out], [], "", models, LATENCY)
         return request
+
+    def _require_engine(self, models: list[str]) -> None:
+        """Refuse a call no engine can run now (503), rather than fail it later."""
+        serving = [s for s in self.scheduler.engines.values() if not models or s.model in models]
+        if not serving:
+            served = sorted({s.model for s in self.scheduler.engines.values()})
+            wanted = models or "any model"
+            raise NoEngineError(f"no registered engine serves {wanted}; the engines serve {served}")
+        if not any(s.up for s in serving):
+            raise EngineUnavailableError(f"every engine that serves {models or 'any model'} is down")
 
     def _run(self, session: Session, request: RequestChain, models: tuple[str, ...], criteria: str) -> None:
         if criteria == LATENCY:

@@ -9,7 +9,7 @@ import pytest
 
 from parrot.engines.protocol.errors import WaitTimeoutError
 from parrot.platform.serve.core import CallParameter, ServeCore
-from parrot.platform.serve.executor import LATENCY, THROUGHPUT
+from parrot.platform.serve.executor import LATENCY, THROUGHPUT, EngineSlot
 
 pytestmark = pytest.mark.asyncio(loop_scope="function")
 
@@ -17,6 +17,7 @@ pytestmark = pytest.mark.asyncio(loop_scope="function")
 async def chain_session(core: ServeCore, criteria: str | None = None):
     """a -> b -> c, and an unrelated d, submitted to a core that is not started (nothing is
     dispatched, so the marks can be read)."""
+    core.scheduler.add_engine(EngineSlot("e", "m", client=None, tree=None))  # never dispatched to
     session, _ = await core.create_session()
     outs = {}
     for template, src, dst in (

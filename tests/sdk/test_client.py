@@ -10,10 +10,10 @@ import pytest
 
 from parrot.sdk.api import (
     AsyncClient,
+    EngineUnavailableError,
     Input,
     NotFoundError,
     Output,
-    ProducerFailedError,
     Session,
     Var,
     current_session,
@@ -99,10 +99,8 @@ def test_outputs_into_existing_vars_and_per_call_options(parrot):
         assert target.get()
         longer = name_a("bird", name=Output(max_tokens=6, temperature=0), output_criteria="latency")
         assert longer.get()
-        failed = name_a("tree", models=["no-such-model"])
-        with pytest.raises(ProducerFailedError, match="no engine serves them"):
-            failed.get()
-        assert failed.call_info().state == "failed"
+        with pytest.raises(EngineUnavailableError, match="no registered engine serves"):
+            name_a("tree", models=["no-such-model"])  # refused at once: no engine could run it
 
 
 def test_engines_health_and_metrics(parrot, engine_server):

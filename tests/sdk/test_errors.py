@@ -11,6 +11,7 @@ from parrot.sdk.api import (
     BadRequestError,
     Client,
     ConflictError,
+    EngineUnavailableError,
     ForbiddenError,
     GraphError,
     Input,
@@ -93,13 +94,21 @@ def test_wait_timeout_and_producer_failed(parrot):
         never = session.var("never")
         error = raised(WaitTimeoutError, 408, "timeout", lambda: never.get(timeout=0.01))
         assert isinstance(error, TimeoutError) and "no value after" in str(error)
-        # A call that no engine can run, and a call that depends on it: neither gets a value.
-        doomed = answer("Why?", models=["no-such-model"])
+        # A transform that fails on the server, and a call that depends on it: neither gets a value.
+        doomed = session.transform(["no digits here"], [{"type": "regex", "pattern": "[0-9]+"}])
         downstream = answer(doomed)
         error = raised(ProducerFailedError, 424, "producer_failed", downstream.get)
-        assert "no engine serves them" in str(error)
+        assert "did not match" in str(error)
         raised(ProducerFailedError, 424, "producer_failed", doomed.get)
         assert not doomed.ready
+
+
+def test_engine_unavailable(parrot):
+    with parrot.session():
+        error = raised(
+            EngineUnavailableError, 503, "no_engine", lambda: answer("Why?", models=["no-such-model"])
+        )
+        assert "no registered engine serves ['no-such-model']" in str(error)
 
 
 def test_unreachable_server():
