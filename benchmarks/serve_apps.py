@@ -32,6 +32,7 @@ import time
 from pathlib import Path
 
 import httpx
+from tokenizers import Tokenizer
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _report import machine, write_section
@@ -122,13 +123,22 @@ class Parrot:
 
 
 class RequestLevel:
-    """The same applications on a request-level server: the client sends each step."""
+    """The same applications on a request-level server: the client sends each step.
+
+    Prompts go as token ids, each piece of text tokenized on its own (with the model's
+    tokenizer, fetched once) exactly as the ServeCore does, so both sides run the same
+    tokens through the model and generate the same text: the comparison is of serving,
+    not of two different workloads."""
 
     def __init__(self, client: httpx.AsyncClient) -> None:
         self.c = client
+        self.tokenizer: Tokenizer | None = None
 
-    async def complete(self, prompt: str, max_tokens: int) -> str:
-        body = {"prompt": prompt, "max_tokens": max_tokens, **SAMPLING}
+    async def complete(self, pieces: list[str], max_tokens: int) -> str:
+        if self.tokenizer is None:
+            self.tokenizer = Tokenizer.from_str((await self.c.get("/tokenizer")).text)
+        tokens = [t for p in pieces if p for t in self.tokenizer.encode(p, add_special_tokens=False).ids]
+        body = {"prompt": tokens, "max_tokens": max_tokens, **SAMPLING}
         r = await self.c.post("/v1/completions", json=body)
         r.raise_for_status()
         return r.json()["choices"][0]["text"]
@@ -136,12 +146,18 @@ class RequestLevel:
     async def chain(self, topic: str, max_tokens: int) -> str:
         text = topic
         for step in STEPS:
-            text = await self.complete(step.format(text) + " ", max_tokens)
+            before, after = step.split("{}")
+            text = await self.complete([before, text, after + " "], max_tokens)
         return text
 
     async def map_reduce(self, parts: list[str], max_tokens: int) -> str:
-        sums = await asyncio.gather(*(self.complete(f"Summarize: {p}\nSummary: ", max_tokens) for p in parts))
-        return await self.complete("Combine: " + " ".join(sums) + "\nAll: ", max_tokens)
+        sums = await asyncio.gather(
+            *(self.complete(["Summarize: ", p, "\nSummary: "], max_tokens) for p in parts)
+        )
+        pieces = ["Combine: "]
+        for n, text in enumerate(sums):
+            pieces += [text, " "] if n < len(sums) - 1 else [text]
+        return await self.complete([*pieces, "\nAll: "], max_tokens)
 
 
 async def timed(coro) -> float:
@@ -162,8 +178,15 @@ async def latency_under_load(parrot: Parrot, max_tokens: int) -> float:
 
 
 async def main(repeats: int) -> None:
-    topics = [f"lighthouse number {i}" for i in range(8)]
-    parts = [f"Chapter {i}: the keeper mends lamp {i} and logs the storm." for i in range(8)]
+    # Fresh texts for every run: a repeat must not find the previous one in the engine's
+    # prefix cache. Within a run both sides get the same texts, the baseline first (its
+    # blocks are of no use to the ServeCore's forked contexts, nor the other way round).
+    def topics(run: int) -> list[str]:
+        return [f"lighthouse number {i} of fleet {run}" for i in range(8)]
+
+    def parts(run: int) -> list[str]:
+        return [f"Chapter {i} of book {run}: the keeper mends lamp {i} and logs the storm." for i in range(8)]
+
     rows = []
     data = tempfile.mkdtemp(prefix="parrot-bench-")
     procs = []
@@ -197,19 +220,26 @@ async def main(repeats: int) -> None:
             await baseline.chain("warm-up", 4)
             cases = {
                 "8 chains x 3 steps (16 tok)": (
-                    lambda: asyncio.gather(*(parrot.chain(t, 16) for t in topics)),
-                    lambda: asyncio.gather(*(baseline.chain(t, 16) for t in topics)),
+                    lambda run: asyncio.gather(*(parrot.chain(t, 16) for t in topics(run))),
+                    lambda run: asyncio.gather(*(baseline.chain(t, 16) for t in topics(run))),
                 ),
                 "map-reduce 8 + 1 (16 tok)": (
-                    lambda: parrot.map_reduce(parts, 16),
-                    lambda: baseline.map_reduce(parts, 16),
+                    lambda run: parrot.map_reduce(parts(run), 16),
+                    lambda run: baseline.map_reduce(parts(run), 16),
                 ),
             }
+
+            async def computed() -> int:
+                return (await direct.get("/ping")).json()["tokens_computed"]
+
             for case, (ours, theirs) in cases.items():
-                a, b = [], []
-                for _ in range(repeats):  # interleaved, so drifts hit both alike
-                    a.append(await timed(ours()))
-                    b.append(await timed(theirs()))
+                a, b, work = [], [], {}
+                for run in range(repeats):  # interleaved, so drifts hit both alike
+                    for side, app, times in (("baseline", theirs, b), ("parrot", ours, a)):
+                        before = await computed()
+                        times.append(await timed(app(run)))
+                        work[side] = await computed() - before
+                case = f"{case}; engine tokens {work['baseline']} / {work['parrot']}"
                 rows.append((case, "request-level client", statistics.median(b), statistics.median(a)))
         lat = {}
         for name, url in loaded.items():
@@ -225,7 +255,8 @@ async def main(repeats: int) -> None:
         shutil.rmtree(data, ignore_errors=True)
     lines = [
         f"Machine: {machine()}. Default model, float32, greedy with ignore_eos; median of {repeats}.",
-        "The engine and each ServeCore run as their own processes (`parrot engine`, `parrot serve`).",
+        "The engine and each ServeCore run as their own processes (`parrot engine`, `parrot serve`);",
+        "both sides send the same tokens (engine tokens computed: baseline / Parrot).",
         "",
         "| workload | baseline | baseline s | Parrot s | speed-up |",
         "| --- | --- | ---: | ---: | ---: |",
