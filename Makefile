@@ -31,6 +31,7 @@ test: install
 bench: install
 	$(BIN)/python benchmarks/engine_throughput.py
 	$(BIN)/python benchmarks/attention_kernels.py
+	$(BIN)/python benchmarks/serve_apps.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache
