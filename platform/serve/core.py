@@ -44,6 +44,7 @@ from parrot.platform.serve.executor import (
 )
 from parrot.platform.serve.graph import Graph, RequestChain, SemanticVariable
 from parrot.platform.serve.journal import Journal
+from parrot.platform.serve.recovery import rebuild_call
 from parrot.platform.serve.template import ParameterSpec, check_binding, parse_template
 from parrot.platform.serve.tokenizer_manager import TokenizerManager
 from parrot.platform.store.models import CallRecord
@@ -230,11 +231,9 @@ class ServeCore:
         return var
 
     def _var_changed(self, var: SemanticVariable) -> None:
-        if not var.stored:
-            pass
-        elif var.error is not None:
+        if var.stored and var.error is not None:
             self.journal.record(lambda store: store.set_var_error(var.var_id, var.error))
-        else:
+        elif var.stored:
             self.journal.record(lambda store: store.set_var_value(var.var_id, var.value))
         if var.producer is not None:
             self._call_progressed(var.producer.request)
@@ -458,22 +457,7 @@ class ServeCore:
                 log.error("call %s could not be restored: %s", record.call_id, error)
 
     def _restore_call(self, session: Session, record: CallRecord) -> None:
-        params = record.parameters
-        bound = {p["name"]: session.vars[p["var_id"]] for p in params}
-        out = params[-1]
-        if "transform" in out:
-            inputs = [bound[p["name"]] for p in params[:-1]]
-            steps = msgspec.convert(out["transform"], transforms.Steps)
-            request = RequestChain.transform(record.call_id, inputs, bound[out["name"]], steps)
-        else:
-            outputs = {
-                p["name"]: msgspec.convert(p["sampling"] or {}, SamplingParams)
-                for p in params
-                if p["is_output"]
-            }
-            request = RequestChain.build(record.call_id, parse_template(record.template), bound, outputs)
-        request.engine_id = record.engine_id
-        request.timings = dict(record.timings)
+        request = rebuild_call(record, session.vars)
         session.graph.link(request)
         session.calls[record.call_id] = request
         if request.state in ("done", "failed"):
