@@ -7,6 +7,7 @@ import os
 import time
 
 import httpx
+import pytest
 from conftest import ParrotProcess, free_port
 
 CHAIN = (
@@ -124,3 +125,33 @@ def test_killed_servecore_restarts_with_its_sessions_and_finishes_the_calls(engi
             assert wrong.status_code == 403
     finally:
         second.stop()
+
+
+async def test_a_stored_engine_that_does_not_answer_comes_back_marked_down(tmp_path, engine_server):
+    """A restart finds its engines in the store; one that is gone is kept, marked down, with
+    its model (so calls for it get a clear 503, and it is used again once it answers)."""
+    from parrot.engines.protocol.errors import EngineUnavailableError
+    from parrot.platform.serve.core import CallParameter, ServeCore
+    from parrot.platform.store.store import Store, sqlite_url
+
+    store = Store(sqlite_url(tmp_path))
+    await store.migrate()
+    await store.save_engine(
+        "engine-7", "builtin", f"http://127.0.0.1:{free_port()}", "gone-model", {"capacity": 2}
+    )
+    await store.close()
+    core = ServeCore(store=Store(sqlite_url(tmp_path)))
+    await core.start(engine_urls=(engine_server.url,))
+    try:
+        slots = core.scheduler.engines
+        assert not slots["engine-7"].up and slots["engine-7"].model == "gone-model"
+        assert slots["engine-7"].capacity == 2
+        live = next(s for s in slots.values() if s.engine_id != "engine-7")
+        assert live.up and live.engine_id == "engine-8"  # numbering goes on after the stored ids
+        session, _ = await core.create_session()
+        with pytest.raises(EngineUnavailableError, match="down"):
+            await core.submit_call(
+                session, "Q: {{a}}", [CallParameter(name="a", is_output=True)], ["gone-model"], None
+            )
+    finally:
+        await core.stop()
