@@ -38,15 +38,15 @@ from parrot.platform.serve.executor import (
     CompletionTask,
     EngineSlot,
     GlobalScheduler,
-    GraphExecutor,
     SchedulingPolicy,
-    Variables,
 )
 from parrot.platform.serve.graph import Graph, RequestChain, SemanticVariable
+from parrot.platform.serve.graph_executor import GraphExecutor
 from parrot.platform.serve.journal import Journal
 from parrot.platform.serve.recovery import rebuild_call
 from parrot.platform.serve.template import ParameterSpec, check_binding, parse_template
 from parrot.platform.serve.tokenizer_manager import TokenizerManager
+from parrot.platform.serve.variables import Variables
 from parrot.platform.store.models import CallRecord
 from parrot.platform.store.store import Snapshot, Store
 

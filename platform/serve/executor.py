@@ -1,8 +1,8 @@
-"""Running a session's DAG: completion chains become tasks once their inputs exist.
+"""The global scheduler: ready completion tasks of every session, run on the engines.
 
-The executor watches variables: when every input of a chain has a value (and the chain
-before it in its call has generated), the chain becomes a :class:`CompletionTask` for the
-:class:`GlobalScheduler`. The scheduler picks an engine (model, capacity, prefix affinity,
+The graph executor (:mod:`parrot.platform.serve.graph_executor`) turns a chain into a
+:class:`CompletionTask` once every input has a value (and the chain before it in its call
+has generated). The scheduler picks an engine (model, capacity, prefix affinity,
 criteria) and runs the task: its prompt pieces are taken from the engine's context tree
 (forking the longest cached prefix), the output is generated in a fork, and the value
 lands in the output variable, which wakes the chains that consume it. No client round
@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import itertools
 import logging
 import time
 from collections.abc import Callable
@@ -22,20 +21,16 @@ from dataclasses import dataclass, field
 from parrot.engines.protocol.errors import (
     EngineUnavailableError,
     ParrotError,
-    ProducerFailedError,
-    TransformError,
 )
 from parrot.engines.protocol.schemas import GenerateResponse, StreamEnd
-from parrot.platform.serve import transforms
 from parrot.platform.serve.context_manager import ContextTree, MemoryPressure, Piece
 from parrot.platform.serve.engine_client import Engine
 from parrot.platform.serve.graph import (
     CompletionChain,
     ConstantFill,
     PlaceholderGen,
-    SemanticVariable,
-    TransformGen,
 )
+from parrot.platform.serve.variables import Variables
 
 log = logging.getLogger(__name__)
 
@@ -105,46 +100,6 @@ class CompletionTask:
             elif node.var.value:  # an input, or an earlier output of the call (empty: nothing)
                 out.append(Piece.variable(node.var.var_id, node.var.value, self.session_id))
         return out
-
-
-@dataclass
-class Variables:
-    """Readiness events of the variables, so waiting costs nothing."""
-
-    events: dict[int, asyncio.Event] = field(default_factory=dict)
-    waits: int = 0  # gets that waited, and their total wait (for /metrics)
-    wait_seconds: float = 0.0
-    on_change: Callable[[SemanticVariable], None] | None = None  # a value or an error arrived
-
-    def event(self, var: SemanticVariable) -> asyncio.Event:
-        ev = self.events.setdefault(id(var), asyncio.Event())
-        if var.ready or var.error:
-            ev.set()
-        return ev
-
-    def set_value(self, var: SemanticVariable, value: str) -> None:
-        var.value = value
-        self._changed(var)
-
-    def fail(self, var: SemanticVariable, error: str) -> None:
-        var.error = error
-        self._changed(var)
-
-    def _changed(self, var: SemanticVariable) -> None:
-        self.event(var).set()
-        if self.on_change is not None:
-            self.on_change(var)
-
-    async def wait(self, var: SemanticVariable, timeout: float | None = None) -> str:
-        started = time.monotonic()
-        try:
-            await asyncio.wait_for(self.event(var).wait(), timeout)
-        finally:
-            self.waits += 1
-            self.wait_seconds += time.monotonic() - started
-        if var.error:
-            raise ProducerFailedError(f"variable {var.name!r} has no value: {var.error}")
-        return var.value or ""
 
 
 @dataclass
@@ -362,65 +317,3 @@ class GlobalScheduler:
         keep = [t.pieces() for t in self.queue if not t.models or slot.model in t.models]
         with contextlib.suppress(EngineUnavailableError):  # the next ping finds out
             self.stats.evicted += await slot.tree.relieve(info, self.pressure, keep)
-
-
-class GraphExecutor:
-    """Turns a session's chains into tasks as their inputs become ready."""
-
-    def __init__(self, session_id: str, scheduler: GlobalScheduler, seq: itertools.count) -> None:
-        self.session_id = session_id
-        self.scheduler = scheduler
-        self.variables = scheduler.variables
-        self.seq = seq
-        self.app_seq: int | None = None  # when this session's first task arrived
-        self._watchers: set[asyncio.Task] = set()
-
-    def submit(
-        self, chains: list[CompletionChain], models: tuple[str, ...] = (), criteria: str = THROUGHPUT
-    ) -> None:
-        for chain in chains:
-            watcher = asyncio.create_task(self._when_ready(chain, models, criteria))
-            self._watchers.add(watcher)
-            watcher.add_done_callback(self._watchers.discard)
-
-    async def _when_ready(self, chain: CompletionChain, models: tuple[str, ...], criteria: str) -> None:
-        if chain.gen.var.ready or chain.gen.var.error:
-            return  # settled before a restart: nothing to run
-        waits = list(chain.input_vars())
-        if chain.previous is not None:
-            waits.append(chain.previous.gen.var)
-        failed = None
-        for var in waits:
-            await self.variables.event(var).wait()
-            if var.error:
-                failed = f"input {var.name!r} failed: {var.error}"
-                break
-        if failed is not None:
-            self.variables.fail(chain.gen.var, failed)
-            return
-        if isinstance(chain.gen, TransformGen):
-            self._transform(chain, chain.gen)
-            return
-        # Chains whose outputs feed one consumer form a group scheduled together.
-        consumers = {id(c.request) for c in chain.gen.var.consumers}
-        group = min(consumers) if consumers else None
-        seq = next(self.seq)
-        if self.app_seq is None:
-            self.app_seq = seq
-        task = CompletionTask(chain, self.session_id, seq, criteria, group, models, app_seq=self.app_seq)
-        self.scheduler.submit(task)
-
-    def _transform(self, chain: CompletionChain, gen: TransformGen) -> None:
-        """Transforms run here, at once: microseconds of string work need no engine."""
-        chain.request.engine_id = "servecore"
-        chain.request.timings.setdefault("started_at", time.time())
-        try:
-            value = transforms.apply(gen.steps, [v.value or "" for v in chain.input_vars()])
-        except TransformError as error:
-            self.variables.fail(gen.var, str(error))
-        else:
-            self.variables.set_value(gen.var, value)
-
-    def cancel(self) -> None:
-        for watcher in list(self._watchers):
-            watcher.cancel()

@@ -75,7 +75,8 @@ async def test_output_criteria_on_submit_marks_the_upstream_producers_too():
 
 
 async def test_each_policy_of_the_order_can_be_switched_off():
-    from parrot.platform.serve.executor import CompletionTask, GlobalScheduler, SchedulingPolicy, Variables
+    from parrot.platform.serve.executor import CompletionTask, GlobalScheduler, SchedulingPolicy
+    from parrot.platform.serve.variables import Variables
 
     def task(name, seq, app_seq, criteria=THROUGHPUT, depth=0, group=None):
         t = CompletionTask(

@@ -11,9 +11,11 @@ from parrot.engines.protocol.errors import ProducerFailedError
 from parrot.engines.protocol.sampling import SamplingParams
 from parrot.platform.serve.context_manager import ContextTree
 from parrot.platform.serve.engine_client import HttpEngine
-from parrot.platform.serve.executor import EngineSlot, GlobalScheduler, GraphExecutor, Variables
+from parrot.platform.serve.executor import EngineSlot, GlobalScheduler
 from parrot.platform.serve.graph import Graph, RequestChain, SemanticVariable
+from parrot.platform.serve.graph_executor import GraphExecutor
 from parrot.platform.serve.template import parse_template
+from parrot.platform.serve.variables import Variables
 
 pytestmark = pytest.mark.asyncio(loop_scope="function")
 SAMPLING = SamplingParams(max_tokens=8, temperature=0.0)

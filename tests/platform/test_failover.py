@@ -14,7 +14,8 @@ from parrot.engines.builtin.engine import BuiltinEngine
 from parrot.engines.builtin.server.app import create_app
 from parrot.platform.serve.context_manager import ContextTree
 from parrot.platform.serve.engine_client import HttpEngine
-from parrot.platform.serve.executor import EngineSlot, GlobalScheduler, Variables
+from parrot.platform.serve.executor import EngineSlot, GlobalScheduler
+from parrot.platform.serve.variables import Variables
 
 pytestmark = pytest.mark.asyncio(loop_scope="function")
 
