@@ -20,6 +20,9 @@ class Context:
     context_id: int
     parent: Context | None = None  # kept only until the fork is made
     parent_id: int | None = None
+    # How many of the parent's tokens the fork takes; None: all of them, once the parent is
+    # idle (a fork at a given length may start while the parent is still running).
+    parent_len: int | None = None
     token_ids: list[int] = field(default_factory=list)
     blocks: list[int] = field(default_factory=list)
     block_hashes: list[bytes] = field(default_factory=list)  # of the leading full blocks
@@ -55,55 +58,93 @@ class ContextPool:
                     f"parent context {parent.context_id} was freed before context "
                     f"{ctx.context_id} could fork from it"
                 )
-            self._fork(parent, ctx)
+            length = len(parent.token_ids) if ctx.parent_len is None else ctx.parent_len
+            if length > len(parent.token_ids):
+                raise ContextFreedError(
+                    f"parent context {parent.context_id} has {len(parent.token_ids)} tokens, fewer than "
+                    f"the {length} that context {ctx.context_id} forks from"
+                )
+            self._fork(parent, ctx, length)
         ctx.parent = None
         ctx.materialized = True
 
-    def _fork(self, parent: Context, child: Context) -> None:
+    def _fork(self, parent: Context, child: Context, length: int) -> None:
+        """The child starts as the parent's first ``length`` tokens: the full blocks among them
+        shared by reference, a partial last block copied (blocks are never written by two)."""
         bs = self.block_size
-        full = parent.num_computed // bs
-        child.token_ids = list(parent.token_ids) + child.token_ids
+        computed = min(parent.num_computed, length)
+        full = computed // bs
+        child.token_ids = parent.token_ids[:length] + child.token_ids
         for block in parent.blocks[:full]:
             self.blocks.acquire(block)
         child.blocks = parent.blocks[:full]
         child.block_hashes = parent.block_hashes[:full]
         child.num_computed = full * bs
-        partial = parent.num_computed - full * bs
+        partial = computed - full * bs
         if partial:
             block = self.blocks.allocate()
             if block is not None:  # copy the parent's partial block; else recompute it later
-                src = parent.blocks[full] * bs
-                self.kv_cache[:, :, block * bs : block * bs + partial] = self.kv_cache[
-                    :, :, src : src + partial
-                ]
+                self._copy_slots(parent.blocks[full], block, partial)
                 child.blocks.append(block)
                 child.num_computed += partial
-        if parent.num_computed == len(parent.token_ids) and child.num_computed == parent.num_computed:
+        whole = length == len(parent.token_ids) == parent.num_computed
+        if whole and child.num_computed == length:
             child.last_hidden = parent.last_hidden
+
+    def _copy_slots(self, src_block: int, dst_block: int, count: int) -> None:
+        bs = self.block_size
+        src, dst = src_block * bs, dst_block * bs
+        self.kv_cache[:, :, dst : dst + count] = self.kv_cache[:, :, src : src + count]
+
+    def ensure_last_pending(self, ctx: Context) -> bool:
+        """A context about to generate needs the hidden state of its last token. When it has
+        none (a fork at a length whose last token was computed elsewhere), the last token is
+        computed again; a shared block holding it is copied first. False: out of blocks."""
+        if ctx.num_pending or ctx.last_hidden is not None or not ctx.num_computed:
+            return True
+        bs = self.block_size
+        pos = ctx.num_computed - 1
+        index = pos // bs
+        block = ctx.blocks[index]
+        if self.blocks.ref_count(block) > 1:
+            copy = self.blocks.allocate()
+            if copy is None:
+                return False
+            self._copy_slots(block, copy, pos - index * bs)
+            self.blocks.release(block)
+            ctx.blocks[index] = copy
+        del ctx.block_hashes[index:]  # that block is partial again: unpublished
+        ctx.num_computed = pos
+        return True
 
     def reuse_cached_prefix(self, ctx: Context) -> int:
         """Adopt cached full blocks for the context's next uncomputed tokens; returns tokens reused.
 
-        The last token is never taken from the cache, so its hidden state gets computed.
+        A partly computed last block (a fork's copied tail) is swapped for a cached block
+        holding the same tokens and more. The last token is never taken from the cache, so
+        its hidden state gets computed.
         """
         bs = self.block_size
         reused = 0
-        while (
-            ctx.num_computed % bs == 0
-            and len(ctx.blocks) == ctx.num_computed // bs == len(ctx.block_hashes)
-            and ctx.num_computed + bs < len(ctx.token_ids)
-        ):
-            start = ctx.num_computed
+        while len(ctx.block_hashes) == ctx.num_computed // bs:
+            start = len(ctx.block_hashes) * bs
+            if start + bs >= len(ctx.token_ids):
+                break
             previous = ctx.block_hashes[-1] if ctx.block_hashes else None
             h = chain_hash(previous, ctx.token_ids[start : start + bs])
             block = self.blocks.lookup(h)
             if block is None:
                 break
+            index = start // bs
             self.blocks.acquire(block)
-            ctx.blocks.append(block)
+            if index < len(ctx.blocks):  # our own partial copy of that block: use the cached one
+                self.blocks.release(ctx.blocks[index])
+                ctx.blocks[index] = block
+            else:
+                ctx.blocks.append(block)
             ctx.block_hashes.append(h)
-            ctx.num_computed += bs
-            reused += bs
+            reused += start + bs - ctx.num_computed
+            ctx.num_computed = start + bs
         return reused
 
     def ensure_blocks(self, ctx: Context, num_tokens: int) -> bool:

@@ -19,6 +19,7 @@ from parrot.engines.builtin.jobs import (
     Job,
     JobKind,
     JobSink,
+    Target,
     TokenEvent,
 )
 from parrot.engines.builtin.runner import ModelRunner
@@ -26,6 +27,7 @@ from parrot.engines.builtin.sampler import Sampler, SequenceSampling, StopChecke
 from parrot.engines.builtin.scheduler import LocalScheduler
 from parrot.engines.builtin.tokenizer import IncrementalDetokenizer, Tokenizer
 from parrot.engines.protocol.errors import (
+    AbortedError,
     BadRequestError,
     CapacityError,
     ContextConflictError,
@@ -81,61 +83,111 @@ class EngineCore:
 
     # -- commands ------------------------------------------------------------------------
     def submit_fill(
-        self, context_id: int, parent_id: int | None, token_ids: Sequence[int], sink: JobSink
+        self,
+        target: Target,
+        token_ids: Sequence[int],
+        sink: JobSink,
+        priority: int = 0,
+        checkpoints: Sequence[tuple[int, int]] = (),
     ) -> None:
         if not token_ids:
             raise BadRequestError("fill needs at least one token (token_ids or text was empty)")
-        bad = next((t for t in token_ids if not 0 <= t < self.vocab_size), None)
-        if bad is not None:
-            raise InvalidTokenError(f"token id {bad} is outside the vocabulary (0..{self.vocab_size - 1})")
-        ctx = self._context_for(context_id, parent_id)
+        self._check_tokens(token_ids)
+        ctx = self._context_for(target)
         self._check_length(ctx, len(token_ids), what="fill")
-        self._enqueue(
-            Job(JobKind.FILL, ctx, sink, self._next_seq(), fill_tokens=list(token_ids)), len(token_ids)
-        )
+        job = Job(JobKind.FILL, ctx, sink, self._next_seq(), fill_tokens=list(token_ids), priority=priority)
+        job.checkpoints = self._checkpoints(ctx, checkpoints, self._planned(ctx) + len(token_ids))
+        self._enqueue(job, len(token_ids))
 
     def submit_generate(
-        self, context_id: int, parent_id: int | None, sampling: SamplingParams, sink: JobSink
+        self,
+        target: Target,
+        sampling: SamplingParams,
+        sink: JobSink,
+        prompt_tokens: Sequence[int] = (),
+        priority: int = 0,
+        checkpoints: Sequence[tuple[int, int]] = (),
     ) -> None:
-        if parent_id is None and context_id not in self.pool.contexts:
+        """Generate into the context, after filling ``prompt_tokens`` (the prompt's tail) in
+        the same job."""
+        new_root = target.parent_id is None and target.context_id not in self.pool.contexts
+        if new_root and not prompt_tokens:
             raise UnknownContextError(
-                f"context {context_id} does not exist: fill it first, or pass parent_context_id to fork"
+                f"context {target.context_id} does not exist: fill it first, "
+                "or pass parent_context_id to fork"
             )
-        ctx = self._context_for(context_id, parent_id)
-        if self._planned(ctx) == 0:
+        self._check_tokens(prompt_tokens)
+        ctx = self._context_for(target)
+        prompt_len = self._planned(ctx) + len(prompt_tokens)
+        if prompt_len == 0:
+            self._drop_if_empty(ctx)
             raise BadRequestError(
-                f"context {context_id} is empty: fill it (or fork a filled parent) before generating"
+                f"context {target.context_id} is empty: fill it (or fork a filled parent) before generating"
             )
-        self._check_length(ctx, sampling.max_tokens, what="generate")
-        self._enqueue(
-            Job(JobKind.GENERATE, ctx, sink, self._next_seq(), sampling=sampling), sampling.max_tokens
+        self._check_length(ctx, len(prompt_tokens) + sampling.max_tokens, what="generate")
+        job = Job(
+            JobKind.GENERATE,
+            ctx,
+            sink,
+            self._next_seq(),
+            fill_tokens=list(prompt_tokens),
+            sampling=sampling,
+            priority=priority,
         )
+        job.checkpoints = self._checkpoints(ctx, checkpoints, prompt_len)
+        self._enqueue(job, len(prompt_tokens) + sampling.max_tokens)
 
     def free_context(self, context_id: int) -> int:
         ctx = self.pool.contexts.get(context_id)
         if ctx is None:
             return 0  # freeing twice (or never created) is harmless
         for job in self.scheduler.jobs_of(ctx):
-            self.scheduler.remove(job)
-            job.sink.fail(ContextFreedError(f"context {context_id} was freed while a job was running on it"))
+            error = ContextFreedError(f"context {context_id} was freed while a job was running on it")
+            self._drop(job, error)
         self._planned_len.pop(context_id, None)
         return self.pool.free(ctx)
+
+    def abort(self, context_ids: Sequence[int]) -> tuple[int, int]:
+        """Stop every job on these contexts (their callers get :class:`AbortedError`) and free
+        the contexts. Returns (jobs aborted, contexts freed); unknown ids are skipped."""
+        jobs = freed = 0
+        for context_id in context_ids:
+            ctx = self.pool.contexts.get(context_id)
+            if ctx is None:
+                continue
+            for job in self.scheduler.jobs_of(ctx):
+                self._drop(job, AbortedError(f"the job on context {context_id} was aborted"))
+                jobs += 1
+            self._planned_len.pop(context_id, None)
+            self.pool.free(ctx)
+            freed += 1
+        return jobs, freed
 
     def cancel(self, sink: JobSink) -> None:
         """Drop the jobs whose caller went away (a closed stream); their contexts stay valid."""
         for job in self.scheduler.jobs_of_sink(sink):
             self._retire(job)
+            self._drop_checkpoints(job)
 
     def _next_seq(self) -> int:
         self._seq += 1
         return self._seq
 
-    def _context_for(self, context_id: int, parent_id: int | None) -> Context:
+    def _check_tokens(self, token_ids: Sequence[int]) -> None:
+        bad = next((t for t in token_ids if not 0 <= t < self.vocab_size), None)
+        if bad is not None:
+            raise InvalidTokenError(f"token id {bad} is outside the vocabulary (0..{self.vocab_size - 1})")
+
+    def _context_for(self, target: Target) -> Context:
+        context_id, parent_id, parent_len = target
+        if parent_len is not None and parent_id is None:
+            raise BadRequestError("parent_len needs parent_context_id")
         ctx = self.pool.contexts.get(context_id)
         if ctx is not None:
-            if parent_id is not None and parent_id != ctx.parent_id:
+            if parent_id is not None and (parent_id != ctx.parent_id or parent_len != ctx.parent_len):
                 raise ContextConflictError(
-                    f"context {context_id} already exists with parent {ctx.parent_id}, not {parent_id}"
+                    f"context {context_id} already exists with parent {ctx.parent_id} "
+                    f"(length {ctx.parent_len}), not {parent_id} (length {parent_len})"
                 )
             return ctx
         parent = None
@@ -145,12 +197,65 @@ class EngineCore:
             parent = self.pool.contexts.get(parent_id)
             if parent is None:
                 raise UnknownContextError(f"parent context {parent_id} does not exist")
-        ctx = Context(context_id=context_id, parent=parent, parent_id=parent_id)
+            if parent_len is not None and parent_len > self._planned(parent):
+                raise BadRequestError(
+                    f"cannot fork {parent_len} tokens of context {parent_id}: it holds "
+                    f"{self._planned(parent)} (with its queued jobs)"
+                )
+        ctx = Context(context_id=context_id, parent=parent, parent_id=parent_id, parent_len=parent_len)
         self.pool.contexts[context_id] = ctx
-        self._planned_len[context_id] = self._planned(parent) if parent is not None else 0
+        if parent is not None:
+            self._planned_len[context_id] = parent_len if parent_len is not None else self._planned(parent)
+        else:
+            self._planned_len[context_id] = 0
         return ctx
 
+    def _checkpoints(self, ctx: Context, wanted: Sequence[tuple[int, int]], prompt_len: int) -> list[Context]:
+        """New, not yet made contexts that fork ``ctx`` once its prompt is computed."""
+        seen: set[int] = set()
+        for context_id, length in wanted:
+            if context_id in self.pool.contexts or context_id in seen or context_id == ctx.context_id:
+                self._drop_if_empty(ctx)
+                raise ContextConflictError(f"checkpoint context {context_id} already exists")
+            if not 1 <= length <= prompt_len:
+                self._drop_if_empty(ctx)
+                raise BadRequestError(f"checkpoint length {length} is outside the prompt (1..{prompt_len})")
+            seen.add(context_id)
+        made = []
+        for context_id, length in wanted:
+            cp = Context(context_id=context_id, parent=ctx, parent_id=ctx.context_id, parent_len=length)
+            self.pool.contexts[context_id] = cp
+            self._planned_len[context_id] = length
+            made.append(cp)
+        return made
+
+    def _make_checkpoints(self, job: Job) -> None:
+        for cp in job.checkpoints:
+            if not cp.freed:
+                self.pool.materialize(cp)
+        job.checkpoints = []
+
+    def _drop_checkpoints(self, job: Job) -> None:
+        """Checkpoints of a job that will never compute its prompt are never made."""
+        for cp in job.checkpoints:
+            if not cp.freed and not cp.materialized:
+                self._fail_forks_of(cp)
+                self._planned_len.pop(cp.context_id, None)
+                self.pool.free(cp)
+        job.checkpoints = []
+
+    def _fail_forks_of(self, ctx: Context) -> None:
+        for job in [*self.scheduler.waiting]:
+            if job.context.parent is ctx and not job.context.materialized:
+                self._drop(job, ContextFreedError(f"context {ctx.context_id} to fork from was never made"))
+
+    def _drop(self, job: Job, error: ParrotError) -> None:
+        self.scheduler.remove(job)
+        self._drop_checkpoints(job)
+        job.sink.fail(error)
+
     def _planned(self, ctx: Context) -> int:
+        """The context's length once its queued jobs ran (generations at their max_tokens)."""
         return self._planned_len.get(ctx.context_id, len(ctx.token_ids))
 
     def _check_length(self, ctx: Context, extra: int, what: str) -> None:
@@ -185,13 +290,13 @@ class EngineCore:
         try:
             self.pool.materialize(ctx)
         except ParrotError as error:
+            self._drop_checkpoints(job)
             job.sink.fail(error)
             self.pool.contexts.pop(ctx.context_id, None)
             self._planned_len.pop(ctx.context_id, None)
             return False
-        if job.kind is JobKind.FILL:
-            ctx.token_ids.extend(job.fill_tokens)
-        else:
+        ctx.token_ids.extend(job.fill_tokens)
+        if job.kind is JobKind.GENERATE:
             params = job.sampling
             job.prompt_tokens = len(ctx.token_ids)
             job.state = GenerationState(
@@ -209,6 +314,10 @@ class EngineCore:
             return False
         jobs = {id(job.context): job for job in self.scheduler.running}
         logits = self.runner.run(items)
+        for item in items:  # prompts computed now: their checkpoints fork them before sampling
+            job = jobs[id(item.context)]
+            if job.checkpoints and item.context.num_pending == 0:
+                self._make_checkpoints(job)
         computed = sum(item.num_tokens for item in items)
         sampled = [jobs[id(item.context)] for item in items if item.sample]
         tokens = self.sampler.sample(logits, [job.state.sampling for job in sampled]) if sampled else []
@@ -236,7 +345,7 @@ class EngineCore:
         cut = state.stop.check(state.text) if state.stop else None
         if cut is not None:
             state.text = state.text[:cut]
-            self._finish_generate(job, "stop", token)
+            self._finish_generate(job, "stop", token, stop_string=True)
         elif len(job.generated) >= params.max_tokens or len(ctx.token_ids) >= self.max_model_len:
             state.text += state.detokenizer.flush()
             self._finish_generate(job, "length", token)
@@ -250,7 +359,7 @@ class EngineCore:
         state.emitted = max(state.emitted, upto)
         job.sink.emit(TokenEvent(token_id=token, text=delta))
 
-    def _finish_generate(self, job: Job, reason: str, token: int) -> None:
+    def _finish_generate(self, job: Job, reason: str, token: int, stop_string: bool = False) -> None:
         self._emit(job, token, len(job.state.text))
         self._retire(job)
         job.sink.finish(
@@ -261,6 +370,7 @@ class EngineCore:
                 finish_reason=reason,
                 prompt_tokens=job.prompt_tokens,
                 cached_tokens=job.cached_tokens,
+                stop_string=stop_string,
             )
         )
 
@@ -284,8 +394,7 @@ class EngineCore:
 
     def fail_all(self, error: ParrotError) -> None:
         for job in [*self.scheduler.running, *self.scheduler.waiting]:
-            self.scheduler.remove(job)
-            job.sink.fail(error)
+            self._drop(job, error)
 
     # -- statistics ----------------------------------------------------------------------
     def _record(self, batch_size: int, computed: int, generated: int) -> None:

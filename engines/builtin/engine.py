@@ -23,7 +23,7 @@ from parrot.engines.builtin.block_manager import BlockManager
 from parrot.engines.builtin.config import EngineConfig
 from parrot.engines.builtin.context import ContextPool
 from parrot.engines.builtin.core import EngineCore
-from parrot.engines.builtin.jobs import FillResult, GenerateResult, JobSink, TokenEvent
+from parrot.engines.builtin.jobs import FillResult, GenerateResult, JobSink, Target, TokenEvent
 from parrot.engines.builtin.kv_cache import allocate_kv_cache, num_blocks_for_budget
 from parrot.engines.builtin.model.config import ModelConfig
 from parrot.engines.builtin.model.llama import LlamaForCausalLM
@@ -166,32 +166,71 @@ class BuiltinEngine:
 
     # -- the engine API ------------------------------------------------------------------
     async def fill(
-        self, context_id: int, token_ids: Sequence[int], parent_context_id: int | None = None
+        self,
+        context_id: int,
+        token_ids: Sequence[int],
+        parent_context_id: int | None = None,
+        *,
+        parent_len: int | None = None,
+        priority: int = 0,
+        checkpoints: Sequence[tuple[int, int]] = (),
     ) -> FillResult:
         sink = JobSink(asyncio.get_running_loop())
-        await self._call(self.core.submit_fill, context_id, parent_context_id, list(token_ids), sink)
+        target = Target(context_id, parent_context_id, parent_len)
+        await self._call(self.core.submit_fill, target, list(token_ids), sink, priority, list(checkpoints))
         return await sink.result
 
     async def generate(
-        self, context_id: int, sampling: SamplingParams, parent_context_id: int | None = None
+        self,
+        context_id: int,
+        sampling: SamplingParams,
+        parent_context_id: int | None = None,
+        *,
+        parent_len: int | None = None,
+        prompt_tokens: Sequence[int] = (),
+        priority: int = 0,
+        checkpoints: Sequence[tuple[int, int]] = (),
     ) -> GenerateResult:
         sink = JobSink(asyncio.get_running_loop())
-        await self._call(self.core.submit_generate, context_id, parent_context_id, sampling, sink)
-        return await sink.result
+        target = Target(context_id, parent_context_id, parent_len)
+        tail, marks = list(prompt_tokens), list(checkpoints)
+        await self._call(self.core.submit_generate, target, sampling, sink, tail, priority, marks)
+        try:
+            return await asyncio.shield(sink.result)
+        except asyncio.CancelledError:  # the caller went away: stop generating for it
+            if not sink.result.done():
+                self._commands.put(partial(self.core.cancel, sink))
+                self._wake.set()
+            raise
 
     async def generate_stream(
-        self, context_id: int, sampling: SamplingParams, parent_context_id: int | None = None
+        self,
+        context_id: int,
+        sampling: SamplingParams,
+        parent_context_id: int | None = None,
+        *,
+        parent_len: int | None = None,
+        prompt_tokens: Sequence[int] = (),
+        priority: int = 0,
+        checkpoints: Sequence[tuple[int, int]] = (),
     ) -> AsyncIterator[TokenEvent | GenerateResult]:
         """Yields a :class:`TokenEvent` per token, then the :class:`GenerateResult`."""
         sink = JobSink(asyncio.get_running_loop(), stream=True)
-        await self._call(self.core.submit_generate, context_id, parent_context_id, sampling, sink)
+        target = Target(context_id, parent_context_id, parent_len)
+        tail, marks = list(prompt_tokens), list(checkpoints)
+        await self._call(self.core.submit_generate, target, sampling, sink, tail, priority, marks)
         try:
             while (event := await sink.events.get()) is not None:
                 yield event
             yield await sink.result
         finally:
             if not sink.result.done():  # the client went away: stop generating for it
-                await self._call(self.core.cancel, sink)
+                self._commands.put(partial(self.core.cancel, sink))
+                self._wake.set()
+
+    async def abort(self, context_ids: Sequence[int]) -> tuple[int, int]:
+        """Stop the jobs on these contexts and free them: (jobs aborted, contexts freed)."""
+        return await self._call(self.core.abort, list(context_ids))
 
     async def free_context(self, context_id: int) -> int:
         return await self._call(self.core.free_context, context_id)

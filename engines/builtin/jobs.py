@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import enum
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 from parrot.engines.builtin.context import Context
 from parrot.engines.protocol.sampling import SamplingParams
@@ -49,6 +49,15 @@ class JobSink:
             self.events.put_nowait(None)  # end of stream; the caller then reads ``result``
 
 
+class Target(NamedTuple):
+    """The context a job runs on; a new one forks ``parent_id`` (its first ``parent_len``
+    tokens, or all of it once it is idle)."""
+
+    context_id: int
+    parent_id: int | None = None
+    parent_len: int | None = None
+
+
 @dataclass(frozen=True)
 class FillResult:
     context_id: int
@@ -65,6 +74,8 @@ class GenerateResult:
     finish_reason: str  # "stop" | "length"
     prompt_tokens: int
     cached_tokens: int
+    # True when a stop string cut the text: the context then holds tokens past ``text``.
+    stop_string: bool = False
 
 
 @dataclass(frozen=True)
@@ -79,8 +90,11 @@ class Job:
     context: Context
     sink: JobSink
     seq: int  # submission order
-    fill_tokens: list[int] = field(default_factory=list)
+    fill_tokens: list[int] = field(default_factory=list)  # a fill's tokens, or a generation's prompt tail
     sampling: SamplingParams | None = None
+    priority: int = 0  # higher: admitted first, preempted last
+    # Contexts forked from this job's context once its prompt is computed (not yet made).
+    checkpoints: list[Context] = field(default_factory=list)
     # Filled in while the job runs (engine thread only).
     prepared: bool = False
     admitted_seq: int = -1

@@ -1,15 +1,18 @@
 """The local scheduler: continuous batching of Fill and Generate jobs under a token budget.
 
-Each step takes the running jobs first (oldest first: decodes cost one token, unfinished
-fills a chunk), then admits waiting jobs in arrival order while budget, sequence slots and
-KV blocks last. When blocks run out, the newest running job is preempted: its context's KV
-is released and recomputed when it is resumed (reusing any blocks still cached), so a
-context is never left half-written.
+Each step takes the running jobs first (the highest priority first, then the oldest:
+decodes cost one token, unfinished fills a chunk), then admits waiting jobs by priority and
+arrival while budget, sequence slots and KV blocks last. While a latency-critical job
+(priority > 0) runs, the step is kept small (``latency_max_batch`` sequences,
+``latency_max_batched_tokens`` tokens) so its tokens come quickly. When blocks run out, the
+lowest-priority, newest running job is preempted: its context's KV is released and
+recomputed when it is resumed (reusing any blocks still cached), so a context is never left
+half-written.
 """
 
 from __future__ import annotations
 
-from collections import deque
+import bisect
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -22,6 +25,20 @@ from parrot.engines.builtin.jobs import Job, JobKind
 class SchedulerConfig:
     max_batched_tokens: int = 1024
     max_running: int = 64
+    # While a job of priority > 0 runs: at most this many sequences and tokens per step
+    # (None: no cap). Small steps keep latency-critical decoding fast beside bulk work.
+    latency_max_batch: int | None = None
+    latency_max_batched_tokens: int | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("max_batched_tokens", "max_running", "latency_max_batch", "latency_max_batched_tokens"):
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                raise ValueError(f"{name} must be positive, got {value}")
+
+
+def _order(job: Job) -> tuple[int, int]:
+    return (-job.priority, job.seq)
 
 
 class LocalScheduler:
@@ -31,14 +48,14 @@ class LocalScheduler:
         # Materializes the job's context and appends its tokens, once; False when it failed
         # the job (e.g. its parent was freed), which then leaves the queue.
         self.prepare = prepare
-        self.waiting: deque[Job] = deque()
+        self.waiting: list[Job] = []  # by (-priority, submission order)
         self.running: list[Job] = []
         self.num_preemptions = 0
         self._admit_counter = 0
         self.step_counter = 0
 
     def add(self, job: Job) -> None:
-        self.waiting.append(job)
+        bisect.insort(self.waiting, job, key=_order)
 
     def remove(self, job: Job) -> None:
         if job in self.running:
@@ -56,14 +73,26 @@ class LocalScheduler:
     def has_work(self) -> bool:
         return bool(self.running or self.waiting)
 
+    def _limits(self) -> tuple[int, int]:
+        """(sequences, tokens) a step may hold now."""
+        cfg = self.config
+        urgent = any(j.priority > 0 for j in self.running) or any(j.priority > 0 for j in self.waiting[:1])
+        seqs, tokens = cfg.max_running, cfg.max_batched_tokens
+        if urgent:
+            seqs = min(seqs, cfg.latency_max_batch or seqs)
+            tokens = min(tokens, cfg.latency_max_batched_tokens or tokens)
+        return seqs, tokens
+
     # ------------------------------------------------------------------------------------
     def schedule(self) -> list[StepItem]:
         self.step_counter += 1
-        budget = self.config.max_batched_tokens
+        max_seqs, budget = self._limits()
         items: list[StepItem] = []
-        for job in list(self.running):
+        for job in sorted(self.running, key=lambda j: (-j.priority, j.admitted_seq)):
             if job not in self.running:  # preempted while making room for an older job
                 continue
+            if len(items) >= max_seqs:
+                break  # the others keep their KV and wait for a step of their own
             ctx = job.context
             ctx.last_used = self.step_counter
             pending = ctx.num_pending
@@ -80,29 +109,47 @@ class LocalScheduler:
                 StepItem(ctx, ctx.num_computed, n, sample=job.kind is JobKind.GENERATE and n == pending)
             )
             budget -= n
-        self._admit(items, budget)
+        self._admit(items, budget, max_seqs)
         return items
 
-    def _admit(self, items: list[StepItem], budget: int) -> None:
-        blocked: set[int] = set()  # contexts with an earlier waiting job: keep per-context order
+    def _can_fork(self, ctx: Context, first_waiting: dict[int, int], job: Job) -> bool:
+        """A new context may fork its parent once the tokens it takes are computed, or the
+        parent has nothing left to do before this job (then it forks what there is)."""
+        parent = ctx.parent
+        if parent is None:
+            return True
+        if not parent.materialized:
+            return False
+        idle = not parent.busy and first_waiting.get(id(parent), job.seq) >= job.seq
+        if ctx.parent_len is None:
+            return idle
+        return idle or parent.num_computed >= ctx.parent_len
+
+    def _admit(self, items: list[StepItem], budget: int, max_seqs: int) -> None:
+        # Context -> submission order of its first waiting job. A fork of a whole parent
+        # counts as a job of the parent too: it takes the parent as it is after the jobs
+        # submitted before it, so the parent's later jobs wait until the fork is made.
+        first_waiting: dict[int, int] = {}
+        for job in self.waiting:
+            keys = [id(job.context)]
+            parent = job.context.parent
+            if parent is not None and job.context.parent_len is None:
+                keys.append(id(parent))
+            for key in keys:
+                first_waiting[key] = min(job.seq, first_waiting.get(key, job.seq))
         for job in list(self.waiting):
-            if len(self.running) >= self.config.max_running or budget <= 0:
+            if len(self.running) >= self.config.max_running or len(items) >= max_seqs or budget <= 0:
                 return
             ctx = job.context
-            parent = ctx.parent
-            keys = {id(ctx)} | ({id(parent)} if parent is not None else set())
-            if (
-                ctx.busy
-                or (parent is not None and (parent.busy or not parent.materialized))
-                or keys & blocked
-            ):
-                blocked |= keys
-                continue
+            if ctx.busy or first_waiting[id(ctx)] < job.seq or not self._can_fork(ctx, first_waiting, job):
+                continue  # jobs of one context run in submission order
             if not job.prepared:
                 if not self.prepare(job):
                     self.waiting.remove(job)
                     continue
                 job.prepared = True
+            if job.kind is JobKind.GENERATE and not self.pool.ensure_last_pending(ctx):
+                return  # out of blocks: running jobs will free some
             reused = self.pool.reuse_cached_prefix(ctx)
             if job.admitted_seq < 0:
                 job.cached_tokens += reused
@@ -111,7 +158,7 @@ class LocalScheduler:
             need = self.pool.blocks_needed(ctx, ctx.num_computed + n)
             if need > self.pool.blocks.num_free:
                 if self.running or items:
-                    return  # running jobs will free blocks; keep arrival order
+                    return  # running jobs will free blocks; keep the order
                 self._evict_idle(need, exclude=ctx)
             if not self.pool.ensure_blocks(ctx, ctx.num_computed + n):
                 return
@@ -130,7 +177,7 @@ class LocalScheduler:
     def _make_room(self, ctx: Context, num_tokens: int, job: Job) -> bool:
         """Ensure blocks for ``ctx``; preempt newer jobs (or this one) when there are none."""
         while not self.pool.ensure_blocks(ctx, num_tokens):
-            victim = max(self.running, key=lambda j: j.admitted_seq)
+            victim = max(self.running, key=lambda j: (-j.priority, j.admitted_seq))
             # Alone and still out of blocks: idle contexts must give way.
             alone = victim is job and len(self.running) == 1
             if alone and self._evict_idle(self.pool.blocks_needed(ctx, num_tokens), exclude=ctx):
@@ -146,7 +193,7 @@ class LocalScheduler:
         job.preemptions += 1
         self.num_preemptions += 1
         self.pool.release_kv(job.context)
-        self.waiting.appendleft(job)
+        self.add(job)  # back in its place: by priority, then submission order
 
     def _evict_idle(self, need: int, exclude: Context) -> bool:
         """Release the KV of idle contexts, least recently used first, until ``need`` blocks are free."""

@@ -57,6 +57,12 @@ class ContextFreedError(ConflictError):
     code = "context_freed"
 
 
+class AbortedError(ConflictError):
+    """The job was aborted (its context was aborted or freed, or its client went away)."""
+
+    code = "aborted"
+
+
 class EngineShutdownError(ParrotError):
     status_code = 503
     code = "engine_shutdown"

@@ -9,13 +9,34 @@ import msgspec
 from parrot.engines.protocol.sampling import SamplingParams
 
 ContextId = Annotated[int, msgspec.Meta(ge=0, le=2**63 - 1)]
+Length = Annotated[int, msgspec.Meta(ge=1, le=2**31 - 1)]
+# Jobs with a higher priority are admitted first and preempted last (latency-critical
+# work of a ServeCore runs at 1; plain requests at 0).
+Priority = Annotated[int, msgspec.Meta(ge=0, le=10)]
+
+
+class Checkpoint(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    """A new context forked from the request's context at ``length`` tokens, once the
+    prompt is computed: a shareable prefix (a system prompt) kept as a context of its own,
+    sharing the KV blocks instead of copying them."""
+
+    context_id: ContextId
+    length: Length
 
 
 class FillRequest(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    """Append tokens (or text) to a context; a new context forks ``parent_context_id``
+    (its first ``parent_len`` tokens; all of it when omitted)."""
+
     context_id: ContextId
     parent_context_id: ContextId | None = None
+    parent_len: Length | None = None
     token_ids: list[int] | None = None
     text: str | None = None
+    priority: Priority = 0
+    checkpoints: Annotated[list[Checkpoint], msgspec.Meta(max_length=64)] = msgspec.field(
+        default_factory=list
+    )
 
 
 class FillResponse(msgspec.Struct, kw_only=True):
@@ -26,9 +47,19 @@ class FillResponse(msgspec.Struct, kw_only=True):
 
 
 class GenerateRequest(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    """Generate into a context. ``token_ids`` (or ``text``), when given, are filled first in
+    the same job: one request and one job for prompt tail + generation."""
+
     context_id: ContextId
     parent_context_id: ContextId | None = None
+    parent_len: Length | None = None
+    token_ids: list[int] | None = None
+    text: str | None = None
     sampling: SamplingParams = msgspec.field(default_factory=SamplingParams)
+    priority: Priority = 0
+    checkpoints: Annotated[list[Checkpoint], msgspec.Meta(max_length=64)] = msgspec.field(
+        default_factory=list
+    )
 
 
 class GenerateResponse(msgspec.Struct, kw_only=True):
@@ -38,6 +69,7 @@ class GenerateResponse(msgspec.Struct, kw_only=True):
     finish_reason: str
     prompt_tokens: int = 0
     cached_tokens: int = 0
+    stop_string: bool = False  # a stop string cut the text (the context holds more)
 
 
 class TokenStreamEvent(msgspec.Struct, kw_only=True):
@@ -52,6 +84,7 @@ class StreamEnd(msgspec.Struct, kw_only=True):
     text: str
     prompt_tokens: int = 0
     cached_tokens: int = 0
+    stop_string: bool = False  # a stop string cut the text (the context holds more)
 
 
 class FreeContextRequest(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
@@ -61,6 +94,17 @@ class FreeContextRequest(msgspec.Struct, forbid_unknown_fields=True, kw_only=Tru
 class FreeContextResponse(msgspec.Struct, kw_only=True):
     context_id: int
     freed_tokens: int
+
+
+class AbortRequest(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    """Stop the jobs running or queued on these contexts and free the contexts."""
+
+    context_ids: Annotated[list[ContextId], msgspec.Meta(min_length=1, max_length=4096)]
+
+
+class AbortResponse(msgspec.Struct, kw_only=True):
+    aborted_jobs: int
+    freed_contexts: int
 
 
 class TokenizeRequest(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):

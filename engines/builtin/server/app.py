@@ -14,6 +14,8 @@ from parrot.engines.builtin.tokenizer import chat_pieces
 from parrot.engines.protocol.errors import BadRequestError, NotFoundError
 from parrot.engines.protocol.http import exception_handlers
 from parrot.engines.protocol.schemas import (
+    AbortRequest,
+    AbortResponse,
     FillRequest,
     FillResponse,
     FreeContextRequest,
@@ -33,19 +35,45 @@ def _engine(state: State) -> BuiltinEngine:
     return state.engine
 
 
+def _tokens(engine: BuiltinEngine, token_ids: list[int] | None, text: str | None) -> list[int]:
+    return token_ids if token_ids is not None else engine.tokenize(text or "")
+
+
+def _checkpoints(data: FillRequest | GenerateRequest) -> list[tuple[int, int]]:
+    return [(c.context_id, c.length) for c in data.checkpoints]
+
+
 @post("/fill", status_code=200)
 async def fill(data: JSONBody[FillRequest], state: State) -> FillResponse:
     engine = _engine(state)
     if (data.token_ids is None) == (data.text is None):
         raise BadRequestError("fill needs exactly one of token_ids or text")
-    tokens = data.token_ids if data.token_ids is not None else engine.tokenize(data.text or "")
-    result = await engine.fill(data.context_id, tokens, data.parent_context_id)
+    result = await engine.fill(
+        data.context_id,
+        _tokens(engine, data.token_ids, data.text),
+        data.parent_context_id,
+        parent_len=data.parent_len,
+        priority=data.priority,
+        checkpoints=_checkpoints(data),
+    )
     return FillResponse(
         context_id=result.context_id,
         filled_tokens=result.filled_tokens,
         context_len=result.context_len,
         cached_tokens=result.cached_tokens,
     )
+
+
+def _generate_args(engine: BuiltinEngine, data: GenerateRequest) -> dict:
+    if data.token_ids is not None and data.text is not None:
+        raise BadRequestError("give the prompt tail as token_ids or as text, not both")
+    tail = _tokens(engine, data.token_ids, data.text) if (data.token_ids or data.text) else []
+    return {
+        "parent_len": data.parent_len,
+        "prompt_tokens": tail,
+        "priority": data.priority,
+        "checkpoints": _checkpoints(data),
+    }
 
 
 def _generate_response(result: GenerateResult) -> GenerateResponse:
@@ -56,19 +84,23 @@ def _generate_response(result: GenerateResult) -> GenerateResponse:
         finish_reason=result.finish_reason,
         prompt_tokens=result.prompt_tokens,
         cached_tokens=result.cached_tokens,
+        stop_string=result.stop_string,
     )
 
 
 @post("/generate", status_code=200)
 async def generate(data: JSONBody[GenerateRequest], state: State) -> GenerateResponse:
-    result = await _engine(state).generate(data.context_id, data.sampling, data.parent_context_id)
+    engine = _engine(state)
+    args = _generate_args(engine, data)
+    result = await engine.generate(data.context_id, data.sampling, data.parent_context_id, **args)
     return _generate_response(result)
 
 
 @post("/generate_stream", status_code=200)
 async def generate_stream(data: JSONBody[GenerateRequest], state: State) -> ServerSentEvent:
     engine = _engine(state)
-    stream = engine.generate_stream(data.context_id, data.sampling, data.parent_context_id)
+    args = _generate_args(engine, data)
+    stream = engine.generate_stream(data.context_id, data.sampling, data.parent_context_id, **args)
     # Pull the first event before answering, so a bad request still gets its 4xx status.
     first = await anext(stream)
 
@@ -83,6 +115,7 @@ async def generate_stream(data: JSONBody[GenerateRequest], state: State) -> Serv
                     text=event.text,
                     prompt_tokens=event.prompt_tokens,
                     cached_tokens=event.cached_tokens,
+                    stop_string=event.stop_string,
                 )
                 yield {"event": "end", "data": msgspec.json.encode(end).decode()}
                 return
@@ -97,6 +130,13 @@ async def generate_stream(data: JSONBody[GenerateRequest], state: State) -> Serv
 async def free_context(data: JSONBody[FreeContextRequest], state: State) -> FreeContextResponse:
     freed = await _engine(state).free_context(data.context_id)
     return FreeContextResponse(context_id=data.context_id, freed_tokens=freed)
+
+
+@post("/abort", status_code=200)
+async def abort(data: JSONBody[AbortRequest], state: State) -> AbortResponse:
+    """Stop the jobs on these contexts (their requests fail with ``aborted``) and free them."""
+    jobs, freed = await _engine(state).abort(data.context_ids)
+    return AbortResponse(aborted_jobs=jobs, freed_contexts=freed)
 
 
 @post("/render_chat", status_code=200)
@@ -148,6 +188,7 @@ def create_app(engine: BuiltinEngine, manage_engine: bool = True) -> Litestar:
             generate,
             generate_stream,
             free_context,
+            abort,
             ping,
             tokenize,
             tokenizer_file,

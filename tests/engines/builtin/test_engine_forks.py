@@ -1,0 +1,241 @@
+"""Engine API for a ServeCore: forks at any length, prompt tail + generation in one request,
+checkpoints, priorities and abort, on the real default model."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+
+import httpx
+import pytest
+
+PROMPT = "<|im_start|>user\nName three birds that live near the sea.<|im_end|>\n<|im_start|>assistant\n"
+
+
+def greedy(max_tokens: int = 12, **extra) -> dict:
+    return {"max_tokens": max_tokens, "temperature": 0, "ignore_eos": True, **extra}
+
+
+def tokenize(client: httpx.Client, text: str) -> list[int]:
+    return client.post("/tokenize", json={"text": text}).json()["token_ids"]
+
+
+def generate(client: httpx.Client, **body) -> dict:
+    r = client.post("/generate", json=body)
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+def alone(client: httpx.Client, ids, tokens: list[int], max_tokens: int = 12) -> dict:
+    """The reference: the whole prompt filled into a fresh context, then generated."""
+    cid = next(ids)
+    return generate(
+        client, context_id=cid, parent_context_id=None, token_ids=tokens, sampling=greedy(max_tokens)
+    )
+
+
+def test_generate_fills_its_prompt_tail_in_the_same_request(client, ids):
+    tokens = tokenize(client, PROMPT)
+    root = next(ids)
+    assert client.post("/fill", json={"context_id": root, "token_ids": tokens[:10]}).status_code == 200
+    child = generate(
+        client, context_id=next(ids), parent_context_id=root, token_ids=tokens[10:], sampling=greedy()
+    )
+    two_requests = next(ids)
+    client.post("/fill", json={"context_id": two_requests, "token_ids": tokens})
+    ref = generate(client, context_id=two_requests, sampling=greedy())
+    assert child["token_ids"] == ref["token_ids"] and child["prompt_tokens"] == len(tokens)
+
+
+@pytest.mark.parametrize("cut", [5, 16, 17, 32])  # inside a block, on a block edge, after it
+def test_fork_at_a_length_sees_only_that_prefix(client, ids, cut):
+    tokens = tokenize(client, PROMPT * 2)
+    long_ctx = next(ids)
+    # The parent holds the prompt and text after it that the fork must not see.
+    client.post(
+        "/fill", json={"context_id": long_ctx, "token_ids": tokens + tokenize(client, "Gulls, terns")}
+    )
+    forked = generate(
+        client,
+        context_id=next(ids),
+        parent_context_id=long_ctx,
+        parent_len=cut,
+        token_ids=tokens[cut:],
+        sampling=greedy(),
+    )
+    assert forked["token_ids"] == alone(client, ids, tokens)["token_ids"]
+
+
+def test_fork_of_a_whole_prefix_without_tail_recomputes_its_last_token(client, ids):
+    """Generating right at a fork point needs that token's hidden state, which the parent
+    does not keep for a prefix: the fork computes it again (copying a shared block first)."""
+    tokens = tokenize(client, PROMPT) + [28, 29, 30] * 8
+    parent = next(ids)
+    client.post("/fill", json={"context_id": parent, "token_ids": tokens})
+    for cut in (21, 32):  # any length, on a block edge too
+        got = generate(
+            client, context_id=next(ids), parent_context_id=parent, parent_len=cut, sampling=greedy()
+        )
+        assert got["token_ids"] == alone(client, ids, tokens[:cut])["token_ids"]
+    # The parent's blocks were not touched: it still generates what it did.
+    reference = alone(client, ids, tokens)["token_ids"]
+    assert generate(client, context_id=parent, sampling=greedy())["token_ids"] == reference
+
+
+def test_fork_from_a_parent_that_is_still_running(client, ids, engine_server):
+    """A fork at a length waits only until those tokens are computed, not for the parent's
+    whole job: it can join while the parent still generates."""
+    tokens = tokenize(client, PROMPT)
+    parent = next(ids)
+    result: dict = {}
+
+    def long_generation() -> None:
+        with httpx.Client(base_url=engine_server.url, timeout=120) as c:
+            result["parent"] = generate(
+                c, context_id=parent, parent_context_id=None, token_ids=tokens, sampling=greedy(120)
+            )
+
+    thread = threading.Thread(target=long_generation)
+    thread.start()
+    try:
+        while client.get("/ping").json()["num_running"] == 0:
+            pass
+        child = generate(
+            client,
+            context_id=next(ids),
+            parent_context_id=parent,
+            parent_len=len(tokens) - 3,
+            token_ids=tokens[-3:],
+            sampling=greedy(4),
+        )
+        assert "parent" not in result, "the fork waited for the parent's whole generation"
+    finally:
+        thread.join()
+    assert child["token_ids"] == result["parent"]["token_ids"][:4]
+
+
+def test_checkpoints_keep_prefixes_as_contexts_that_share_blocks(client, ids):
+    tokens = tokenize(client, PROMPT * 2 + "Gulls, terns and puffins.")
+    cp_a, cp_b, main = next(ids), next(ids), next(ids)
+    before = client.get("/ping").json()
+    generate(
+        client,
+        context_id=main,
+        parent_context_id=None,
+        token_ids=tokens,
+        sampling=greedy(4),
+        checkpoints=[{"context_id": cp_a, "length": 32}, {"context_id": cp_b, "length": 21}],
+    )
+    after = client.get("/ping").json()
+    # Two more contexts, sharing the full blocks: only the partial one of cp_b is a copy.
+    assert after["num_contexts"] == before["num_contexts"] + 3
+    assert after["kv_blocks_used"] - before["kv_blocks_used"] <= -(-(len(tokens) + 4) // 16) + 1
+    # Each checkpoint is a context of exactly its length that forks like any other.
+    for cp, length in ((cp_a, 32), (cp_b, 21)):
+        got = generate(
+            client, context_id=next(ids), parent_context_id=cp, token_ids=tokens[length:], sampling=greedy()
+        )
+        assert got["token_ids"] == alone(client, ids, tokens)["token_ids"]
+        assert client.post("/free_context", json={"context_id": cp}).json()["freed_tokens"] == length
+    client.post("/free_context", json={"context_id": main})
+
+
+def test_checkpoints_of_a_failed_job_are_never_made(client, ids):
+    cp = next(ids)
+    r = client.post(
+        "/generate",
+        json={
+            "context_id": next(ids),
+            "parent_context_id": 999_999_123,  # unknown: the request fails
+            "token_ids": [1, 2, 3],
+            "checkpoints": [{"context_id": cp, "length": 2}],
+            "sampling": greedy(),
+        },
+    )
+    assert r.status_code == 404
+    assert client.post("/free_context", json={"context_id": cp}).json()["freed_tokens"] == 0
+
+
+def test_abort_stops_running_and_queued_jobs_and_frees_their_contexts(client, ids, engine_server):
+    tokens = tokenize(client, PROMPT)
+    running, queued = next(ids), next(ids)
+
+    async def scenario() -> list:
+        async with httpx.AsyncClient(base_url=engine_server.url, timeout=120) as c:
+            body = {"parent_context_id": None, "token_ids": tokens, "sampling": greedy(400)}
+            jobs = [
+                asyncio.create_task(c.post("/generate", json={"context_id": cid, **body}))
+                for cid in (running, queued)
+            ]
+            while (await c.get("/ping")).json()["num_running"] == 0:
+                await asyncio.sleep(0.01)
+            r = await c.post("/abort", json={"context_ids": [running, queued, next(ids)]})
+            assert r.status_code == 200 and r.json() == {"aborted_jobs": 2, "freed_contexts": 2}
+            return await asyncio.gather(*jobs)
+
+    for response in asyncio.run(scenario()):
+        assert response.status_code == 409 and response.json()["error"]["code"] == "aborted"
+    assert client.post("/free_context", json={"context_id": running}).json()["freed_tokens"] == 0
+    assert client.get("/ping").json()["num_running"] == 0
+
+
+def test_higher_priority_jobs_are_admitted_first(engine):
+    """With every slot taken, a waiting job of priority 1 runs before older ones of 0."""
+    from parrot.engines.builtin.jobs import Job, JobKind
+    from parrot.engines.builtin.scheduler import LocalScheduler, SchedulerConfig
+
+    class Ctx:  # only what the queue looks at
+        busy = False
+        parent = None
+
+    sched = LocalScheduler(SchedulerConfig(), engine.core.pool, prepare=lambda job: True)
+    jobs = [Job(JobKind.FILL, Ctx(), None, seq, priority=p) for seq, p in enumerate([0, 0, 1, 0, 1])]
+    for job in jobs:
+        sched.add(job)
+    assert [j.seq for j in sched.waiting] == [2, 4, 0, 1, 3]
+
+
+def test_a_fork_after_a_partial_block_adopts_cached_blocks(client, ids):
+    """A prompt forked from a parent whose last block is partial reuses the blocks that the
+    same tokens left in the prefix cache (before, such a fork recomputed them)."""
+    tokens = tokenize(client, PROMPT * 4)  # > 3 blocks
+    first = alone(client, ids, tokens)  # leaves its full blocks in the prefix cache
+    parent = next(ids)
+    client.post("/fill", json={"context_id": parent, "token_ids": tokens[:21]})  # 1 block + 5
+    got = generate(
+        client, context_id=next(ids), parent_context_id=parent, token_ids=tokens[21:], sampling=greedy()
+    )
+    assert got["token_ids"] == first["token_ids"]
+    assert got["cached_tokens"] >= (len(tokens) // 16 - 1) * 16 - 21
+
+
+@pytest.mark.parametrize(
+    ("body", "status", "words"),
+    [
+        ({"parent_len": 3, "token_ids": [1]}, 400, "parent_len needs parent_context_id"),
+        ({"parent_context_id": "FILLED", "parent_len": 10_000, "token_ids": [1]}, 400, "cannot fork"),
+        ({"parent_context_id": "FILLED", "parent_len": 0, "token_ids": [1]}, 400, "parent_len"),
+        ({"token_ids": [1, 2], "checkpoints": [{"context_id": "SELF", "length": 1}]}, 409, "already exists"),
+        (
+            {"token_ids": [1, 2], "checkpoints": [{"context_id": "NEW", "length": 3}]},
+            400,
+            "outside the prompt",
+        ),
+        ({"token_ids": [1], "text": "x"}, 400, "not both"),
+        ({"token_ids": [1], "priority": 99}, 400, "priority"),
+    ],
+)
+def test_bad_fork_and_checkpoint_requests(client, ids, body, status, words):
+    filled = next(ids)
+    client.post("/fill", json={"context_id": filled, "token_ids": [5, 6, 7]})
+    target = next(ids)
+    subst = {"FILLED": filled, "SELF": target, "NEW": next(ids)}
+    body = {k: subst.get(v, v) if isinstance(v, str) else v for k, v in body.items()}
+    if "checkpoints" in body:
+        body["checkpoints"] = [{**c, "context_id": subst[c["context_id"]]} for c in body["checkpoints"]]
+    body.setdefault("parent_context_id", None)
+    r = client.post("/generate", json={"context_id": target, "sampling": greedy(), **body})
+    assert r.status_code == status, r.text
+    assert words in r.text
+    assert client.get("/ping").status_code == 200
+    assert client.post("/free_context", json={"context_id": target}).json()["freed_tokens"] == 0
