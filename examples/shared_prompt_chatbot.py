@@ -84,14 +84,14 @@ async def converse(client: AsyncClient, question: str, follow_up: str) -> dict:
 
 
 async def chat(server_url: str, users: int) -> dict:
-    prefix_hits = 'parrot_prefix_pieces_total{found="yes"}'
+    prefix_hits = 'parrot_prompt_tokens_total{source="forked"}'  # prompt tokens found on the engine
     async with AsyncClient(server_url) as client:
         before = (await client.metrics()).get(prefix_hits, 0.0)
         conversations = await asyncio.gather(
             *(converse(client, *USERS[n % len(USERS)]) for n in range(users))
         )
         after = (await client.metrics()).get(prefix_hits, 0.0)
-    return {"conversations": conversations, "prompt_pieces_found_cached": after - before}
+    return {"conversations": conversations, "prompt_tokens_forked": after - before}
 
 
 def main(server_url: str, users: int = len(USERS)) -> dict:

@@ -32,7 +32,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from parrot.engines.protocol.errors import TemplateError as ServerTemplateError
+from parrot.platform.serve.errors import TemplateError as ServerTemplateError
 from parrot.platform.serve.template import (
     ParameterSpec,
     TextChunk,

@@ -436,5 +436,7 @@ class EngineCore:
             "shared_prefix_steps": self.runner.shared_prefix_steps,
             "preemptions": self.scheduler.num_preemptions,
             "max_model_len": self.max_model_len,
+            "max_running": self.scheduler.config.max_running,
+            "max_batched_tokens": self.scheduler.config.max_batched_tokens,
             "device": str(self.runner.device),
         }

@@ -10,6 +10,7 @@ import asyncio
 import logging
 import queue
 import threading
+import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from functools import partial
 from pathlib import Path
@@ -106,6 +107,7 @@ class BuiltinEngine:
             eos_token_ids=eos,
         )
         self.model_name = mc.name
+        self._publish()
 
     # -- lifecycle -----------------------------------------------------------------------
     def start(self) -> None:
@@ -133,17 +135,27 @@ class BuiltinEngine:
                 log.exception("engine step failed")
                 self.core.fail_all(EngineShutdownError("internal engine error during a step"))
                 busy = False
+            self._publish()
             if not busy:
                 self._wake.wait(timeout=1.0)
                 self._wake.clear()
 
+    def _publish(self) -> None:
+        """Statistics as of now, for readers on other threads: a ping is answered at once,
+        whatever step runs (a long prefill must not look like a dead engine)."""
+        self._snapshot = (time.monotonic(), self.core.snapshot())
+
     def _run_commands(self) -> None:
+        ran = False
         while True:
             try:
                 command = self._commands.get_nowait()
             except queue.Empty:
+                if ran:
+                    self._publish()
                 return
             command()
+            ran = True
 
     async def _call(self, fn: Callable[..., T], *args: Any) -> T:
         """Run ``fn(*args)`` on the engine thread and return its result (or raise its error)."""
@@ -241,6 +253,14 @@ class BuiltinEngine:
     async def stats(self) -> dict:
         """Engine statistics, read on the engine thread between steps (so they are exact)."""
         return {"model": self.model_name, **await self._call(self.core.snapshot)}
+
+    def stats_now(self) -> dict:
+        """The statistics the engine thread published last (after its latest step or
+        command), without waiting for it; ``heartbeat_age_s`` says how old they are."""
+        if self._thread is None or not self._thread.is_alive():
+            raise EngineShutdownError("the engine is not running")
+        at, snapshot = self._snapshot
+        return {"model": self.model_name, **snapshot, "heartbeat_age_s": round(time.monotonic() - at, 3)}
 
 
 def _settle(future: asyncio.Future, result: Any, error: BaseException | None) -> None:

@@ -56,11 +56,16 @@ class ContextStore:
     def get(self, context_id: int) -> TextContext | None:
         return self._contexts.get(context_id)
 
-    def context_for(self, context_id: int, parent_id: int | None) -> TextContext:
-        """The context ``context_id``, created (forked from ``parent_id`` if given) when new.
+    def context_for(
+        self, context_id: int, parent_id: int | None, parent_len: int | None = None
+    ) -> TextContext:
+        """The context ``context_id``, created (forked from ``parent_id``, its first
+        ``parent_len`` characters or all of it, if given) when new.
 
         An existing context is returned as is when ``parent_id`` is None or its own parent;
         another parent is a conflict (as on the builtin engine)."""
+        if parent_len is not None and parent_id is None:
+            raise BadRequestError("parent_len needs parent_context_id")
         ctx = self._contexts.get(context_id)
         if ctx is not None:
             if parent_id is not None and parent_id != ctx.parent_id:
@@ -69,23 +74,40 @@ class ContextStore:
                 )
             return ctx
         parent = None
+        length = 0
         if parent_id is not None:
             if parent_id == context_id:
                 raise BadRequestError("a context cannot be its own parent")
             parent = self._contexts.get(parent_id)
             if parent is None:
                 raise UnknownContextError(f"parent context {parent_id} does not exist")
-        ctx = TextContext(context_id, parent, parent_id, len(parent) if parent is not None else 0)
+            length = len(parent) if parent_len is None else parent_len
+            if parent_len is not None and not 0 < parent_len <= len(parent):
+                raise BadRequestError(
+                    f"cannot fork {length} characters of context {parent_id}: it holds {len(parent)}"
+                )
+        ctx = TextContext(context_id, parent, parent_id, length)
         self._contexts[context_id] = ctx
         return ctx
 
-    def existing(self, context_id: int, parent_id: int | None) -> TextContext:
-        """For a generation: the context, or a new fork of ``parent_id``; never a new root."""
-        if parent_id is None and context_id not in self._contexts:
+    def existing(
+        self, context_id: int, parent_id: int | None, parent_len: int | None = None, tail: str = ""
+    ) -> TextContext:
+        """For a generation: the context, or a new fork of ``parent_id`` (or a new root when
+        the generation brings its own prompt ``tail``)."""
+        if parent_id is None and context_id not in self._contexts and not tail:
             raise UnknownContextError(
                 f"context {context_id} does not exist: fill it first, or pass parent_context_id to fork"
             )
-        return self.context_for(context_id, parent_id)
+        return self.context_for(context_id, parent_id, parent_len)
+
+    def checkpoint(self, context_id: int, parent: TextContext, length: int) -> None:
+        """A new context: the first ``length`` characters of ``parent``."""
+        if context_id in self._contexts:
+            raise ContextConflictError(f"checkpoint context {context_id} already exists")
+        if not 0 < length <= len(parent):
+            raise BadRequestError(f"checkpoint length {length} is outside the prompt (1..{len(parent)})")
+        self._contexts[context_id] = TextContext(context_id, parent, parent.context_id, length)
 
     def free(self, context_id: int) -> int:
         """Forget a context; returns the characters it held itself (0 if unknown). Its

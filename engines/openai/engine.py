@@ -23,7 +23,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any, Final, TypeVar
 
 import httpx2
@@ -36,7 +36,13 @@ from parrot.engines.openai.request import build_request, choice_text, usage_coun
 from parrot.engines.openai.retry import Backoff
 from parrot.engines.protocol.errors import BadRequestError, EngineUnavailableError, ParrotError
 from parrot.engines.protocol.sampling import SamplingParams
-from parrot.engines.protocol.schemas import FillResponse, GenerateResponse, StreamEnd, TokenStreamEvent
+from parrot.engines.protocol.schemas import (
+    AbortResponse,
+    FillResponse,
+    GenerateResponse,
+    StreamEnd,
+    TokenStreamEvent,
+)
 
 log = logging.getLogger(__name__)
 
@@ -81,22 +87,38 @@ class OpenAIEngine:
         token_ids: list[int] | None = None,
         text: str | None = None,
         parent_context_id: int | None = None,
+        *,
+        parent_len: int | None = None,
+        priority: int = 0,
+        checkpoints: Sequence[tuple[int, int]] = (),
     ) -> FillResponse:
         """Append ``text`` to the context (created, forked from the parent, when new).
-        Lengths are in characters."""
+        Lengths are in characters; ``priority`` means nothing to an endpoint."""
         if token_ids is not None:
             raise BadRequestError("an openai engine's contexts are text: fill with text, not token_ids")
         if text is None:
             raise BadRequestError("fill needs text")
-        ctx = self._contexts.context_for(context_id, parent_context_id)
+        created = self._contexts.get(context_id) is None
+        ctx = self._contexts.context_for(context_id, parent_context_id, parent_len)
         ctx.append(text)
+        self._checkpoints(ctx, checkpoints, created)
         return FillResponse(context_id=context_id, filled_tokens=len(text), context_len=len(ctx))
 
     async def generate(
-        self, context_id: int, sampling: SamplingParams, parent_context_id: int | None = None
+        self,
+        context_id: int,
+        sampling: SamplingParams,
+        parent_context_id: int | None = None,
+        *,
+        parent_len: int | None = None,
+        token_ids: list[int] | None = None,
+        text: str | None = None,
+        priority: int = 0,
+        checkpoints: Sequence[tuple[int, int]] = (),
     ) -> GenerateResponse:
-        ctx, created = self._target(context_id, parent_context_id)
+        ctx, created = self._target(context_id, parent_context_id, parent_len, token_ids, text)
         try:
+            self._checkpoints(ctx, checkpoints, created)
             request = self._request(ctx, sampling)
             answer = await self._call(lambda: self._create(request, stream=False))
             choices = getattr(answer, "choices", None)
@@ -105,28 +127,38 @@ class OpenAIEngine:
             choice = choices[0]
         except BaseException:
             if created:
-                self._contexts.free(context_id)
+                self._forget(context_id, checkpoints)
             raise
-        text = choice_text(self.config.api, choice)
-        ctx.append(text)
+        out = choice_text(self.config.api, choice)
+        ctx.append(out)
         prompt_tokens, cached = usage_counts(answer.usage)
         return GenerateResponse(
             context_id=context_id,
             token_ids=[],
-            text=text,
+            text=out,
             finish_reason=choice.finish_reason or "stop",
             prompt_tokens=prompt_tokens,
             cached_tokens=cached,
         )
 
     async def generate_stream(
-        self, context_id: int, sampling: SamplingParams, parent_context_id: int | None = None
+        self,
+        context_id: int,
+        sampling: SamplingParams,
+        parent_context_id: int | None = None,
+        *,
+        parent_len: int | None = None,
+        token_ids: list[int] | None = None,
+        text: str | None = None,
+        priority: int = 0,
+        checkpoints: Sequence[tuple[int, int]] = (),
     ) -> AsyncIterator[TokenStreamEvent | StreamEnd]:
         """A :class:`TokenStreamEvent` per text delta (``token_id=-1``), then :class:`StreamEnd`."""
-        ctx, created = self._target(context_id, parent_context_id)
+        ctx, created = self._target(context_id, parent_context_id, parent_len, token_ids, text)
         pieces: list[str] = []
         finished = False
         try:
+            self._checkpoints(ctx, checkpoints, created)
             request = self._request(ctx, sampling)
             state: dict[str, Any] = {"finish": None, "usage": None}
             async with self._slot():
@@ -154,7 +186,7 @@ class OpenAIEngine:
             if finished or not created:
                 ctx.append("".join(pieces))
             else:
-                self._contexts.free(context_id)
+                self._forget(context_id, checkpoints)
         prompt_tokens, cached = usage_counts(state["usage"])
         yield StreamEnd(
             finish_reason=state["finish"] or "stop",
@@ -169,7 +201,15 @@ class OpenAIEngine:
         """Forget the context; returns the characters it held itself (forks of it keep working)."""
         return self._contexts.free(context_id)
 
-    async def ping(self) -> dict:
+    async def abort(self, context_ids: list[int]) -> AbortResponse:
+        """Forget these contexts. A request in flight for one of them is stopped by its
+        caller cancelling it (this engine runs in the caller's process)."""
+        freed = sum(1 for cid in context_ids if self._contexts.get(cid) is not None)
+        for cid in context_ids:
+            self._contexts.free(cid)
+        return AbortResponse(aborted_jobs=0, freed_contexts=freed)
+
+    async def ping(self, timeout_s: float | None = None) -> dict:
         """Load and health. Probes ``GET /models`` (short timeout); raises
         :class:`EngineUnavailableError` when the endpoint is unreachable or rejects the key,
         and during the cool-down after a hard failure."""
@@ -178,7 +218,7 @@ class OpenAIEngine:
             raise EngineUnavailableError(
                 f"{self._where} is unhealthy ({self._unhealthy}); next probe in {remaining:.1f} s"
             )
-        timeout = min(self.config.timeout_s, PING_TIMEOUT_S)
+        timeout = min(self.config.timeout_s, timeout_s or PING_TIMEOUT_S)
         failure = None
         try:
             page = await self._client.models.list(timeout=timeout)
@@ -213,9 +253,37 @@ class OpenAIEngine:
         await self._client.close()
 
     # -- internals ---------------------------------------------------------------------
-    def _target(self, context_id: int, parent_id: int | None) -> tuple[TextContext, bool]:
+    def _target(
+        self,
+        context_id: int,
+        parent_id: int | None,
+        parent_len: int | None,
+        token_ids: list[int] | None,
+        tail: str | None,
+    ) -> tuple[TextContext, bool]:
+        """The context a generation runs in, with its prompt ``tail`` appended."""
+        if token_ids:
+            raise BadRequestError("an openai engine's contexts are text: give the prompt as text")
         created = self._contexts.get(context_id) is None
-        return self._contexts.existing(context_id, parent_id), created
+        ctx = self._contexts.existing(context_id, parent_id, parent_len, tail or "")
+        if tail:
+            ctx.append(tail)
+        return ctx, created
+
+    def _checkpoints(self, ctx: TextContext, marks: Sequence[tuple[int, int]], created: bool) -> None:
+        try:
+            for context_id, length in marks:
+                self._contexts.checkpoint(context_id, ctx, length)
+        except ParrotError:
+            self._forget(ctx.context_id if created else None, marks)
+            raise
+
+    def _forget(self, context_id: int | None, marks: Sequence[tuple[int, int]]) -> None:
+        """Undo a request that failed: the context it created, and its checkpoints."""
+        if context_id is not None:
+            self._contexts.free(context_id)
+        for cid, _ in marks:
+            self._contexts.free(cid)
 
     def _request(self, ctx: TextContext, sampling: SamplingParams) -> dict[str, Any]:
         if len(ctx) == 0:

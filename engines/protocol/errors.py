@@ -73,23 +73,6 @@ class ModelLoadError(ParrotError):
     code = "model_load_error"
 
 
-class TemplateError(BadRequestError):
-    """A semantic call's template or its parameters do not fit together.
-
-    ``position`` is the character offset in the template the problem is at (or None when
-    it is about the parameter list)."""
-
-    code = "bad_template"
-
-    def __init__(self, message: str, position: int | None = None) -> None:
-        super().__init__(message if position is None else f"{message} (at character {position})")
-        self.position = position
-
-
-class GraphError(ConflictError):
-    """A semantic call would break the session's DAG (a cycle, a second producer)."""
-
-    code = "graph_conflict"
 
 
 class EngineUnavailableError(ParrotError):
@@ -102,7 +85,7 @@ class EngineUnavailableError(ParrotError):
 def error_from_response(status: int, code: str, message: str) -> ParrotError:
     """Rebuild the error an engine reported, so callers see the same class it raised."""
     for cls in _all_subclasses(ParrotError):
-        if cls.code == code and cls.status_code == status and cls is not TemplateError:
+        if cls.code == code and cls.status_code == status:
             return cls(message)
     fallback = {400: BadRequestError, 404: NotFoundError, 409: ConflictError}.get(status, ParrotError)
     error = fallback(message)
@@ -116,38 +99,3 @@ def _all_subclasses(cls: type) -> list[type]:
         found.append(sub)
         found.extend(_all_subclasses(sub))
     return found
-
-
-class TransformError(BadRequestError):
-    """A native string transform is malformed, or cannot be applied to its inputs."""
-
-    code = "transform_error"
-
-
-class ProducerFailedError(ParrotError):
-    """A variable will never get a value: the call that produces it (or one it needs) failed."""
-
-    status_code = 424
-    code = "producer_failed"
-
-
-class NoEngineError(ParrotError):
-    status_code = 503
-    code = "no_engine"
-
-
-class UnauthorizedError(ParrotError):
-    status_code = 401
-    code = "unauthorized"
-
-
-class ForbiddenError(ParrotError):
-    status_code = 403
-    code = "forbidden"
-
-
-class WaitTimeoutError(ParrotError):
-    """A get did not see a value in time (the value may still come)."""
-
-    status_code = 408
-    code = "timeout"

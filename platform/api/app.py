@@ -10,7 +10,6 @@ from litestar import Litestar, Request, delete, get, post, put
 from litestar.datastructures import State
 from litestar.params import FromPath, FromQuery, JSONBody, QueryParameter
 
-from parrot.engines.protocol.errors import ForbiddenError, UnauthorizedError
 from parrot.engines.protocol.http import exception_handlers
 from parrot.platform.api.openai_front import openai_front
 from parrot.platform.api.responses import (
@@ -24,8 +23,8 @@ from parrot.platform.api.responses import (
     VarInfo,
 )
 from parrot.platform.api.schemas import CreateVar, RegisterEngine, SetVar, SubmitCall, SubmitTransform
-from parrot.platform.serve.core import ServeCore, Session
-from parrot.platform.serve.executor import EngineSlot
+from parrot.platform.serve.core import EngineView, ServeCore, Session
+from parrot.platform.serve.errors import ForbiddenError, UnauthorizedError
 from parrot.platform.serve.graph import RequestChain, SemanticVariable
 
 MAX_WAIT_S = 3600.0
@@ -150,30 +149,29 @@ def _require_admin(request: Request, state: State) -> None:
         raise ForbiddenError("wrong admin token")
 
 
-def _engine_info(core: ServeCore, slot: EngineSlot) -> EngineInfo:
-    spec = core.engines.specs[slot.engine_id]
+def _engine_info(view: EngineView) -> EngineInfo:
     return EngineInfo(
-        engine_id=slot.engine_id,
-        kind=spec.kind,
-        url=core.engines.url_of(slot.engine_id),
-        model=slot.model,
-        up=slot.up,
-        running=slot.running,
-        capacity=slot.capacity,
+        engine_id=view.engine_id,
+        kind=view.kind,
+        url=view.url,
+        model=view.model,
+        up=view.up,
+        running=view.running,
+        capacity=view.capacity,
     )
 
 
 @get("/v1/engines")
 async def list_engines(state: State) -> list[EngineInfo]:
-    core = _core(state)
-    return [_engine_info(core, s) for s in core.scheduler.engines.values()]
+    return [_engine_info(v) for v in _core(state).engine_views()]
 
 
 @post("/v1/engines", status_code=201)
 async def register_engine(data: JSONBody[RegisterEngine], request: Request, state: State) -> EngineInfo:
     _require_admin(request, state)
     core = _core(state)
-    return _engine_info(core, await core.register(data.spec()))
+    slot = await core.register(data.spec())
+    return _engine_info(core.engine_view(slot.engine_id))
 
 
 @delete("/v1/engines/{engine_id:str}", status_code=204)
@@ -185,48 +183,51 @@ async def remove_engine(engine_id: FromPath[str], request: Request, state: State
 @get("/metrics", media_type="text/plain; version=0.0.4")
 async def metrics(state: State) -> str:
     """Prometheus text format."""
-    core = _core(state)
-    sched = core.scheduler
-    st = sched.stats
+    st = _core(state).stats()
     lines = [
         "# TYPE parrot_sessions gauge",
-        f"parrot_sessions {len(core.sessions)}",
+        f"parrot_sessions {st.sessions}",
         "# TYPE parrot_queue_tasks gauge",
-        f"parrot_queue_tasks {len(sched.queue)}",
+        f"parrot_queue_tasks {st.queued}",
         "# TYPE parrot_tasks_total counter",
         f'parrot_tasks_total{{state="done"}} {st.done}',
         f'parrot_tasks_total{{state="failed"}} {st.failed}',
+        f'parrot_tasks_total{{state="requeued"}} {st.requeued}',
         "# TYPE parrot_task_seconds summary",
         f"parrot_task_seconds_sum {st.task_seconds:.6f}",
         f"parrot_task_seconds_count {st.done}",
-        "# TYPE parrot_prefix_pieces_total counter",
-        f'parrot_prefix_pieces_total{{found="yes"}} {st.pieces_reused}',
-        f'parrot_prefix_pieces_total{{found="no"}} {st.pieces - st.pieces_reused}',
+        "# TYPE parrot_prompt_tokens_total counter",
+        f'parrot_prompt_tokens_total{{source="forked"}} {st.reused_tokens}',
+        f'parrot_prompt_tokens_total{{source="computed"}} {st.prompt_tokens - st.reused_tokens}',
+        "# TYPE parrot_filled_ahead_tokens_total counter",
+        f"parrot_filled_ahead_tokens_total {st.filled_ahead}",
         "# TYPE parrot_contexts_evicted_total counter",
         f"parrot_contexts_evicted_total {st.evicted}",
         "# TYPE parrot_tokenizer_cache_total counter",
-        f'parrot_tokenizer_cache_total{{result="hit"}} {core.tokenizers.hits}',
-        f'parrot_tokenizer_cache_total{{result="miss"}} {core.tokenizers.misses}',
+        f'parrot_tokenizer_cache_total{{result="hit"}} {st.tokenizer_hits}',
+        f'parrot_tokenizer_cache_total{{result="miss"}} {st.tokenizer_misses}',
         "# TYPE parrot_sv_wait_seconds summary",
-        f"parrot_sv_wait_seconds_sum {core.variables.wait_seconds:.6f}",
-        f"parrot_sv_wait_seconds_count {core.variables.waits}",
+        f"parrot_sv_wait_seconds_sum {st.sv_wait_seconds:.6f}",
+        f"parrot_sv_wait_seconds_count {st.sv_waits}",
+        "# TYPE parrot_store_write_failures_total counter",
+        f"parrot_store_write_failures_total {st.store_failures}",
         "# TYPE parrot_engine_up gauge",
         "# TYPE parrot_engine_running gauge",
         "# TYPE parrot_engine_contexts gauge",
     ]
-    for slot in sched.engines.values():
-        label = f'{{engine="{slot.engine_id}",model="{slot.model}"}}'
+    for view in st.engines:
+        label = f'{{engine="{view.engine_id}",model="{view.model}"}}'
         lines += [
-            f"parrot_engine_up{label} {int(slot.up)}",
-            f"parrot_engine_running{label} {slot.running}",
-            f"parrot_engine_contexts{label} {len(slot.tree)}",
+            f"parrot_engine_up{label} {int(view.up)}",
+            f"parrot_engine_running{label} {view.running}",
+            f"parrot_engine_contexts{label} {view.contexts}",
         ]
     return "\n".join(lines) + "\n"
 
 
 @get("/healthz")
 async def healthz(state: State) -> Health:
-    return Health(status="ok", engines=len(_core(state).scheduler.engines))
+    return Health(status="ok", engines=len(_core(state).engine_views()))
 
 
 def create_app(

@@ -19,7 +19,7 @@ from litestar.datastructures import State
 from litestar.params import JSONBody
 from litestar.response import Stream
 
-from parrot.engines.protocol.errors import BadRequestError, ForbiddenError, NotFoundError, UnauthorizedError
+from parrot.engines.protocol.errors import BadRequestError, NotFoundError
 from parrot.engines.protocol.openai_schemas import (
     ChatCompletionRequest,
     ChatCompletionResponse,
@@ -38,6 +38,7 @@ from parrot.engines.protocol.openai_stream import (
 )
 from parrot.engines.protocol.schemas import ChatTurn
 from parrot.platform.serve.core import ServeCore
+from parrot.platform.serve.errors import ForbiddenError, UnauthorizedError
 from parrot.platform.serve.oneshot import OneShot, render_chat
 
 COMPLETION_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
@@ -56,7 +57,7 @@ def _check_key(request: Request, state: State) -> None:
 
 
 def models_served(core: ServeCore) -> list[str]:
-    return sorted({s.model for s in core.scheduler.engines.values() if s.model})
+    return core.models()
 
 
 def _model(core: ServeCore, asked: str | None) -> str:

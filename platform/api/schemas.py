@@ -58,7 +58,8 @@ class RegisterEngine(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     model: Annotated[str, msgspec.Meta(min_length=1, max_length=256)] | None = None
     api_key: Annotated[str, msgspec.Meta(max_length=4096)] | None = None
     api: Literal["chat", "completions"] = "chat"
-    capacity: Annotated[int, msgspec.Meta(ge=1, le=4096)] = 16
+    # Tasks at once (default: a builtin engine's own running-job limit; 16 for an endpoint).
+    capacity: Annotated[int, msgspec.Meta(ge=1, le=4096)] | None = None
 
     def spec(self) -> EngineSpec:
         if self.kind == "builtin":

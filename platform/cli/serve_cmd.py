@@ -110,7 +110,7 @@ def run(args: argparse.Namespace) -> None:
 
     from parrot.platform.api.app import create_app
     from parrot.platform.serve.core import ServeCore
-    from parrot.platform.serve.executor import SchedulingPolicy
+    from parrot.platform.serve.scheduler.policy import SchedulingPolicy
     from parrot.platform.store.store import Store, sqlite_url
 
     token = args.admin_token or os.environ.get("PARROT_ADMIN_TOKEN")

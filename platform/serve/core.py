@@ -1,7 +1,9 @@
-"""The ServeCore: sessions, semantic variables and calls over the executor and engines.
+"""The ServeCore: sessions, semantic variables and calls over the scheduler and engines.
 
-Everything the REST API does goes through this object; nothing in a controller knows
-about scheduling.
+Everything the REST API and the OpenAI front do goes through this object's methods; nothing
+in a controller knows about scheduling. What a client is told exists is stored first: a
+route returns only after its own writes are in the database, and a write the database does
+not take fails the request (503) and undoes the change.
 """
 
 from __future__ import annotations
@@ -18,32 +20,28 @@ from dataclasses import dataclass, field
 
 import msgspec
 
-from parrot.engines.protocol.errors import (
-    BadRequestError,
-    EngineUnavailableError,
-    ForbiddenError,
-    NoEngineError,
-    NotFoundError,
-    ParrotError,
-    UnauthorizedError,
-    WaitTimeoutError,
-)
+from parrot.engines.protocol.errors import BadRequestError, EngineUnavailableError, NotFoundError, ParrotError
 from parrot.engines.protocol.sampling import SamplingParams
 from parrot.platform.serve import transforms
-from parrot.platform.serve.context_manager import context_ids
+from parrot.platform.serve.contexts import MemoryPressure, context_ids
 from parrot.platform.serve.engine_registry import BUILTIN, EngineRegistry, EngineSpec
-from parrot.platform.serve.executor import (
-    LATENCY,
-    THROUGHPUT,
-    CompletionTask,
-    EngineSlot,
-    GlobalScheduler,
-    SchedulingPolicy,
+from parrot.platform.serve.errors import (
+    ForbiddenError,
+    NoEngineError,
+    SessionClosedError,
+    UnauthorizedError,
+    WaitTimeoutError,
 )
 from parrot.platform.serve.graph import Graph, RequestChain, SemanticVariable
 from parrot.platform.serve.graph_executor import GraphExecutor
 from parrot.platform.serve.journal import Journal
+from parrot.platform.serve.prompt import PromptBuilder
 from parrot.platform.serve.recovery import rebuild_call
+from parrot.platform.serve.scheduler.global_scheduler import GlobalScheduler
+from parrot.platform.serve.scheduler.health import HealthSettings
+from parrot.platform.serve.scheduler.policy import SchedulingPolicy
+from parrot.platform.serve.scheduler.slot import EngineSlot
+from parrot.platform.serve.scheduler.task import LATENCY, THROUGHPUT, CompletionTask
 from parrot.platform.serve.template import ParameterSpec, check_binding, parse_template
 from parrot.platform.serve.tokenizer_manager import TokenizerManager
 from parrot.platform.serve.variables import Variables
@@ -64,6 +62,11 @@ class CallParameter(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     sampling: SamplingParams | None = None
 
 
+class TransformInput(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    var_id: str | None = None
+    value: str | None = None
+
+
 @dataclass(eq=False)
 class Session:
     session_id: str
@@ -75,11 +78,44 @@ class Session:
     last_active: float = field(default_factory=time.monotonic)
     stored: bool = True  # persisted; one-shot sessions of the OpenAI front are not
     stored_active: float = field(default_factory=time.monotonic)  # last_active as stored
+    closed: bool = False  # deleted or expired: its work is stopped
 
 
-class TransformInput(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
-    var_id: str | None = None
-    value: str | None = None
+@dataclass(frozen=True)
+class EngineView:
+    """An engine as operators see it (never with its API key)."""
+
+    engine_id: str
+    kind: str
+    url: str
+    model: str
+    up: bool
+    running: int  # tasks placed on it now
+    capacity: int  # tasks at once
+    contexts: int  # contexts the ServeCore holds on it
+    info: dict  # its last ping
+
+
+@dataclass(frozen=True)
+class CoreStats:
+    """Counters for /metrics."""
+
+    sessions: int
+    queued: int
+    done: int
+    failed: int
+    requeued: int
+    task_seconds: float
+    prompt_tokens: int
+    reused_tokens: int
+    filled_ahead: int
+    evicted: int
+    tokenizer_hits: int
+    tokenizer_misses: int
+    sv_waits: int
+    sv_wait_seconds: float
+    store_failures: int
+    engines: list[EngineView]
 
 
 def _new_id(kind: str) -> str:
@@ -96,6 +132,8 @@ class ServeCore:
         session_timeout_s: float = 3600.0,
         store: Store | None = None,
         policy: SchedulingPolicy | None = None,
+        pressure: MemoryPressure | None = None,
+        health: HealthSettings | None = None,
     ) -> None:
         if session_timeout_s <= 0:
             raise ValueError("session_timeout_s must be positive")
@@ -103,12 +141,14 @@ class ServeCore:
         self._expiry_task: asyncio.Task | None = None
         self.journal = Journal(store)
         self.variables = Variables(on_change=self._var_changed)
-        self.scheduler = GlobalScheduler(self.variables, policy=policy)
-        self.scheduler.on_start = self._task_started
         self.tokenizers = TokenizerManager()
+        self.scheduler = GlobalScheduler(
+            self.variables, PromptBuilder(self.tokenizers), policy, pressure, health
+        )
+        self.scheduler.on_start = self._task_started
         self.engines = EngineRegistry(self.scheduler, self.journal, context_ids(), self.tokenizers)
         self.sessions: dict[str, Session] = {}
-        self._seq = itertools.count()  # task arrival order (app-FIFO)
+        self._task_seq = itertools.count()  # task arrival order
         self._call_seq = itertools.count(1)  # call submission order, kept across restarts
 
     async def start(self, engine_urls: tuple[str, ...] = ()) -> None:
@@ -135,17 +175,81 @@ class ServeCore:
             await self.journal.store.close()
 
     # -- engines -------------------------------------------------------------------------
-    async def register_engine(self, url: str, capacity: int = 16) -> EngineSlot:
+    async def register_engine(self, url: str, capacity: int | None = None) -> EngineSlot:
         return await self.register(EngineSpec(BUILTIN, url, capacity))
 
     async def register(self, spec: EngineSpec) -> EngineSlot:
-        slot = await self.engines.register(spec)
-        await self.journal.flush()
+        slot, stored = await self.engines.register(spec)
+        try:
+            await self.journal.commit(stored)
+        except ParrotError:
+            await self.engines.remove(slot.engine_id)
+            raise
         return slot
 
     async def remove_engine(self, engine_id: str) -> None:
-        await self.engines.remove(engine_id)
-        await self.journal.flush()
+        await self.journal.commit(await self.engines.remove(engine_id))
+
+    def engine_slots(self) -> list[EngineSlot]:
+        return list(self.scheduler.engines.values())
+
+    def engine_views(self) -> list[EngineView]:
+        views = []
+        for slot in self.scheduler.engines.values():
+            spec = self.engines.specs[slot.engine_id]
+            views.append(
+                EngineView(
+                    engine_id=slot.engine_id,
+                    kind=spec.kind,
+                    url=self.engines.url_of(slot.engine_id),
+                    model=slot.model,
+                    up=slot.up,
+                    running=len(slot.running),
+                    capacity=slot.task_limit,
+                    contexts=len(slot.contexts),
+                    info=dict(slot.info),
+                )
+            )
+        return views
+
+    def engine_view(self, engine_id: str) -> EngineView:
+        for view in self.engine_views():
+            if view.engine_id == engine_id:
+                return view
+        raise NotFoundError(f"engine {engine_id!r} is not registered")
+
+    def stats(self) -> CoreStats:
+        st = self.scheduler.stats
+        return CoreStats(
+            sessions=len(self.sessions),
+            queued=len(self.scheduler.queue),
+            done=st.done,
+            failed=st.failed,
+            requeued=st.requeued,
+            task_seconds=st.task_seconds,
+            prompt_tokens=st.prompt_tokens,
+            reused_tokens=st.reused_tokens,
+            filled_ahead=st.filled_ahead,
+            evicted=self.scheduler.monitor.evicted,
+            tokenizer_hits=self.tokenizers.hits,
+            tokenizer_misses=self.tokenizers.misses,
+            sv_waits=self.variables.waits,
+            sv_wait_seconds=self.variables.wait_seconds,
+            store_failures=self.journal.failures,
+            engines=self.engine_views(),
+        )
+
+    def models(self) -> list[str]:
+        return sorted({s.model for s in self.scheduler.engines.values() if s.model})
+
+    async def render_chat(self, model: str, messages: list) -> list[str] | None:
+        """A chat's prompt pieces in ``model``'s own chat template, by an engine of that
+        model that offers it (None: none does)."""
+        for slot in self.scheduler.engines.values():
+            render = getattr(slot.client, "render_chat", None)
+            if slot.up and slot.model == model and render is not None:
+                return await render(messages)
+        return None
 
     # -- sessions ------------------------------------------------------------------------
     async def create_session(self, stored: bool = True) -> tuple[Session, str]:
@@ -154,13 +258,18 @@ class ServeCore:
         session = self._new_session(session_id, _hash(auth))
         session.stored = stored
         if stored:
-            self.journal.record(lambda store: store.add_session(session_id, session.auth_hash))
-            await self.journal.flush()
+            try:
+                await self.journal.commit(
+                    self.journal.record(lambda store: store.add_session(session_id, session.auth_hash))
+                )
+            except ParrotError:
+                self.sessions.pop(session_id, None)
+                raise
         return session, auth
 
     def _new_session(self, session_id: str, auth_hash: str) -> Session:
         session = Session(
-            session_id, auth_hash, Graph(), GraphExecutor(session_id, self.scheduler, self._seq)
+            session_id, auth_hash, Graph(), GraphExecutor(session_id, self.scheduler, self._task_seq)
         )
         self.sessions[session_id] = session
         return session
@@ -171,7 +280,7 @@ class ServeCore:
         session = self.sessions.get(session_id)
         if session is None:
             raise NotFoundError(f"session {session_id!r} does not exist")
-        if not hmac.compare_digest(session.auth_hash, _hash(auth)):
+        if not hmac.compare_digest(session.auth_hash.encode(), _hash(auth).encode()):
             raise ForbiddenError(f"the session_auth does not belong to session {session_id!r}")
         session.last_active = time.monotonic()
         if session.stored and session.last_active - session.stored_active > TOUCH_EVERY_S:
@@ -190,28 +299,45 @@ class ServeCore:
     async def _expire_loop(self) -> None:
         while True:
             await asyncio.sleep(min(60.0, self.session_timeout_s / 2))
-            await self.expire_idle_sessions()
+            try:
+                await self.expire_idle_sessions()
+            except ParrotError as error:  # the store: the next round tries again
+                log.warning("expiring idle sessions failed: %s", error)
 
     async def delete_session(self, session: Session) -> None:
-        session.executor.cancel()
+        """Stop the session's work (queued tasks dropped, running generations aborted on
+        their engines), free its contexts, wake whoever waits on its variables, and delete
+        its records."""
+        if session.closed:
+            return
+        session.closed = True
         self.sessions.pop(session.session_id, None)
+        session.executor.cancel()
+        await self.scheduler.drop_session(session.session_id)
+        self.variables.close(session.vars.values(), f"session {session.session_id} was deleted")
         if session.stored:
-            self.journal.record(lambda store: store.delete_session(session.session_id))
-        for slot in self.scheduler.engines.values():
-            await slot.tree.free_session(session.session_id)
-        await self.journal.flush()
+            await self.journal.commit(
+                self.journal.record(lambda store: store.delete_session(session.session_id))
+            )
 
     # -- variables -----------------------------------------------------------------------
-    def _add_var(self, session: Session, name: str, value: str | None) -> SemanticVariable:
-        var = SemanticVariable(_new_id("var"), name, value, stored=session.stored)
+    def _add_var(self, session: Session, var: SemanticVariable) -> asyncio.Future | None:
+        var.stored = session.stored
         session.vars[var.var_id] = var
-        if var.stored:
-            self.journal.record(lambda store: store.add_var(var.var_id, session.session_id, name, value))
-        return var
+        if not var.stored:
+            return None
+        return self.journal.record(
+            lambda store: store.add_var(var.var_id, session.session_id, var.name, var.value)
+        )
 
     async def create_var(self, session: Session, name: str, value: str | None = None) -> SemanticVariable:
-        var = self._add_var(session, name, value)
-        await self.journal.flush()
+        var = SemanticVariable(_new_id("var"), name, value)
+        stored = self._add_var(session, var)
+        try:
+            await self.journal.commit(*filter(None, [stored]))
+        except ParrotError:
+            session.vars.pop(var.var_id, None)
+            raise
         return var
 
     def var(self, session: Session, var_id: str) -> SemanticVariable:
@@ -226,14 +352,17 @@ class ServeCore:
             raise BadRequestError(f"variable {var_id!r} is the output of call {var.producer.request.call_id}")
         if var.ready:
             raise BadRequestError(f"variable {var_id!r} already has a value")
+        if var.stored:  # stored first: consumers start the moment the value is set
+            await self.journal.commit(self.journal.record(lambda store: store.set_var_value(var_id, value)))
+        if var.ready:  # set by a concurrent request meanwhile
+            raise BadRequestError(f"variable {var_id!r} already has a value")
         self.variables.set_value(var, value)
-        await self.journal.flush()
         return var
 
     def _var_changed(self, var: SemanticVariable) -> None:
         if var.stored and var.error is not None:
             self.journal.record(lambda store: store.set_var_error(var.var_id, var.error))
-        elif var.stored:
+        elif var.stored and var.producer is not None:  # set_var stores its value itself
             self.journal.record(lambda store: store.set_var_value(var.var_id, var.value))
         if var.producer is not None:
             self._call_progressed(var.producer.request)
@@ -248,16 +377,24 @@ class ServeCore:
             await self.variables.wait(var, timeout)
         except TimeoutError:
             raise WaitTimeoutError(f"variable {var_id!r} has no value after {timeout}s") from None
+        except ParrotError:
+            if session.closed:
+                raise SessionClosedError(
+                    f"session {session.session_id!r} was deleted while waiting"
+                ) from None
+            raise
         return var
+
+    async def wait_value(self, var: SemanticVariable) -> str:
+        """The value of a variable of a session of this core (raises the producer's failure)."""
+        return await self.variables.wait(var)
 
     def _activate(self, session: Session, targets: list[SemanticVariable]) -> None:
         """Mark the producers of ``targets``, backwards through the DAG, latency-critical."""
-        depths: dict[int, int] = {}
+        found = []
         for var in targets:
-            for chain, depth in session.graph.producers_of(var):
-                if not chain.gen.var.ready:
-                    depths[id(chain)] = max(depth, depths.get(id(chain), 0))
-        self.scheduler.prioritize(depths)
+            found += [(chain, depth) for chain, depth in session.graph.producers_of(var) if not chain.settled]
+        self.scheduler.prioritize(found)
 
     # -- calls ---------------------------------------------------------------------------
     async def submit_call(
@@ -286,8 +423,11 @@ class ServeCore:
                 raise BadRequestError(f"input {p.name!r} needs a var_id or a value")
         self._require_engine(models)
         named = {p.name: self.var(session, p.var_id) for p in parameters if p.var_id is not None}
-        # Dry run on placeholder variables first: a rejected call leaves nothing behind.
-        fresh = {p.name: SemanticVariable("", p.name, p.value) for p in parameters if p.var_id is None}
+        # New variables (inputs given by value, fresh outputs) join the session only if the
+        # call is accepted: a rejected call leaves nothing behind.
+        fresh = {
+            p.name: SemanticVariable(_new_id("var"), p.name, p.value) for p in parameters if p.var_id is None
+        }
         request = RequestChain.build(_new_id("call"), chunks, named | fresh, outputs)
         stored = [
             {
@@ -316,9 +456,9 @@ class ServeCore:
             if item.var_id is not None:
                 bound[f"input{n}"] = self.var(session, item.var_id)
             else:
-                bound[f"input{n}"] = SemanticVariable("", f"input{n}", item.value)
+                bound[f"input{n}"] = SemanticVariable(_new_id("var"), f"input{n}", item.value)
                 fresh.append(bound[f"input{n}"])
-        out = SemanticVariable("", output)
+        out = SemanticVariable(_new_id("var"), output)
         fresh.append(out)
         request = RequestChain.transform(_new_id("call"), list(bound.values()), out, steps)
         bound[output] = out
@@ -338,35 +478,40 @@ class ServeCore:
         output_criteria: str | None,
     ) -> tuple[RequestChain, dict[str, str]]:
         """Link a built call into the session's DAG (or raise, changing nothing), store it
-        with its new variables, and start it."""
+        with its new variables, and only then start it."""
         session.graph.add(request)
-        for var in fresh:  # inputs given by value, and the new output variables
-            var.var_id, var.stored = _new_id("var"), session.stored
-            session.vars[var.var_id] = var
-            if session.stored:
-                self.journal.record(
-                    lambda store, v=var: store.add_var(v.var_id, session.session_id, v.name, v.value)
-                )
+        request.seq = next(self._call_seq)
         for param in stored:
             param["var_id"] = bound[param["name"]].var_id
         request.timings["submitted_at"] = time.time()
         session.calls[request.call_id] = request
-        seq = next(self._call_seq)
+        writes = [w for var in fresh if (w := self._add_var(session, var)) is not None]
         if session.stored:
-            self.journal.record(
-                lambda store, t=dict(request.timings): store.add_call(
-                    request.call_id,
-                    session.session_id,
-                    seq,
-                    template,
-                    stored,
-                    models,
-                    output_criteria,
-                    timings=t,
+            writes.append(
+                self.journal.record(
+                    lambda store, t=dict(request.timings), seq=request.seq: store.add_call(
+                        request.call_id,
+                        session.session_id,
+                        seq,
+                        template,
+                        stored,
+                        models,
+                        output_criteria,
+                        timings=t,
+                    )
                 )
             )
+        try:
+            await self.journal.commit(*writes)
+        except ParrotError:
+            session.graph.unlink(request)
+            session.calls.pop(request.call_id, None)
+            for var in fresh:
+                session.vars.pop(var.var_id, None)
+            raise
+        if session.closed:
+            raise SessionClosedError(f"session {session.session_id!r} was deleted")
         self._run(session, request, tuple(models), output_criteria or THROUGHPUT)
-        await self.journal.flush()
         return request, request.outputs()
 
     async def submit_prompt(
@@ -378,29 +523,33 @@ class ServeCore:
         on_token: Callable[[str], None] | None = None,
     ) -> RequestChain:
         """One latency-critical generation after text ``pieces``, taken as they are (no
-        template, so braces are just text): how the OpenAI front runs a request. Each piece
-        is a constant, content-addressed prefix: a system prompt or chat history that many
-        requests share is one context per engine."""
+        template, so braces are just text): how the OpenAI front runs a request. The pieces
+        are constant text: each piece's end is a prefix every session may share (a system
+        prompt, the turns of a chat), kept as a context of its own on the engine."""
         self._require_engine(models)
-        out = SemanticVariable("", "completion")
+        out = SemanticVariable(_new_id("var"), "completion")
         request = RequestChain.prompt(_new_id("call"), pieces, out, sampling, on_token)
         await self._accept(session, request, {"completion": out}, [out], [], "", models, LATENCY)
         return request
 
     def _require_engine(self, models: list[str]) -> None:
         """Refuse a call no engine can run now (503), rather than fail it later."""
-        serving = [s for s in self.scheduler.engines.values() if not models or s.model in models]
+        serving = self.scheduler.serving(tuple(models))
         if not serving:
-            served = sorted({s.model for s in self.scheduler.engines.values()})
-            wanted = models or "any model"
-            raise NoEngineError(f"no registered engine serves {wanted}; the engines serve {served}")
+            served = self.models()
+            raise NoEngineError(
+                f"no registered engine serves the {len(models)} model(s) asked for; "
+                f"the engines serve {served[:16]}"
+                if models
+                else "no engine is registered"
+            )
         if not any(s.up for s in serving):
-            raise EngineUnavailableError(f"every engine that serves {models or 'any model'} is down")
+            raise EngineUnavailableError("every engine that serves the model(s) asked for is down")
 
     def _run(self, session: Session, request: RequestChain, models: tuple[str, ...], criteria: str) -> None:
         if criteria == LATENCY:
             self._activate(session, request.output_vars())
-        session.executor.submit(request.chains, models, criteria)
+        session.executor.submit(request, models, criteria)
 
     def call(self, session: Session, call_id: str) -> RequestChain:
         request = session.calls.get(call_id)
@@ -458,6 +607,7 @@ class ServeCore:
 
     def _restore_call(self, session: Session, record: CallRecord) -> None:
         request = rebuild_call(record, session.vars)
+        request.seq = record.seq
         session.graph.link(request)
         session.calls[record.call_id] = request
         if request.state in ("done", "failed"):

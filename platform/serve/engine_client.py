@@ -1,12 +1,12 @@
 """How the ServeCore talks to an engine: the ``Engine`` protocol and its HTTP client.
 
-A remote builtin engine and (later) an in-process OpenAI engine are used the same way.
+A remote builtin engine and an in-process OpenAI engine are used the same way.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from typing import Protocol
 
 import httpx
@@ -15,7 +15,10 @@ import msgspec
 from parrot.engines.protocol.errors import EngineUnavailableError, ParrotError, error_from_response
 from parrot.engines.protocol.sampling import SamplingParams
 from parrot.engines.protocol.schemas import (
+    AbortRequest,
+    AbortResponse,
     ChatTurn,
+    Checkpoint,
     FillRequest,
     FillResponse,
     FreeContextRequest,
@@ -30,37 +33,74 @@ from parrot.engines.protocol.schemas import (
     TokenStreamEvent,
 )
 
+Checkpoints = Sequence[tuple[int, int]]  # (context id, length): forks kept once the prompt is computed
+
 
 class Engine(Protocol):
+    """What the ServeCore needs of an engine. New contexts fork ``parent_context_id`` at
+    ``parent_len`` (all of it when None); ``token_ids``/``text`` on a generation are its
+    prompt's tail, filled in the same job; higher ``priority`` runs first."""
+
     async def fill(
         self,
         context_id: int,
         token_ids: list[int] | None = None,
         text: str | None = None,
         parent_context_id: int | None = None,
+        *,
+        parent_len: int | None = None,
+        priority: int = 0,
+        checkpoints: Checkpoints = (),
     ) -> FillResponse: ...
 
     async def generate(
-        self, context_id: int, sampling: SamplingParams, parent_context_id: int | None = None
+        self,
+        context_id: int,
+        sampling: SamplingParams,
+        parent_context_id: int | None = None,
+        *,
+        parent_len: int | None = None,
+        token_ids: list[int] | None = None,
+        text: str | None = None,
+        priority: int = 0,
+        checkpoints: Checkpoints = (),
     ) -> GenerateResponse: ...
 
     def generate_stream(
-        self, context_id: int, sampling: SamplingParams, parent_context_id: int | None = None
+        self,
+        context_id: int,
+        sampling: SamplingParams,
+        parent_context_id: int | None = None,
+        *,
+        parent_len: int | None = None,
+        token_ids: list[int] | None = None,
+        text: str | None = None,
+        priority: int = 0,
+        checkpoints: Checkpoints = (),
     ) -> AsyncIterator[TokenStreamEvent | StreamEnd]: ...
 
     async def free_context(self, context_id: int) -> int: ...
 
-    async def ping(self) -> dict: ...
+    async def abort(self, context_ids: list[int]) -> AbortResponse: ...
+
+    async def ping(self, timeout_s: float | None = None) -> dict: ...
 
     async def aclose(self) -> None: ...
+
+
+def _checkpoints(marks: Checkpoints) -> list[Checkpoint]:
+    return [Checkpoint(context_id=c, length=n) for c, n in marks]
 
 
 class HttpEngine:
     """A builtin engine (``parrot engine``) reached over HTTP."""
 
-    def __init__(self, base_url: str, timeout_s: float = 600.0) -> None:
+    def __init__(self, base_url: str, timeout_s: float = 600.0, ping_timeout_s: float = 2.0) -> None:
         self.base_url = base_url.rstrip("/")
-        self._client = httpx.AsyncClient(base_url=self.base_url, timeout=timeout_s)
+        self.ping_timeout_s = ping_timeout_s
+        # Generations may take long: a hung engine is found by its pings, not by this timeout.
+        limits = httpx.Limits(max_connections=2048, max_keepalive_connections=256)
+        self._client = httpx.AsyncClient(base_url=self.base_url, timeout=timeout_s, limits=limits)
 
     async def _post(self, path: str, body: msgspec.Struct) -> bytes:
         try:
@@ -73,18 +113,47 @@ class HttpEngine:
             raise _engine_error(r.status_code, r.content, self.base_url)
         return r.content
 
-    async def fill(self, context_id, token_ids=None, text=None, parent_context_id=None) -> FillResponse:
+    async def fill(
+        self,
+        context_id,
+        token_ids=None,
+        text=None,
+        parent_context_id=None,
+        *,
+        parent_len=None,
+        priority=0,
+        checkpoints=(),
+    ) -> FillResponse:
         body = FillRequest(
-            context_id=context_id, parent_context_id=parent_context_id, token_ids=token_ids, text=text
+            context_id=context_id,
+            parent_context_id=parent_context_id,
+            parent_len=parent_len,
+            token_ids=token_ids,
+            text=text,
+            priority=priority,
+            checkpoints=_checkpoints(checkpoints),
         )
         return msgspec.json.decode(await self._post("/fill", body), type=FillResponse)
 
-    async def generate(self, context_id, sampling, parent_context_id=None) -> GenerateResponse:
-        body = GenerateRequest(context_id=context_id, parent_context_id=parent_context_id, sampling=sampling)
+    @staticmethod
+    def _generate_body(context_id, sampling, parent_context_id, **kw) -> GenerateRequest:
+        return GenerateRequest(
+            context_id=context_id,
+            parent_context_id=parent_context_id,
+            sampling=sampling,
+            parent_len=kw.get("parent_len"),
+            token_ids=kw.get("token_ids"),
+            text=kw.get("text"),
+            priority=kw.get("priority", 0),
+            checkpoints=_checkpoints(kw.get("checkpoints", ())),
+        )
+
+    async def generate(self, context_id, sampling, parent_context_id=None, **kw) -> GenerateResponse:
+        body = self._generate_body(context_id, sampling, parent_context_id, **kw)
         return msgspec.json.decode(await self._post("/generate", body), type=GenerateResponse)
 
-    async def generate_stream(self, context_id, sampling, parent_context_id=None):
-        body = GenerateRequest(context_id=context_id, parent_context_id=parent_context_id, sampling=sampling)
+    async def generate_stream(self, context_id, sampling, parent_context_id=None, **kw):
+        body = self._generate_body(context_id, sampling, parent_context_id, **kw)
         try:
             async with self._client.stream(
                 "POST",
@@ -107,6 +176,10 @@ class HttpEngine:
         except httpx.TransportError as error:
             raise EngineUnavailableError(f"engine {self.base_url} unreachable: {error!r}") from error
 
+    async def abort(self, context_ids: list[int]) -> AbortResponse:
+        raw = await self._post("/abort", AbortRequest(context_ids=list(context_ids)))
+        return msgspec.json.decode(raw, type=AbortResponse)
+
     async def free_context(self, context_id: int) -> int:
         raw = await self._post("/free_context", FreeContextRequest(context_id=context_id))
         return msgspec.json.decode(raw, type=FreeContextResponse).freed_tokens
@@ -127,9 +200,9 @@ class HttpEngine:
         raw = await self._post("/render_chat", RenderChatRequest(messages=messages))
         return msgspec.json.decode(raw, type=RenderChatResponse).pieces
 
-    async def ping(self) -> dict:
+    async def ping(self, timeout_s: float | None = None) -> dict:
         try:
-            r = await self._client.get("/ping")
+            r = await self._client.get("/ping", timeout=timeout_s or self.ping_timeout_s)
         except httpx.TransportError as error:
             raise EngineUnavailableError(f"engine {self.base_url} unreachable: {error!r}") from error
         if r.status_code >= 400:

@@ -8,16 +8,18 @@ restore is kept, marked down, until the monitor sees it answer again.
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import logging
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from parrot.engines.protocol.errors import BadRequestError, ConflictError, NotFoundError, ParrotError
-from parrot.platform.serve.context_manager import ContextTree
+from parrot.platform.serve.contexts import ContextTree
 from parrot.platform.serve.engine_client import Engine, HttpEngine
-from parrot.platform.serve.executor import EngineSlot, GlobalScheduler
 from parrot.platform.serve.journal import Journal
+from parrot.platform.serve.scheduler.global_scheduler import GlobalScheduler
+from parrot.platform.serve.scheduler.slot import EngineSlot
 from parrot.platform.serve.tokenizer_manager import TokenizerManager
 from parrot.platform.store.models import EngineRecord
 
@@ -32,14 +34,16 @@ class EngineSpec:
 
     kind: str
     url: str
-    capacity: int = 16
+    # Tasks at once. None: a builtin engine's own running-job limit (from its ping); an
+    # OpenAI endpoint's requests in flight default to 16.
+    capacity: int | None = None
     model: str | None = None  # openai: the endpoint's model name
     api: str = "chat"  # openai: "chat" | "completions"
     api_key: str | None = field(default=None, repr=False)
 
     def config(self) -> dict:
         """The public part of the spec (stored in the clear, shown in listings)."""
-        out: dict = {"capacity": self.capacity}
+        out: dict = {} if self.capacity is None else {"capacity": self.capacity}
         if self.kind == OPENAI:
             out["api"] = self.api
         return out
@@ -62,7 +66,7 @@ def _connect(spec: EngineSpec) -> Engine:
                 model=spec.model,
                 api_key=spec.api_key,
                 api=spec.api,
-                capacity=spec.capacity,
+                capacity=spec.capacity or 16,
             )
         )
     raise BadRequestError(f"engine kind must be {BUILTIN!r} or {OPENAI!r}, got {spec.kind!r}")
@@ -92,7 +96,7 @@ class EngineRegistry:
 
     async def register(
         self, spec: EngineSpec, engine_id: str | None = None, stored_model: str | None = None
-    ) -> EngineSlot:
+    ) -> tuple[EngineSlot, asyncio.Future]:
         """Connect to the engine and add it. With ``stored_model`` (a restore) an engine
         that does not answer is kept, marked down, with the model its record names."""
         url = spec.url.rstrip("/")
@@ -100,9 +104,10 @@ class EngineRegistry:
             if known.url.rstrip("/") == url and (known.model == spec.model or spec.kind == BUILTIN):
                 raise ConflictError(f"engine {url} is already registered as {known_id}")
         client = _connect(spec)
-        model, up = spec.model or stored_model or "", True
+        model, up, info = spec.model or stored_model or "", True, {}
         try:
-            model = (await client.ping())["model"]
+            info = await client.ping()
+            model = info["model"]
         except ParrotError as error:
             if stored_model is None:
                 await client.aclose()
@@ -111,19 +116,21 @@ class EngineRegistry:
             up = False
         engine_id = engine_id or f"engine-{next(self._ids)}"
         tokenize = getattr(client, "tokenize", None)  # engines that take token ids
-        if tokenize is not None:
-            if up and not self.tokenizers.has_local(model):
-                await self._load_tokenizer(model, client)
-            tokenize = self.tokenizers.for_engine(model, tokenize)
-        tree = ContextTree(client, self.context_ids, tokenize)
-        slot = EngineSlot(engine_id, model, client, tree, spec.capacity)
+        if tokenize is not None and up and not self.tokenizers.has_local(model):
+            await self._load_tokenizer(model, client)
+        slot = EngineSlot(
+            engine_id, model, client, ContextTree(self.context_ids, text=tokenize is None), tokenize
+        )
         slot.up = up
         self.specs[engine_id] = spec
-        self.scheduler.add_engine(slot)
-        self.journal.record(
+        # A builtin engine says how many jobs it runs at once (its ping); an endpoint does not.
+        limit = spec.capacity if spec.kind == BUILTIN else (spec.capacity or 16)
+        self.scheduler.add_engine(slot, task_limit=limit)
+        slot.update(info, limit)
+        done = self.journal.record(
             lambda store: store.save_engine(engine_id, spec.kind, url, model, spec.config(), spec.api_key)
         )
-        return slot
+        return slot, done
 
     async def _load_tokenizer(self, model: str, client: Engine) -> None:
         fetch = getattr(client, "tokenizer_json", None)
@@ -134,13 +141,13 @@ class EngineRegistry:
         except Exception as error:  # the engine's /tokenize still works: slower, not wrong
             log.warning("could not load the tokenizer of %s here (%s); the engine tokenizes", model, error)
 
-    async def remove(self, engine_id: str) -> None:
-        slot = self.scheduler.engines.pop(engine_id, None)
+    async def remove(self, engine_id: str) -> asyncio.Future:
+        slot = self.scheduler.remove_engine(engine_id)
         if slot is None:
             raise NotFoundError(f"engine {engine_id!r} is not registered")
         self.specs.pop(engine_id, None)
         await slot.client.aclose()
-        self.journal.record(lambda store: store.delete_engine(engine_id))
+        return self.journal.record(lambda store: store.delete_engine(engine_id))
 
     async def restore(self, records: list[EngineRecord], urls: tuple[str, ...]) -> None:
         """Bring back the stored engines, then register ``urls`` not among them."""
@@ -150,7 +157,7 @@ class EngineRegistry:
             spec = EngineSpec(
                 kind=record.kind,
                 url=record.url,
-                capacity=record.config.get("capacity", 16),
+                capacity=record.config.get("capacity"),
                 model=record.model if record.kind == OPENAI else None,
                 api=record.config.get("api", "chat"),
                 api_key=record.secret,

@@ -9,19 +9,23 @@ chain before it in its own call. Variables link calls of a session into a DAG.
 
 from __future__ import annotations
 
+import asyncio
 from collections import deque
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 
-from parrot.engines.protocol.errors import GraphError, TemplateError
 from parrot.engines.protocol.sampling import SamplingParams
 from parrot.engines.protocol.schemas import GenerateResponse, StreamEnd
+from parrot.platform.serve.errors import GraphError, TemplateError
 from parrot.platform.serve.template import Chunk, PlaceholderChunk, TextChunk
 
 
 @dataclass(eq=False)
 class SemanticVariable:
-    """A named text container of a session; ``ready`` once it holds a value."""
+    """A named text container of a session; ``ready`` once it holds a value.
+
+    It owns its readiness event: waiting state lives and dies with the variable (never in
+    a table keyed by object addresses, which a later variable could reuse)."""
 
     var_id: str
     name: str
@@ -30,10 +34,20 @@ class SemanticVariable:
     producer: CompletionChain | None = None
     consumers: list[CompletionChain] = field(default_factory=list)
     stored: bool = True  # False in sessions that are not persisted (one-shot OpenAI requests)
+    _settled: asyncio.Event | None = field(default=None, repr=False)
 
     @property
     def ready(self) -> bool:
         return self.value is not None
+
+    @property
+    def settled(self) -> asyncio.Event:
+        """Set once the variable has a value or an error."""
+        if self._settled is None:
+            self._settled = asyncio.Event()
+        if self.ready or self.error is not None:
+            self._settled.set()
+        return self._settled
 
 
 @dataclass(eq=False)
@@ -77,6 +91,22 @@ class CompletionChain:
     fills: list[FillNode]
     gen: PlaceholderGen | TransformGen
     result: GenerateResponse | StreamEnd | None = None  # the engine's answer, once generated
+    # Set by a latency-critical get downstream: how far upstream of the awaited variable
+    # this chain is (1 = its producer); 0 = not latency-critical.
+    latency_depth: int = 0
+    # The consumer call that waits on this chain together with others (a task group):
+    # (its application's start, its submission order), so groups sort by application.
+    group: tuple[int, int] | None = None
+    prompt_tokens: dict[str, list[int]] = field(default_factory=dict)  # model -> prompt it ran with
+
+    @property
+    def key(self) -> str:
+        """Stable identity: the call and the chain's position in it."""
+        return f"{self.request.call_id}#{self.index}"
+
+    @property
+    def settled(self) -> bool:
+        return self.gen.var.ready or self.gen.var.error is not None
 
     @property
     def previous(self) -> CompletionChain | None:
@@ -110,6 +140,7 @@ class RequestChain:
     call_id: str
     nodes: list[Node]
     chains: list[CompletionChain] = field(default_factory=list)
+    seq: int = 0  # submission order in the ServeCore (stable across restarts)
     engine_id: str | None = None  # where its (latest) chain ran
     # Wall-clock seconds: submitted_at, started_at (first chain), finished_at (all settled).
     timings: dict[str, float] = field(default_factory=dict)
@@ -222,13 +253,13 @@ class Graph:
                 raise GraphError(
                     f"variable {var.name!r} ({var.var_id}) already has a value; it cannot be an output"
                 )
-        out_ids = {id(v) for v in outputs}
+        out_ids = {v.var_id for v in outputs}
         for var in request.input_vars():
-            if id(var) in out_ids:
+            if var.var_id in out_ids:
                 raise GraphError(f"variable {var.name!r} is both an input and an output of this call")
         # A cycle: some chain upstream of this call's inputs consumes one of its outputs.
         for chain in self._ancestors(request):
-            hit = next((v for v in chain.input_vars() if id(v) in out_ids), None)
+            hit = next((v for v in chain.input_vars() if v.var_id in out_ids), None)
             if hit is not None:
                 raise GraphError(
                     f"call would create a cycle: its output {hit.name!r} feeds call {chain.request.call_id}, "
@@ -245,14 +276,24 @@ class Graph:
                 var.consumers.append(chain)
         self.requests[request.call_id] = request
 
+    def unlink(self, request: RequestChain) -> None:
+        """Undo :meth:`link` (a call whose store write failed: it never existed)."""
+        for chain in request.chains:
+            if chain.gen.var.producer is chain:
+                chain.gen.var.producer = None
+            for var in chain.input_vars():
+                if chain in var.consumers:
+                    var.consumers.remove(chain)
+        self.requests.pop(request.call_id, None)
+
     def _ancestors(self, request: RequestChain) -> Iterator[CompletionChain]:
-        seen: set[int] = set()
+        seen: set[str] = set()
         stack = [v.producer for v in request.input_vars() if v.producer is not None]
         while stack:
             chain = stack.pop()
-            if id(chain) in seen:
+            if chain.key in seen:
                 continue
-            seen.add(id(chain))
+            seen.add(chain.key)
             yield chain
             stack.extend(chain.upstream())
 
@@ -260,13 +301,13 @@ class Graph:
         """The chains that must run for ``var`` to get its value, with their depth (1 = its
         producer), nearest first: what a ``get`` activates, backwards through the DAG."""
         found: list[tuple[CompletionChain, int]] = []
-        seen: set[int] = set()
+        seen: set[str] = set()
         queue = deque([(var.producer, 1)] if var.producer is not None else [])
         while queue:
             chain, depth = queue.popleft()
-            if id(chain) in seen:
+            if chain.key in seen:
                 continue
-            seen.add(id(chain))
+            seen.add(chain.key)
             found.append((chain, depth))
             queue.extend((up, depth + 1) for up in chain.upstream())
         return found

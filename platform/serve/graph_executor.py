@@ -1,19 +1,28 @@
 """A session's DAG in motion: completion chains become tasks once their inputs exist.
 
-Chains run as :class:`CompletionTask` s on the :class:`GlobalScheduler`; transform calls run
-right here, on the ServeCore, when their inputs are ready.
+Each chain of a submitted call waits for its inputs (and the chain before it in its call);
+while it waits, the part of its prompt that is known is filled ahead on an engine. Once all
+inputs have values, its prompt is tokenized for the models that may run it and it goes to
+the global scheduler as a :class:`CompletionTask`. A call whose inputs come from several
+calls still running makes those producers a task group: they are ordered and placed
+together, whenever the consumer arrives. Transform calls run right here, on the ServeCore.
 """
 
 from __future__ import annotations
 
 import asyncio
 import itertools
+import logging
 import time
 
-from parrot.engines.protocol.errors import TransformError
+from parrot.engines.protocol.errors import ParrotError
 from parrot.platform.serve import transforms
-from parrot.platform.serve.executor import THROUGHPUT, CompletionTask, GlobalScheduler
-from parrot.platform.serve.graph import CompletionChain, TransformGen
+from parrot.platform.serve.errors import TransformError
+from parrot.platform.serve.graph import CompletionChain, RequestChain, TransformGen
+from parrot.platform.serve.scheduler.global_scheduler import GlobalScheduler
+from parrot.platform.serve.scheduler.task import LATENCY, THROUGHPUT, CompletionTask
+
+log = logging.getLogger(__name__)
 
 
 class GraphExecutor:
@@ -23,47 +32,77 @@ class GraphExecutor:
         self.session_id = session_id
         self.scheduler = scheduler
         self.variables = scheduler.variables
-        self.seq = seq
-        self.app_seq: int | None = None  # when this session's first task arrived
-        self._watchers: set[asyncio.Task] = set()
+        self.seq = seq  # task arrival order, shared by all sessions
+        self.app_seq: int | None = None  # submission order of this session's first call
+        self._watchers: dict[str, asyncio.Task] = {}  # by chain key
 
-    def submit(
-        self, chains: list[CompletionChain], models: tuple[str, ...] = (), criteria: str = THROUGHPUT
-    ) -> None:
-        for chain in chains:
+    def submit(self, request: RequestChain, models: tuple[str, ...] = (), criteria: str = THROUGHPUT) -> None:
+        if self.app_seq is None:
+            self.app_seq = request.seq
+        self._group_producers(request)
+        for chain in request.chains:
             watcher = asyncio.create_task(self._when_ready(chain, models, criteria))
-            self._watchers.add(watcher)
-            watcher.add_done_callback(self._watchers.discard)
+            self._watchers[chain.key] = watcher
+            watcher.add_done_callback(lambda _, key=chain.key: self._watchers.pop(key, None))
+
+    def _group_producers(self, request: RequestChain) -> None:
+        """Unfinished producers of this call's inputs wait as one task group (the first
+        consumer that waits on them together names the group)."""
+        producers = {}
+        for var in request.input_vars():
+            chain = var.producer
+            if chain is not None and not chain.settled and chain.request is not request:
+                producers[chain.key] = chain
+        if len(producers) < 2:
+            return
+        for chain in producers.values():
+            if chain.group is None:
+                chain.group = (self.app_seq or 0, request.seq)
+        self.scheduler.wake()
 
     async def _when_ready(self, chain: CompletionChain, models: tuple[str, ...], criteria: str) -> None:
-        if chain.gen.var.ready or chain.gen.var.error:
+        if chain.settled:
             return  # settled before a restart: nothing to run
         waits = list(chain.input_vars())
         if chain.previous is not None:
             waits.append(chain.previous.gen.var)
-        failed = None
         for var in waits:
-            await self.variables.event(var).wait()
+            if not var.settled.is_set():
+                self._fill_ahead(chain, models, criteria)
+                await var.settled.wait()
             if var.error:
-                failed = f"input {var.name!r} failed: {var.error}"
-                break
-        if failed is not None:
-            self.variables.fail(chain.gen.var, failed)
-            return
+                self.variables.fail(chain.gen.var, f"input {var.name!r} failed: {var.error}")
+                return
         if isinstance(chain.gen, TransformGen):
-            self._transform(chain, chain.gen)
+            await self._transform(chain, chain.gen)
             return
-        # Chains whose outputs feed one consumer form a group scheduled together.
-        consumers = {id(c.request) for c in chain.gen.var.consumers}
-        group = min(consumers) if consumers else None
-        seq = next(self.seq)
-        if self.app_seq is None:
-            self.app_seq = seq
-        task = CompletionTask(chain, self.session_id, seq, criteria, group, models, app_seq=self.app_seq)
+        task = CompletionTask(
+            chain,
+            self.session_id,
+            next(self.seq),
+            app_seq=self.app_seq or 0,
+            criteria=criteria,
+            models=models,
+        )
+        try:
+            await self._prompts(task)
+        except (ParrotError, LookupError) as error:
+            self.variables.fail(chain.gen.var, f"could not tokenize the prompt: {error}")
+            return
         self.scheduler.submit(task)
 
-    def _transform(self, chain: CompletionChain, gen: TransformGen) -> None:
-        """Transforms run here, at once: microseconds of string work need no engine."""
+    async def _prompts(self, task: CompletionTask) -> None:
+        """The task's prompt for every model that may run it (usually one)."""
+        slots = {s.model: s for s in self.scheduler.serving(task.models) if s.up}
+        for _model, slot in slots.items():
+            await self.scheduler.runner.prompt(task, slot)
+
+    def _fill_ahead(self, chain: CompletionChain, models: tuple[str, ...], criteria: str) -> None:
+        latency = criteria == LATENCY or chain.latency_depth > 0
+        self.scheduler.background(self.scheduler.fill_ahead(chain, self.session_id, models, latency))
+
+    async def _transform(self, chain: CompletionChain, gen: TransformGen) -> None:
+        """Transforms run here: string work needs no engine (bounded: see transforms)."""
         chain.request.engine_id = "servecore"
         chain.request.timings.setdefault("started_at", time.time())
         try:
@@ -74,5 +113,5 @@ class GraphExecutor:
             self.variables.set_value(gen.var, value)
 
     def cancel(self) -> None:
-        for watcher in list(self._watchers):
+        for watcher in list(self._watchers.values()):
             watcher.cancel()

@@ -2,9 +2,10 @@
 
 The OpenAI front (``/v1/completions``, ``/v1/chat/completions``) runs each request as a
 session of its own that is never stored: ``n`` latency-critical generations after the same
-text pieces. The pieces are constant, content-addressed prefixes in the engines' context
-trees, so the system prompt (and any shared chat history) of many requests is held once
-per engine, and the scheduler sees these requests next to the DAGs of Parrot sessions.
+text pieces. The pieces (a chat's messages) are constant text: their boundaries are
+prefixes kept as contexts shared by every request, so the system prompt (and any shared
+chat history) of many requests is held once per engine, and the scheduler sees these
+requests next to the DAGs of Parrot sessions.
 """
 
 from __future__ import annotations
@@ -35,11 +36,8 @@ def chatml_pieces(messages: list[ChatTurn]) -> list[str]:
 async def render_chat(core: ServeCore, model: str, messages: list[ChatTurn]) -> list[str]:
     """The prompt pieces of a chat for ``model``: its own template, applied by an engine
     of that model that offers it, else ChatML."""
-    for slot in core.scheduler.engines.values():
-        render = getattr(slot.client, "render_chat", None)
-        if slot.up and slot.model == model and render is not None:
-            return await render(messages)
-    return chatml_pieces(messages)
+    pieces = await core.render_chat(model, messages)
+    return pieces if pieces is not None else chatml_pieces(messages)
 
 
 class OneShot:
@@ -89,7 +87,7 @@ class OneShot:
             out = []
             for request in self.requests:
                 chain = request.chains[0]
-                text = await self.core.variables.wait(chain.gen.var)
+                text = await self.core.wait_value(chain.gen.var)
                 out.append(Answer(text, chain.result.finish_reason, len(chain.result.token_ids)))
             return out
         finally:
@@ -114,7 +112,7 @@ class OneShot:
     async def _finish(self, index: int, request: RequestChain) -> None:
         chain = request.chains[0]
         try:
-            await self.core.variables.wait(chain.gen.var)
+            await self.core.wait_value(chain.gen.var)
         except Exception as error:  # the producer failed: the stream ends with its reason
             self.queue.put_nowait(error)
         else:

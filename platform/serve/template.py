@@ -7,7 +7,7 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from parrot.engines.protocol.errors import TemplateError
+from parrot.platform.serve.errors import TemplateError
 
 NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 MAX_TEMPLATE_CHARS = 1_000_000

@@ -1,16 +1,18 @@
-"""Tokenization on the ServeCore, once per model and text.
+"""Tokenization on the ServeCore, with the model's own tokenizer.
 
-Prompt pieces are turned into token ids here, so builtin engines get ``Fill(token_ids)``
-and spend no time tokenizing. A constant system prompt shared by a thousand sessions is
-tokenized once per model, whichever engine of that model the pieces go to: the token
-ids of a text depend only on the model's tokenizer. The tokenizer is the model's own
-``tokenizer.json``, fetched once from an engine of the model and run here (no request per
-piece); for a model whose engine has none, the engine's ``/tokenize`` is asked instead.
-Results are cached least recently used up to a bound on the cached text.
+A call's prompt is the tokens of its whole rendered text, exactly what a plain server
+tokenizes for the same text (the engine's ``/v1/completions``), so greedy outputs match it.
+The tokenizer is the model's ``tokenizer.json``, fetched once from an engine of the model
+and run here, with the character span of every token (to place context boundaries at
+message and template-text boundaries). For a model whose engine has no ``tokenizer.json``,
+the engine's ``/tokenize`` is asked instead (no spans then). Long texts are tokenized in a
+worker thread, never on the event loop. Results are cached least recently used up to a
+bound on the cached text.
 """
 
 from __future__ import annotations
 
+import asyncio
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -18,6 +20,26 @@ from dataclasses import dataclass, field
 from tokenizers import Tokenizer
 
 Tokenize = Callable[[str], Awaitable[list[int]]]
+INLINE_CHARS = 8_192  # shorter texts are tokenized on the loop: a thread hop costs more
+
+
+@dataclass(frozen=True)
+class Encoding:
+    ids: tuple[int, ...]
+    ends: tuple[int, ...] | None  # character offset where each token's text ends (None: unknown)
+
+    def tokens_within(self, chars: int) -> int:
+        """How many leading tokens lie wholly within the first ``chars`` characters."""
+        if self.ends is None:
+            raise ValueError("no token spans for this tokenizer")
+        lo, hi = 0, len(self.ends)
+        while lo < hi:  # the first token ending after ``chars``
+            mid = (lo + hi) // 2
+            if self.ends[mid] <= chars:
+                lo = mid + 1
+            else:
+                hi = mid
+        return lo
 
 
 @dataclass
@@ -25,7 +47,7 @@ class TokenizerManager:
     max_chars: int = 64 * 2**20  # cached text, summed over entries
     hits: int = 0
     misses: int = 0
-    _cache: OrderedDict[tuple[str, str], tuple[int, ...]] = field(default_factory=OrderedDict)
+    _cache: OrderedDict[tuple[str, str], Encoding] = field(default_factory=OrderedDict)
     _chars: int = 0
     _local: dict[str, Tokenizer] = field(default_factory=dict)  # model -> its tokenizer
 
@@ -40,37 +62,39 @@ class TokenizerManager:
     def has_local(self, model: str) -> bool:
         return model in self._local
 
-    async def tokenize(self, model: str, text: str, fetch: Tokenize) -> list[int]:
-        """The token ids of ``text`` under ``model``'s tokenizer: cached, else computed
-        here, else asked of an engine of that model (``fetch``)."""
+    async def encode(self, model: str, text: str, fetch: Tokenize | None = None) -> Encoding:
+        """The tokens of ``text`` under ``model``'s tokenizer: cached, else computed here,
+        else asked of an engine of that model (``fetch``)."""
         key = (model, text)
         cached = self._cache.get(key)
         if cached is not None:
             self.hits += 1
             self._cache.move_to_end(key)
-            return list(cached)
+            return cached
         self.misses += 1
         local = self._local.get(model)
         if local is not None:
-            # Templates add their own special tokens; a piece is plain text.
-            tokens = local.encode(text, add_special_tokens=False).ids
+            if len(text) <= INLINE_CHARS:
+                encoding = _encode(local, text)
+            else:
+                encoding = await asyncio.to_thread(_encode, local, text)
+        elif fetch is not None:
+            encoding = Encoding(tuple(await fetch(text)), None)
         else:
-            tokens = await fetch(text)
+            raise LookupError(f"no tokenizer for model {model!r}")
         if len(text) <= self.max_chars:
-            self._cache[key] = tuple(tokens)
+            self._cache[key] = encoding
             self._chars += len(text)
             while self._chars > self.max_chars:
                 (_, old), _ = self._cache.popitem(last=False)
                 self._chars -= len(old)
-        return tokens
-
-    def for_engine(self, model: str, fetch: Tokenize) -> Tokenize:
-        """A tokenizer for one engine's context tree."""
-
-        async def tokenize(text: str) -> list[int]:
-            return await self.tokenize(model, text, fetch)
-
-        return tokenize
+        return encoding
 
     def __len__(self) -> int:
         return len(self._cache)
+
+
+def _encode(tokenizer: Tokenizer, text: str) -> Encoding:
+    # Templates carry their own special tokens; nothing is added (as the engine does).
+    encoding = tokenizer.encode(text, add_special_tokens=False)
+    return Encoding(tuple(encoding.ids), tuple(end for _, end in encoding.offsets))

@@ -15,7 +15,7 @@ from typing import Annotated
 import msgspec
 import regex
 
-from parrot.engines.protocol.errors import TransformError
+from parrot.platform.serve.errors import TransformError
 
 MAX_PATTERN = 512
 REGEX_TIMEOUT_S = 0.5  # a pathological pattern fails instead of hanging the server

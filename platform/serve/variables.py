@@ -1,48 +1,60 @@
-"""Readiness of semantic variables: values and errors arrive, waiters wake."""
+"""Readiness of semantic variables: values and errors arrive, waiters wake.
+
+The waiting state is each variable's own event (:attr:`SemanticVariable.settled`), so it
+goes with the variable when its session goes; nothing here is keyed by variable.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 
-from parrot.engines.protocol.errors import ProducerFailedError
+from parrot.platform.serve.errors import ProducerFailedError
 from parrot.platform.serve.graph import SemanticVariable
 
 
 @dataclass
 class Variables:
-    """Readiness events of the variables, so waiting costs nothing."""
-
-    events: dict[int, asyncio.Event] = field(default_factory=dict)
     waits: int = 0  # gets that waited, and their total wait (for /metrics)
     wait_seconds: float = 0.0
     on_change: Callable[[SemanticVariable], None] | None = None  # a value or an error arrived
 
-    def event(self, var: SemanticVariable) -> asyncio.Event:
-        ev = self.events.setdefault(id(var), asyncio.Event())
-        if var.ready or var.error:
-            ev.set()
-        return ev
-
     def set_value(self, var: SemanticVariable, value: str) -> None:
+        if var.ready or var.error is not None:
+            return  # settled once: a late result (a task that ran twice) changes nothing
         var.value = value
         self._changed(var)
 
     def fail(self, var: SemanticVariable, error: str) -> None:
+        if var.ready or var.error is not None:
+            return
         var.error = error
         self._changed(var)
 
+    def close(self, variables: Iterable[SemanticVariable], reason: str) -> None:
+        """Their session is gone: whoever still waits on one of them wakes with ``reason``
+        (nothing is recorded: the session's records go with it)."""
+        for var in variables:
+            if not var.ready and var.error is None:
+                var.error = reason
+                var.settled.set()
+
     def _changed(self, var: SemanticVariable) -> None:
-        self.event(var).set()
+        var.settled.set()
         if self.on_change is not None:
             self.on_change(var)
 
     async def wait(self, var: SemanticVariable, timeout: float | None = None) -> str:
+        """The value, once there; raises :class:`ProducerFailedError` with the reason when it
+        will never come, ``TimeoutError`` when ``timeout`` passes first."""
         started = time.monotonic()
         try:
-            await asyncio.wait_for(self.event(var).wait(), timeout)
+            if not var.settled.is_set():
+                if timeout is not None and timeout <= 0:
+                    raise TimeoutError
+                await asyncio.wait_for(var.settled.wait(), timeout)
         finally:
             self.waits += 1
             self.wait_seconds += time.monotonic() - started

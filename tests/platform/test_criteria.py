@@ -1,23 +1,34 @@
-"""Performance criteria: a latency-critical get (or output_criteria on submit) marks the
-producers of a variable backwards through the DAG with the criteria and their depth."""
+"""Performance criteria and the other policies: a latency-critical get (or output_criteria on
+submit) marks the producers of a variable backwards through the DAG with their depth; the
+queue orders by criteria, task groups and application; placement by prefix and load."""
 
 from __future__ import annotations
 
 import asyncio
+import itertools
 
 import pytest
 
-from parrot.engines.protocol.errors import WaitTimeoutError
+from parrot.platform.serve.contexts import ContextTree
 from parrot.platform.serve.core import CallParameter, ServeCore
-from parrot.platform.serve.executor import LATENCY, THROUGHPUT, EngineSlot
+from parrot.platform.serve.errors import WaitTimeoutError
+from parrot.platform.serve.scheduler.policy import SchedulingPolicy
+from parrot.platform.serve.scheduler.slot import EngineSlot
+from parrot.platform.serve.scheduler.task import LATENCY, THROUGHPUT, CompletionTask
 
 pytestmark = pytest.mark.asyncio(loop_scope="function")
+
+
+def idle_slot() -> EngineSlot:
+    """An engine slot that is never dispatched to (the core is not started): text contexts,
+    so prompts need no tokenizer."""
+    return EngineSlot("e", "m", client=None, contexts=ContextTree(itertools.count(1), text=True))
 
 
 async def chain_session(core: ServeCore, criteria: str | None = None):
     """a -> b -> c, and an unrelated d, submitted to a core that is not started (nothing is
     dispatched, so the marks can be read)."""
-    core.scheduler.add_engine(EngineSlot("e", "m", client=None, tree=None))  # never dispatched to
+    core.scheduler.add_engine(idle_slot())
     session, _ = await core.create_session()
     outs = {}
     for template, src, dst in (
@@ -34,13 +45,16 @@ async def chain_session(core: ServeCore, criteria: str | None = None):
         session, "Other: {{d}}", [CallParameter(name="d", is_output=True)], [], None
     )
     outs.update(out)
-    await asyncio.sleep(0.05)  # the watchers queue the chains whose inputs are ready (a and d)
+    for _ in range(20):  # the watchers queue the chains whose inputs are ready (a and d)
+        if len(core.scheduler.queue) == 2:
+            break
+        await asyncio.sleep(0.01)
     return session, outs
 
 
-def marks(core: ServeCore, session) -> dict[str, int | None]:
+def marks(session) -> dict[str, int]:
     return {
-        chain.gen.var.name: core.scheduler.latency_chains.get(id(chain))
+        chain.gen.var.name: chain.latency_depth
         for request in session.calls.values()
         for chain in request.chains
     }
@@ -49,15 +63,14 @@ def marks(core: ServeCore, session) -> dict[str, int | None]:
 async def test_a_latency_get_marks_the_producers_with_their_depth():
     core = ServeCore()
     session, outs = await chain_session(core)
-    assert marks(core, session) == {"a": None, "b": None, "c": None, "d": None}
+    assert marks(session) == {"a": 0, "b": 0, "c": 0, "d": 0}
     with pytest.raises(WaitTimeoutError):
         await core.get_var(session, outs["c"], LATENCY, 0.01)
-    assert marks(core, session) == {"a": 3, "b": 2, "c": 1, "d": None}
-    queued = {t.chain.gen.var.name: (t.criteria, t.depth) for t in core.scheduler.queue}
-    assert queued == {"a": (LATENCY, 3), "d": (THROUGHPUT, 0)}
-    # The scheduler's order: latency-critical first, the deepest of them first.
-    core.scheduler.queue.sort(key=core.scheduler.order)
-    assert [t.chain.gen.var.name for t in core.scheduler.queue] == ["a", "d"]
+    assert marks(session) == {"a": 3, "b": 2, "c": 1, "d": 0}
+    queued = {t.chain.gen.var.name: (t.latency, t.depth) for t in core.scheduler.queue}
+    assert queued == {"a": (True, 3), "d": (False, 0)}
+    # The queue's order: latency-critical first, the deepest of them first.
+    assert [t.chain.gen.var.name for t in core.scheduler.queue.ordered()] == ["a", "d"]
 
 
 async def test_a_throughput_get_marks_nothing():
@@ -65,37 +78,59 @@ async def test_a_throughput_get_marks_nothing():
     session, outs = await chain_session(core)
     with pytest.raises(WaitTimeoutError):
         await core.get_var(session, outs["c"], THROUGHPUT, 0.01)
-    assert set(marks(core, session).values()) == {None}
+    assert set(marks(session).values()) == {0}
 
 
 async def test_output_criteria_on_submit_marks_the_upstream_producers_too():
     core = ServeCore()
     session, _ = await chain_session(core, criteria=LATENCY)
-    assert marks(core, session) == {"a": 3, "b": 2, "c": 1, "d": None}
+    assert marks(session) == {"a": 3, "b": 2, "c": 1, "d": 0}
+
+
+async def test_a_consumer_makes_its_queued_producers_a_group_whenever_it_arrives():
+    """The maps are queued before the reduce is submitted: they join its group then."""
+    core = ServeCore()
+    core.scheduler.add_engine(idle_slot())
+    session, _ = await core.create_session()
+    maps = []
+    for i in range(3):
+        _, out = await core.submit_call(
+            session, f"Part {i}: {{{{s}}}}", [CallParameter(name="s", is_output=True)], [], None
+        )
+        maps.append(out["s"])
+    await asyncio.sleep(0.05)
+    assert {t.group for t in core.scheduler.queue} == {None}
+    params = [CallParameter(name=f"s{i}", var_id=v) for i, v in enumerate(maps)]
+    params.append(CallParameter(name="total", is_output=True))
+    reduce, _ = await core.submit_call(session, "{{s0}} {{s1}} {{s2}} All: {{total}}", params, [], None)
+    groups = {t.group for t in core.scheduler.queue}
+    assert groups == {(session.executor.app_seq, reduce.seq)}  # by application, then consumer
+
+
+class FakeChain:
+    """Only what the queue's order reads of a chain."""
+
+    def __init__(self, key: str, depth: int = 0, group=None) -> None:
+        self.key, self.latency_depth, self.group = key, depth, group
+
+
+def task(name, seq, app_seq, criteria=THROUGHPUT, depth=0, group=None) -> CompletionTask:
+    return CompletionTask(
+        FakeChain(name, depth, group), session_id=name, seq=seq, app_seq=app_seq, criteria=criteria
+    )
 
 
 async def test_each_policy_of_the_order_can_be_switched_off():
-    from parrot.platform.serve.executor import CompletionTask, GlobalScheduler, SchedulingPolicy
-    from parrot.platform.serve.variables import Variables
-
-    def task(name, seq, app_seq, criteria=THROUGHPUT, depth=0, group=None):
-        t = CompletionTask(
-            chain=None, session_id=name, seq=seq, criteria=criteria, group=group, app_seq=app_seq
-        )
-        t.depth = depth
-        return t
-
     tasks = [
         task("new-app", seq=5, app_seq=5),
         task("old-app-downstream", seq=6, app_seq=1),
-        task("grouped", seq=7, app_seq=7, group=42),
+        task("grouped", seq=7, app_seq=7, group=(7, 42)),
         task("latency", seq=8, app_seq=8, criteria=LATENCY, depth=1),
         task("latency-deeper", seq=9, app_seq=9, criteria=LATENCY, depth=2),
     ]
 
     def ordered(**policy) -> list[str]:
-        scheduler = GlobalScheduler(Variables(), policy=SchedulingPolicy(**policy))
-        return [t.session_id for t in sorted(tasks, key=scheduler.order)]
+        return [t.session_id for t in sorted(tasks, key=SchedulingPolicy(**policy).order)]
 
     assert ordered() == ["latency-deeper", "latency", "grouped", "old-app-downstream", "new-app"]
     assert ordered(criteria=False)[:2] == ["grouped", "old-app-downstream"]
@@ -114,3 +149,29 @@ async def test_each_policy_of_the_order_can_be_switched_off():
         "old-app-downstream",
     ]
     assert ordered(criteria=False, task_groups=False, app_fifo=False) == [t.session_id for t in tasks]
+
+
+async def test_groups_sort_by_their_application_not_by_arrival():
+    early_app_late_group = task("a", seq=9, app_seq=1, group=(1, 50))
+    late_app_early_group = task("b", seq=2, app_seq=3, group=(3, 10))
+    ordered = sorted([late_app_early_group, early_app_late_group], key=SchedulingPolicy().order)
+    assert [t.session_id for t in ordered] == ["a", "b"]
+
+
+async def test_placement_prefers_the_cached_prefix_then_load_by_criteria():
+    policy = SchedulingPolicy()
+    latency, bulk = task("l", 1, 1, criteria=LATENCY), task("t", 2, 2)
+    # Engines as (matched prefix, load): the longest cached prefix wins for both...
+    engines = {"cached": (100, 9), "idle": (0, 0), "busy": (0, 5)}
+
+    def best(t, **kw) -> str:
+        p = SchedulingPolicy(**kw) if kw else policy
+        return min(engines, key=lambda e: p.placement(t, *engines[e]))
+
+    assert best(latency) == best(bulk) == "cached"
+    # ...without affinity, latency goes to the least loaded, throughput fills the fullest.
+    assert best(latency, context_affinity=False) == "idle"
+    assert best(bulk, context_affinity=False) == "cached"
+    assert best(bulk, context_affinity=False, criteria=False) == "idle"
+    assert policy.priority(latency) == 1 and policy.priority(bulk) == 0
+    assert SchedulingPolicy(criteria=False).priority(latency) == 0

@@ -5,11 +5,7 @@ from __future__ import annotations
 import pytest
 from conftest import free_port
 
-from parrot.engines.protocol.errors import (
-    EngineUnavailableError,
-    InvalidTokenError,
-    UnknownContextError,
-)
+from parrot.engines.protocol.errors import EngineUnavailableError, InvalidTokenError, UnknownContextError
 from parrot.engines.protocol.sampling import SamplingParams
 from parrot.engines.protocol.schemas import StreamEnd
 from parrot.platform.serve.engine_client import HttpEngine

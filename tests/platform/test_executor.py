@@ -7,10 +7,10 @@ import itertools
 import pytest
 import pytest_asyncio
 
-from parrot.engines.protocol.errors import ProducerFailedError
 from parrot.engines.protocol.sampling import SamplingParams
 from parrot.platform.serve.context_manager import ContextTree
 from parrot.platform.serve.engine_client import HttpEngine
+from parrot.platform.serve.errors import ProducerFailedError
 from parrot.platform.serve.executor import EngineSlot, GlobalScheduler
 from parrot.platform.serve.graph import Graph, RequestChain, SemanticVariable
 from parrot.platform.serve.graph_executor import GraphExecutor

@@ -6,8 +6,8 @@ import itertools
 
 import pytest
 
-from parrot.engines.protocol.errors import GraphError, TemplateError
 from parrot.engines.protocol.sampling import SamplingParams
+from parrot.platform.serve.errors import GraphError, TemplateError
 from parrot.platform.serve.graph import (
     ConstantFill,
     Graph,

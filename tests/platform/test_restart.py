@@ -145,7 +145,7 @@ async def test_a_stored_engine_that_does_not_answer_comes_back_marked_down(tmp_p
     try:
         slots = core.scheduler.engines
         assert not slots["engine-7"].up and slots["engine-7"].model == "gone-model"
-        assert slots["engine-7"].capacity == 2
+        assert slots["engine-7"].task_limit == 2
         live = next(s for s in slots.values() if s.engine_id != "engine-7")
         assert live.up and live.engine_id == "engine-8"  # numbering goes on after the stored ids
         session, _ = await core.create_session()

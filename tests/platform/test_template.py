@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from parrot.engines.protocol.errors import TemplateError
+from parrot.platform.serve.errors import TemplateError
 from parrot.platform.serve.template import (
     ParameterSpec,
     PlaceholderChunk,

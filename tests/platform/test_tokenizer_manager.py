@@ -1,13 +1,20 @@
-"""The ServeCore's tokenizer cache: once per (model, text), bounded, same ids as the engine."""
+"""The ServeCore's tokenizer: the engine's own tokens for whole texts, token spans, a cache."""
 
 from __future__ import annotations
 
 import pytest
 
 from parrot.platform.serve.engine_client import HttpEngine
-from parrot.platform.serve.tokenizer_manager import TokenizerManager
+from parrot.platform.serve.tokenizer_manager import INLINE_CHARS, Encoding, TokenizerManager
 
 pytestmark = pytest.mark.asyncio(loop_scope="function")
+
+TEXTS = [
+    "<|im_start|>user\nÜnïcode 😀 and {{braces}}<|im_end|>\n<|im_start|>assistant\n",
+    "  two spaces\n\n  and more   ",
+    "Summarize:  the  sea.\n\n Summary:",
+    "日本語のテキスト and 🦜🦜",
+]
 
 
 async def test_each_text_is_tokenized_once_per_model():
@@ -19,9 +26,10 @@ async def test_each_text_is_tokenized_once_per_model():
 
     manager = TokenizerManager()
     for _ in range(3):
-        assert await manager.tokenize("m1", "a bb ccc", fetch) == [1, 2, 3]
-    await manager.tokenize("m2", "a bb ccc", fetch)  # another model: its own tokens
+        assert (await manager.encode("m1", "a bb ccc", fetch)).ids == (1, 2, 3)
+    await manager.encode("m2", "a bb ccc", fetch)  # another model: its own tokens
     assert asked == ["a bb ccc", "a bb ccc"] and (manager.hits, manager.misses) == (2, 2)
+    assert (await manager.encode("m1", "a bb ccc", fetch)).ends is None  # an engine gives no spans
 
 
 async def test_the_cache_is_bounded_and_evicts_the_least_recently_used():
@@ -29,45 +37,50 @@ async def test_the_cache_is_bounded_and_evicts_the_least_recently_used():
         return [1]
 
     manager = TokenizerManager(max_chars=10)
-    await manager.tokenize("m", "aaaa", fetch)
-    await manager.tokenize("m", "bbbb", fetch)
-    await manager.tokenize("m", "aaaa", fetch)  # used again: "bbbb" is now the oldest
-    await manager.tokenize("m", "cccc", fetch)
+    for text in ("aaaa", "bbbb", "aaaa", "cccc"):  # "aaaa" used again: "bbbb" is the oldest
+        await manager.encode("m", text, fetch)
     assert len(manager) == 2
-    await manager.tokenize("m", "aaaa", fetch)
+    await manager.encode("m", "aaaa", fetch)
     assert manager.misses == 3  # "aaaa" stayed cached
-    await manager.tokenize("m", "x" * 11, fetch)  # larger than the whole cache: not kept
+    await manager.encode("m", "x" * 11, fetch)  # larger than the whole cache: not kept
     assert len(manager) == 2
     with pytest.raises(ValueError):
         TokenizerManager(max_chars=-1)
+    with pytest.raises(LookupError):
+        await TokenizerManager().encode("unknown", "text")
 
 
-async def test_cached_tokens_are_those_the_engine_fills(engine_server, engine):
-    client = HttpEngine(engine_server.url)
-    try:
-        manager = TokenizerManager()
-        text = "<|im_start|>system\nYou are a careful assistant.<|im_end|>\n"
-        first = await manager.tokenize("smol", text, client.tokenize)
-        assert first == engine.tokenize(text)
-        assert await manager.tokenize("smol", text, client.tokenize) == first and manager.hits == 1
-    finally:
-        await client.aclose()
-
-
-async def test_the_models_tokenizer_runs_here_once_loaded(engine_server, engine):
+async def test_the_models_tokenizer_gives_the_engines_tokens_here(engine_server, engine):
     client = HttpEngine(engine_server.url)
     try:
         manager = TokenizerManager()
         manager.load("smol", await client.tokenizer_json())
-        asked: list[str] = []
+        for text in [*TEXTS, "x" * (INLINE_CHARS + 10) + " tail"]:  # the long one in a thread
+            encoding = await manager.encode("smol", text)
+            assert list(encoding.ids) == engine.tokenize(text)
+            assert len(encoding.ends) == len(encoding.ids)
+    finally:
+        await client.aclose()
 
-        async def fetch(text: str) -> list[int]:
-            asked.append(text)
-            return await client.tokenize(text)
 
-        texts = ["<|im_start|>user\nÜnïcode 😀 and {{braces}}<|im_end|>\n", "  two spaces\n\n", "Topic: "]
-        for text in texts:
-            assert await manager.tokenize("smol", text, fetch) == engine.tokenize(text)
-        assert asked == []  # no request per piece
+async def test_token_spans_place_boundaries_that_are_prefixes(engine_server, engine):
+    """``tokens_within(c)`` tokens of a text decode to a prefix of its first c characters,
+    and at a message boundary they are exactly what the prefix alone tokenizes to."""
+    client = HttpEngine(engine_server.url)
+    try:
+        manager = TokenizerManager()
+        manager.load("smol", await client.tokenizer_json())
+        text = TEXTS[0] + "Hello there.<|im_end|>\n"
+        encoding = await manager.encode("smol", text)
+        for chars in range(len(text) + 1):
+            n = encoding.tokens_within(chars)
+            assert text[:chars].startswith(
+                engine.tokenizer.decode(list(encoding.ids[:n]), skip_special_tokens=False)
+            )
+        boundary = len(TEXTS[0])
+        n = encoding.tokens_within(boundary)
+        assert list(encoding.ids[:n]) == engine.tokenize(TEXTS[0])
+        with pytest.raises(ValueError):
+            Encoding((1, 2), None).tokens_within(1)
     finally:
         await client.aclose()

@@ -5,7 +5,7 @@ from __future__ import annotations
 import msgspec
 import pytest
 
-from parrot.engines.protocol.errors import TransformError
+from parrot.platform.serve.errors import TransformError
 from parrot.platform.serve.transforms import Steps, apply, validate
 
 

@@ -108,7 +108,7 @@ def test_engine_unavailable(parrot):
         error = raised(
             EngineUnavailableError, 503, "no_engine", lambda: answer("Why?", models=["no-such-model"])
         )
-        assert "no registered engine serves ['no-such-model']" in str(error)
+        assert "no registered engine serves the 1 model(s) asked for" in str(error)
 
 
 def test_unreachable_server():

@@ -163,7 +163,7 @@ async def tokenizer_file(state: State) -> Response:
 
 @get("/ping")
 async def ping(state: State) -> dict:
-    return await _engine(state).stats()
+    return _engine(state).stats_now()
 
 
 @post("/tokenize", status_code=200)

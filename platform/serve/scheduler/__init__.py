@@ -1,0 +1,10 @@
+"""The global scheduler: ready completion tasks of every session, placed on engines.
+
+- :mod:`.task`: a completion task (a chain whose inputs are ready) and its prompts;
+- :mod:`.policy`: the scheduling policies, the queue's order and engine placement;
+- :mod:`.queue`: the ready tasks, with their groups;
+- :mod:`.slot`: an engine as the scheduler sees it (load, capacity, health, contexts);
+- :mod:`.runner`: running one task on an engine (fork, generate, failover);
+- :mod:`.health`: the engine monitor (pings, down and up, memory pressure);
+- :mod:`.global_scheduler`: the dispatch loop that ties them together.
+"""
