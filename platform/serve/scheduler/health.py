@@ -35,7 +35,8 @@ class HealthSettings:
     text_chars: int = 64 * 2**20
 
     def __post_init__(self) -> None:
-        if min(self.interval_s, self.timeout_s, self.max_missed, self.down_grace_s) <= 0 or self.text_chars < 0:
+        positive = (self.interval_s, self.timeout_s, self.max_missed, self.down_grace_s)
+        if min(positive) <= 0 or self.text_chars < 0:
             raise ValueError("health settings must be positive")
 
 
