@@ -93,10 +93,12 @@ class EngineCore:
         if not token_ids:
             raise BadRequestError("fill needs at least one token (token_ids or text was empty)")
         self._check_tokens(token_ids)
+        created = target.context_id not in self.pool.contexts
         ctx = self._context_for(target)
         self._check_length(ctx, len(token_ids), what="fill")
         job = Job(JobKind.FILL, ctx, sink, self._next_seq(), fill_tokens=list(token_ids), priority=priority)
         job.checkpoints = self._checkpoints(ctx, checkpoints, self._planned(ctx) + len(token_ids))
+        job.created = [ctx, *job.checkpoints] if created else list(job.checkpoints)
         self._enqueue(job, len(token_ids))
 
     def submit_generate(
@@ -117,6 +119,7 @@ class EngineCore:
                 "or pass parent_context_id to fork"
             )
         self._check_tokens(prompt_tokens)
+        created = target.context_id not in self.pool.contexts
         ctx = self._context_for(target)
         prompt_len = self._planned(ctx) + len(prompt_tokens)
         if prompt_len == 0:
@@ -135,6 +138,7 @@ class EngineCore:
             priority=priority,
         )
         job.checkpoints = self._checkpoints(ctx, checkpoints, prompt_len)
+        job.created = [ctx, *job.checkpoints] if created else list(job.checkpoints)
         self._enqueue(job, len(prompt_tokens) + sampling.max_tokens)
 
     def free_context(self, context_id: int) -> int:
@@ -164,10 +168,17 @@ class EngineCore:
         return jobs, freed
 
     def cancel(self, sink: JobSink) -> None:
-        """Drop the jobs whose caller went away (a closed stream); their contexts stay valid."""
+        """Drop the jobs whose caller went away (a closed stream, a dropped connection). The
+        contexts their requests created (the job's new context, its checkpoints) are freed:
+        nobody knows them; contexts that existed before stay valid."""
         for job in self.scheduler.jobs_of_sink(sink):
             self._retire(job)
             self._drop_checkpoints(job)
+            for ctx in job.created:
+                if not ctx.freed:
+                    self._fail_forks_of(ctx)
+                    self._planned_len.pop(ctx.context_id, None)
+                    self.pool.free(ctx)
 
     def _next_seq(self) -> int:
         self._seq += 1

@@ -189,8 +189,8 @@ class BuiltinEngine:
     ) -> FillResult:
         sink = JobSink(asyncio.get_running_loop())
         target = Target(context_id, parent_context_id, parent_len)
-        await self._call(self.core.submit_fill, target, list(token_ids), sink, priority, list(checkpoints))
-        return await sink.result
+        submit = partial(self.core.submit_fill, target, list(token_ids), sink, priority, list(checkpoints))
+        return await self._job(submit, sink)
 
     async def generate(
         self,
@@ -206,14 +206,35 @@ class BuiltinEngine:
         sink = JobSink(asyncio.get_running_loop())
         target = Target(context_id, parent_context_id, parent_len)
         tail, marks = list(prompt_tokens), list(checkpoints)
-        await self._call(self.core.submit_generate, target, sampling, sink, tail, priority, marks)
+        submit = partial(self.core.submit_generate, target, sampling, sink, tail, priority, marks)
+        return await self._job(submit, sink)
+
+    async def _job(self, submit: Callable[[], None], sink: JobSink) -> Any:
+        """Submit a job and wait for its result; a caller that goes away (cancelled while
+        the job is submitted or runs) stops it."""
+        submitted = asyncio.ensure_future(self._call(submit))
         try:
+            await asyncio.shield(submitted)
             return await asyncio.shield(sink.result)
-        except asyncio.CancelledError:  # the caller went away: stop generating for it
+        except asyncio.CancelledError:
+            self._abandon(submitted, sink)
+            raise
+
+    def _abandon(self, submitted: asyncio.Future, sink: JobSink) -> None:
+        """The caller went away: once the job is submitted (commands run in order), cancel it.
+        Its result, and a failed submission, are nobody's business any more."""
+        for future in (submitted, sink.result):
+            future.add_done_callback(lambda f: f.cancelled() or f.exception())
+
+        def cancel(_: object = None) -> None:
             if not sink.result.done():
                 self._commands.put(partial(self.core.cancel, sink))
                 self._wake.set()
-            raise
+
+        if submitted.done():
+            cancel()
+        else:
+            submitted.add_done_callback(cancel)
 
     async def generate_stream(
         self,
@@ -230,15 +251,19 @@ class BuiltinEngine:
         sink = JobSink(asyncio.get_running_loop(), stream=True)
         target = Target(context_id, parent_context_id, parent_len)
         tail, marks = list(prompt_tokens), list(checkpoints)
-        await self._call(self.core.submit_generate, target, sampling, sink, tail, priority, marks)
+        submitted = asyncio.ensure_future(
+            self._call(self.core.submit_generate, target, sampling, sink, tail, priority, marks)
+        )
+        finished = False
         try:
+            await asyncio.shield(submitted)
             while (event := await sink.events.get()) is not None:
                 yield event
             yield await sink.result
+            finished = True
         finally:
-            if not sink.result.done():  # the client went away: stop generating for it
-                self._commands.put(partial(self.core.cancel, sink))
-                self._wake.set()
+            if not finished:  # the client went away: stop generating for it
+                self._abandon(submitted, sink)
 
     async def abort(self, context_ids: Sequence[int]) -> tuple[int, int]:
         """Stop the jobs on these contexts and free them: (jobs aborted, contexts freed)."""

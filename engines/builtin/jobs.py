@@ -95,6 +95,7 @@ class Job:
     priority: int = 0  # higher: admitted first, preempted last
     # Contexts forked from this job's context once its prompt is computed (not yet made).
     checkpoints: list[Context] = field(default_factory=list)
+    created: list[Context] = field(default_factory=list)  # by this job's request (freed if it goes)
     # Filled in while the job runs (engine thread only).
     prepared: bool = False
     admitted_seq: int = -1

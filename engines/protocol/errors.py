@@ -63,6 +63,13 @@ class AbortedError(ConflictError):
     code = "aborted"
 
 
+class ClientGoneError(ParrotError):
+    """The client went away before the answer was ready (nobody reads this response)."""
+
+    status_code = 499
+    code = "client_closed_request"
+
+
 class EngineShutdownError(ParrotError):
     status_code = 503
     code = "engine_shutdown"

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import msgspec
-from litestar import Litestar, Response, get, post
+from litestar import Litestar, Request, Response, get, post
 from litestar.datastructures import State
 from litestar.params import JSONBody
 from litestar.response import ServerSentEvent
@@ -11,6 +11,7 @@ from litestar.response import ServerSentEvent
 from parrot.engines.builtin.engine import BuiltinEngine
 from parrot.engines.builtin.jobs import GenerateResult
 from parrot.engines.builtin.tokenizer import chat_pieces
+from parrot.engines.protocol.disconnect import unless_disconnected
 from parrot.engines.protocol.errors import BadRequestError, NotFoundError
 from parrot.engines.protocol.http import exception_handlers
 from parrot.engines.protocol.schemas import (
@@ -44,11 +45,11 @@ def _checkpoints(data: FillRequest | GenerateRequest) -> list[tuple[int, int]]:
 
 
 @post("/fill", status_code=200)
-async def fill(data: JSONBody[FillRequest], state: State) -> FillResponse:
+async def fill(data: JSONBody[FillRequest], state: State, request: Request) -> FillResponse:
     engine = _engine(state)
     if (data.token_ids is None) == (data.text is None):
         raise BadRequestError("fill needs exactly one of token_ids or text")
-    result = await engine.fill(
+    work = engine.fill(
         data.context_id,
         _tokens(engine, data.token_ids, data.text),
         data.parent_context_id,
@@ -56,6 +57,7 @@ async def fill(data: JSONBody[FillRequest], state: State) -> FillResponse:
         priority=data.priority,
         checkpoints=_checkpoints(data),
     )
+    result = await unless_disconnected(request, work)
     return FillResponse(
         context_id=result.context_id,
         filled_tokens=result.filled_tokens,
@@ -89,11 +91,12 @@ def _generate_response(result: GenerateResult) -> GenerateResponse:
 
 
 @post("/generate", status_code=200)
-async def generate(data: JSONBody[GenerateRequest], state: State) -> GenerateResponse:
+async def generate(data: JSONBody[GenerateRequest], state: State, request: Request) -> GenerateResponse:
+    """A client that disconnects stops its generation (and the contexts it created go)."""
     engine = _engine(state)
     args = _generate_args(engine, data)
-    result = await engine.generate(data.context_id, data.sampling, data.parent_context_id, **args)
-    return _generate_response(result)
+    work = engine.generate(data.context_id, data.sampling, data.parent_context_id, **args)
+    return _generate_response(await unless_disconnected(request, work))
 
 
 @post("/generate_stream", status_code=200)

@@ -1,0 +1,116 @@
+"""The radix tree of engine contexts: matching, forking points, ownership, exact accounting."""
+
+from __future__ import annotations
+
+import itertools
+import random
+
+from parrot.platform.serve.contexts import READY, ContextTree
+from parrot.platform.serve.radix import RadixTree, common_prefix
+
+
+def test_common_prefix_on_tokens_and_text():
+    assert common_prefix((1, 2, 3, 4), (1, 2, 9)) == 2
+    assert common_prefix("harbour", "harbor") == 5
+    assert common_prefix((), (1,)) == 0 and common_prefix((5, 6), (5, 6)) == 2
+    rng = random.Random(7)
+    for _ in range(200):
+        a = tuple(rng.randrange(3) for _ in range(rng.randrange(20)))
+        b = tuple(rng.randrange(3) for _ in range(rng.randrange(20)))
+        naive = next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b)))
+        assert common_prefix(a, b) == naive
+
+
+def test_paths_split_where_they_diverge_and_prune_when_released():
+    tree: RadixTree[str] = RadixTree()
+    end_a = tree.insert((1, 2, 3, 4, 5), "a")
+    end_b = tree.insert((1, 2, 3, 9), "b")
+    match = tree.match((1, 2, 3, 4, 7))
+    assert match.length == 4 and match.node.holders == {"a"}
+    shared = tree.match((1, 2, 3)).node
+    assert shared.holders == {"a", "b"} and shared.end == 3
+    assert tree.exclusive(end_a, "a") == 2 and tree.exclusive(end_b, "b") == 1
+    tree.release(end_a, "a")
+    assert tree.match((1, 2, 3, 4)).length == 3  # a's own part is gone, the shared prefix stays
+    assert tree.exclusive(end_b, "b") == 4  # now b alone holds all of it
+    tree.release(end_b, "b")
+    assert list(tree.nodes()) == [] and tree.match((1, 2)).length == 0
+
+
+def test_a_context_can_continue_from_its_end():
+    tree: RadixTree[str] = RadixTree("")
+    end = tree.insert("system prompt", "a")
+    end = tree.insert(" and more", "a", start=end)
+    assert tree.match("system prompt and more!").length == len("system prompt and more")
+    assert end.end == len("system prompt and more")
+
+
+def test_random_paths_match_what_was_inserted():
+    rng = random.Random(3)
+    tree: RadixTree[int] = RadixTree()
+    paths = {}
+    for holder in range(60):
+        base = paths[rng.randrange(holder)] if holder and rng.random() < 0.7 else ()
+        path = base[: rng.randrange(len(base) + 1)] + tuple(
+            rng.randrange(4) for _ in range(rng.randrange(1, 9))
+        )
+        paths[holder] = path
+        tree.insert(path, holder)
+    for _ in range(300):
+        query = tuple(rng.randrange(4) for _ in range(rng.randrange(12)))
+        best = max(common_prefix(p, query) for p in paths.values())
+        match = tree.match(query)
+        assert match.length == best
+        if best:  # every holder of the node holds the matched prefix
+            assert all(paths[h][:best] == query[:best] for h in match.node.holders)
+
+
+def test_fork_points_prefer_computed_shared_contexts():
+    tree = ContextTree(itertools.count(1))
+    mine = tree.add((1, 2, 3, 4, 5, 6), owner="s1")
+    assert tree.fork_point((1, 2, 3, 7)).parent is mine  # pending: forks wait for it on the engine
+    shared = tree.add((1, 2, 3), owner=None)
+    shared.state = mine.state = READY
+    point = tree.fork_point((1, 2, 3, 4, 9))
+    assert point.parent is mine and point.length == 4  # only mine holds 4 tokens of it
+    point = tree.fork_point((1, 2, 3, 8))
+    assert point.parent is shared and point.length == 3  # both do: the shared one wins
+    assert tree.fork_point((8, 8)).parent is None
+    assert tree.shares_at((1, 2, 3)) and tree.shares_at((1, 2)) and not tree.shares_at((1, 2, 3, 4))
+
+
+def test_owned_contexts_free_only_what_they_alone_hold():
+    tree = ContextTree(itertools.count(1))
+    system = tree.add(tuple(range(100)), owner=None)
+    a = tree.add((*range(100), 500, 501), owner="a")
+    b = tree.add((*range(100), 600), owner="b")
+    assert tree.exclusive(a) == 2 and tree.exclusive(b) == 1 and tree.exclusive(system) == 0
+    assert tree.held_symbols() == 103  # the shared prefix counted once
+    assert [c.context_id for c in tree.of_session("a")] == [a.context_id]
+    assert tree.remove(a) == 2 and tree.remove(a) == 0
+    assert tree.remove(system) == 0  # b still holds the prefix: freeing it frees nothing
+    assert tree.remove(b) == 101
+
+
+def test_eviction_order_leaves_first_least_recently_used_never_in_use():
+    tree = ContextTree(itertools.count(1))
+    prefix = tree.add((1, 2, 3), owner=None)
+    old = tree.add((1, 2, 3, 4), owner="s")
+    new = tree.add((1, 2, 3, 5), owner="s")
+    busy = tree.add((9, 9), owner="s")
+    for ctx in (prefix, old, new, busy):
+        ctx.state = READY
+    old.last_used, new.last_used, prefix.last_used = 1.0, 2.0, 0.5
+    busy.refs = 1
+    assert tree.evictable() == [old, new, prefix]  # the prefix has children: after the leaves
+    assert tree.evictable(protected={old.context_id}) == [new, prefix]
+    pending = tree.add((7,), owner="s")  # being filled: not evictable
+    assert pending not in tree.evictable()
+
+
+def test_text_contexts_use_characters():
+    tree = ContextTree(itertools.count(1), text=True)
+    a = tree.add("<system>Be brief.</system>Q1", owner="s1")
+    a.state = READY
+    point = tree.fork_point("<system>Be brief.</system>Q2 and more")
+    assert point.parent is a and point.length == len("<system>Be brief.</system>Q")

@@ -1,0 +1,187 @@
+"""The serve layer on the real engine: DAGs without client round trips, one engine request
+per task, fill-ahead of known prefixes, task groups, priorities, failure propagation."""
+
+from __future__ import annotations
+
+import pytest
+import pytest_asyncio
+
+from parrot.engines.protocol.sampling import SamplingParams
+from parrot.platform.serve.core import CallParameter, ServeCore, TransformInput
+from parrot.platform.serve.errors import ProducerFailedError
+from parrot.platform.serve.transforms import JsonField
+
+pytestmark = pytest.mark.asyncio(loop_scope="function")
+DOCUMENT = " ".join(f"Line {i}: the keeper logged wind, tide and the lamp's oil at dawn." for i in range(24))
+
+
+class Spy:
+    """Records the requests a ServeCore sends to a real engine client."""
+
+    def __init__(self, client) -> None:
+        self.client = client
+        self.calls: list[tuple[str, dict]] = []
+        for name in ("fill", "generate", "generate_stream", "abort", "free_context"):
+            setattr(self, name, self._wrap(name))
+
+    def _wrap(self, name):
+        method = getattr(self.client, name)
+
+        def call(*args, **kwargs):
+            self.calls.append((name, {"args": args, **kwargs}))
+            return method(*args, **kwargs)
+
+        return call
+
+    def __getattr__(self, name):
+        return getattr(self.client, name)
+
+    def count(self, name: str) -> int:
+        return sum(1 for n, _ in self.calls if n == name)
+
+
+@pytest_asyncio.fixture(loop_scope="function")
+async def core(engine_server):
+    core = ServeCore()
+    await core.start()
+    slot = await core.register_engine(engine_server.url)
+    slot.client = Spy(slot.client)
+    yield core
+    await core.stop()
+
+
+def out(name: str, max_tokens: int = 8) -> CallParameter:
+    return CallParameter(
+        name=name, is_output=True, sampling=SamplingParams(max_tokens=max_tokens, temperature=0)
+    )
+
+
+async def call(core, session, template: str, **params) -> dict:
+    parameters = [
+        p if isinstance(p, CallParameter) else CallParameter(name=n, **p) for n, p in params.items()
+    ]
+    request, outputs = await core.submit_call(session, template, parameters, [], None)
+    return {"request": request, **outputs}
+
+
+def spy(core) -> Spy:
+    return core.engine_slots()[0].client
+
+
+async def test_a_chain_runs_in_order_with_one_engine_request_per_step(core):
+    session, _ = await core.create_session()
+    a = await call(core, session, "Write one sentence about tides: {{a}}", a=out("a"))
+    b = await call(
+        core, session, "Make this shorter: {{x}}\nShorter: {{b}}", x={"var_id": a["a"]}, b=out("b")
+    )
+    c = await call(core, session, "A title for: {{y}}\nTitle: {{c}}", y={"var_id": b["b"]}, c=out("c"))
+    # Everything was submitted; only the last value is awaited.
+    await core.get_var(session, c["c"], "latency", 120)
+    steps = [x["request"] for x in (a, b, c)]
+    for before, after in zip(steps, steps[1:], strict=False):  # server-side timings
+        assert after.timings["started_at"] >= before.timings["finished_at"]
+    assert spy(core).count("generate") == 3 and spy(core).count("fill") == 0  # nothing else
+    # Each prompt is the whole rendered text, tokenized at once.
+    slot = core.engine_slots()[0]
+    rendered = f"Make this shorter: {session.vars[a['a']].value}\nShorter: "
+    expected = (await core.tokenizers.encode(slot.model, rendered)).ids
+    assert tuple(steps[1].chains[0].prompt_tokens[slot.model]) == expected
+
+
+async def test_a_waiting_call_has_its_known_prefix_filled_ahead(core):
+    """The document before the placeholder is filled while the first step generates; when
+    the summary arrives only the rest of the prompt is computed."""
+    session, _ = await core.create_session()
+    first = await call(core, session, "Name a harbour town: {{town}}", town=out("town", 24))
+    second = await call(
+        core,
+        session,
+        "Document: " + DOCUMENT + "\nTown: {{t}}\nQuestion: who kept the lamp?\nAnswer: {{answer}}",
+        t={"var_id": first["town"]},
+        answer=out("answer"),
+    )
+    await core.get_var(session, second["answer"], "latency", 120)
+    stats = core.stats()
+    doc_tokens = len((await core.tokenizers.encode(core.models()[0], "Document: " + DOCUMENT)).ids)
+    assert stats.filled_ahead >= doc_tokens - 2
+    fills = [kw for name, kw in spy(core).calls if name == "fill"]
+    generations = [kw for name, kw in spy(core).calls if name == "generate"]
+    assert len(fills) == 1 and len(generations) == 2
+    # The second generation forked the context filled ahead, at (nearly) the document's end.
+    ahead_id = fills[0]["args"][0]
+    assert generations[1]["args"][2] == ahead_id and generations[1]["parent_len"] >= doc_tokens - 2
+
+
+async def test_a_multi_output_call_continues_from_what_it_generated(core):
+    session, _ = await core.create_session()
+    both = await call(
+        core, session, "Pick a colour: {{a}}\nNow a fruit of that colour: {{b}}", a=out("a", 6), b=out("b", 6)
+    )
+    await core.get_var(session, both["b"], "latency", 120)
+    first, second = both["request"].chains
+    model = core.models()[0]
+    kept = first.prompt_tokens[model] + first.result.token_ids
+    # The second prompt starts with the first prompt and the generated tokens as they are,
+    # and forks the first generation's context there (nothing of it computed again).
+    assert second.prompt_tokens[model][: len(kept)] == kept
+    generations = [kw for name, kw in spy(core).calls if name == "generate"]
+    assert generations[1]["args"][2] == generations[0]["args"][0]
+    assert generations[1]["parent_len"] == len(kept)
+
+
+async def test_map_reduce_runs_the_maps_as_one_group_before_the_reduce(core):
+    session, _ = await core.create_session()
+    maps = [
+        await call(
+            core,
+            session,
+            "Summarize: {{p}}\nSummary: {{s}}",
+            p={"value": f"Section {i}: lamp {i} lit."},
+            s=out("s"),
+        )
+        for i in range(6)
+    ]
+    params = {f"s{i}": {"var_id": m["s"]} for i, m in enumerate(maps)}
+    inputs = " ".join(f"{{{{s{i}}}}}" for i in range(6))
+    reduce = await call(core, session, f"Combine: {inputs}\nAll: {{{{total}}}}", **params, total=out("total"))
+    await core.get_var(session, reduce["total"], "throughput", 180)
+    groups = {m["request"].chains[0].group for m in maps}
+    assert groups == {(session.executor.app_seq, reduce["request"].seq)}
+    last_map = max(m["request"].timings["finished_at"] for m in maps)
+    assert reduce["request"].timings["started_at"] >= last_map
+
+
+async def test_sessions_share_the_system_prompt_context(core):
+    system = "You are a museum guide for the old lighthouse. Reply briefly. " * 6
+    for n in range(3):
+        session, _ = await core.create_session()
+        answer = await call(
+            core, session, system + "\nUser: {{q}}\nGuide: {{a}}", q={"value": f"Question {n}?"}, a=out("a")
+        )
+        await core.get_var(session, answer["a"], "latency", 120)
+    slot = core.engine_slots()[0]
+    shared = [c for c in slot.contexts.contexts.values() if c.owner is None]
+    assert len(shared) == 1  # one context for all three sessions: the template's constant text
+    generations = [kw for name, kw in spy(core).calls if name == "generate"]
+    assert [len(kw["checkpoints"]) for kw in generations] == [1, 0, 0]
+    assert all(kw["parent_len"] >= shared[0].length - 1 for kw in generations[1:])
+
+
+async def test_latency_critical_tasks_run_first_on_the_engine_too(core):
+    session, _ = await core.create_session()
+    bulk = await call(core, session, "Story: {{s}}", s=out("s"))
+    urgent = await call(core, session, "Answer now: {{a}}", a=out("a"))
+    await core.get_var(session, urgent["a"], "latency", 120)
+    await core.get_var(session, bulk["s"], "throughput", 120)
+    priorities = [kw["priority"] for name, kw in spy(core).calls if name == "generate"]
+    assert sorted(priorities) == [0, 1]
+
+
+async def test_a_failed_producer_fails_its_consumers_with_the_reason(core):
+    session, _ = await core.create_session()
+    steps = [JsonField(path="x")]  # the input is not JSON: the transform fails
+    _, outputs = await core.submit_transform(session, [TransformInput(value="not json")], steps, "x")
+    consumer = await call(core, session, "Echo {{x}}: {{y}}", x={"var_id": outputs["x"]}, y=out("y"))
+    with pytest.raises(ProducerFailedError, match="input 'x' failed"):
+        await core.get_var(session, consumer["y"], "latency", 30)
+    assert consumer["request"].state == "failed" and spy(core).count("generate") == 0
