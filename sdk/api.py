@@ -1,8 +1,8 @@
 """The public API of the Parrot SDK, in one import::
 
-    from parrot.sdk.api import Client, Input, Output, semantic_function
+    from parrot.sdk import Client, Input, Output, semantic_function
 
-(``parrot.sdk`` itself is a namespace package and exports nothing; see sdk/README.md.)
+(``parrot.sdk`` re-exports these names; importing them from ``parrot.sdk.api`` works too.)
 """
 
 from parrot.sdk.aclient import AsyncClient, AsyncSession, AsyncVar
