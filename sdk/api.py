@@ -27,7 +27,17 @@ from parrot.sdk.errors import (
 from parrot.sdk.functions import SemanticFunction, semantic_function
 from parrot.sdk.handles import Call, current_session
 from parrot.sdk.params import Input, Output
-from parrot.sdk.results import CallInfo, EngineInfo, Health, SessionInfo, VarInfo
+from parrot.sdk.results import (
+    CallInfo,
+    CallUsage,
+    EngineInfo,
+    Health,
+    RenderedChat,
+    SessionInfo,
+    SessionUsage,
+    VarInfo,
+)
+from parrot.sdk.streams import CompletionDelta
 
 __all__ = [
     "AsyncClient",
@@ -37,8 +47,10 @@ __all__ = [
     "BadRequestError",
     "Call",
     "CallInfo",
+    "CallUsage",
     "Client",
     "ClientConfig",
+    "CompletionDelta",
     "ConflictError",
     "DefinitionError",
     "EngineInfo",
@@ -51,10 +63,12 @@ __all__ = [
     "Output",
     "ParrotError",
     "ProducerFailedError",
+    "RenderedChat",
     "SemanticFunction",
     "ServerUnreachableError",
     "Session",
     "SessionInfo",
+    "SessionUsage",
     "TemplateError",
     "UnauthorizedError",
     "Var",
