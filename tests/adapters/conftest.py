@@ -34,5 +34,7 @@ def gets(url: str) -> float:
 
 
 def submitted_before_any_finished(calls) -> bool:
-    """Server clock: every call was on the server before the first of them had finished."""
-    return max(c.timings["submitted_at"] for c in calls) <= min(c.timings["finished_at"] for c in calls)
+    """Server clock: every call (a CallInfo, or one as a dict) was on the server before the
+    first of them had finished."""
+    timings = [c["timings"] if isinstance(c, dict) else c.timings for c in calls]
+    return max(t["submitted_at"] for t in timings) <= min(t["finished_at"] for t in timings)
