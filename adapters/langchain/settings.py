@@ -10,22 +10,14 @@ from pydantic import BaseModel, Field, SecretStr, model_validator
 from parrot.sdk.config import DEFAULT_TIMEOUT_S, ClientConfig
 from parrot.sdk.errors import ParrotError
 from parrot.sdk.params import Output
+from parrot.sdk.streams import OPENAI_FIELDS
 
 Criteria = Literal["latency", "throughput"]
 CRITERIA = ("latency", "throughput")
 # The RunnableConfig metadata key that picks the performance criteria of a run.
 CRITERIA_KEY = "parrot_criteria"
-SAMPLING_FIELDS = (
-    "max_tokens",
-    "temperature",
-    "top_p",
-    "top_k",
-    "seed",
-    "stop",
-    "presence_penalty",
-    "frequency_penalty",
-    "repetition_penalty",
-)
+# Every sampling setting that both semantic calls and streams take.
+SAMPLING_FIELDS = OPENAI_FIELDS
 
 
 class ParrotSettings(BaseModel):
@@ -50,6 +42,7 @@ class ParrotSettings(BaseModel):
     presence_penalty: float | None = None
     frequency_penalty: float | None = None
     repetition_penalty: float | None = None
+    ignore_eos: bool | None = None
     criteria: Criteria = "latency"
     timeout: float = Field(default=DEFAULT_TIMEOUT_S, gt=0)
     """Seconds for each response of the server, besides the wait for a generation."""

@@ -4,6 +4,8 @@ outputs, shares input variables, and runs client steps between server stages."""
 
 from __future__ import annotations
 
+import logging
+
 import pytest
 from langchain_core.messages import AIMessage, HumanMessage
 from langchain_core.prompts import PromptTemplate
@@ -11,7 +13,15 @@ from langchain_core.runnables import RunnableLambda, RunnablePassthrough
 
 from parrot.adapters.langchain import compile_chain
 
-from .chains import chat_chain, map_reduce, name_step, slogan_step, two_step_dict, two_step_text
+from .chains import (
+    chat_chain,
+    chatml,
+    map_reduce,
+    name_step,
+    slogan_step,
+    two_step_dict,
+    two_step_text,
+)
 from .conftest import gets, submitted_before_any_finished
 
 BAKERY = {"thing": "seaside bakery"}
@@ -122,6 +132,14 @@ async def test_compiled_ainvoke_and_abatch(llm):
     assert (await compiled.ainvoke(BAKERY)).strip()
     first, second = await compiled.abatch([BAKERY, {"thing": 3}])
     assert isinstance(first, str) and isinstance(second, str)
+
+
+def test_compiled_criteria_come_from_the_run_metadata(llm, caplog):
+    compiled = compile_chain(chatml("Hi {q}") | llm.bind(max_tokens=2))
+    with caplog.at_level(logging.INFO, logger="httpx"):
+        compiled.invoke({"q": "there"}, config={"metadata": {"parrot_criteria": "throughput"}})
+    gets = [m for m in (r.getMessage() for r in caplog.records) if "GET" in m and "semantic_var" in m]
+    assert len(gets) == 1 and "criteria=throughput" in gets[0]
 
 
 def test_braces_in_templates_and_values_are_text(llm):

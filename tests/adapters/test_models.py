@@ -11,6 +11,7 @@ from langchain_core.messages import AIMessage
 from pydantic import ValidationError
 
 from parrot.adapters.langchain import ParrotChatModel, ParrotLLM
+from parrot.sdk import ParrotError
 
 from .conftest import metric, submitted_before_any_finished
 
@@ -48,6 +49,19 @@ def test_llm_batch_of_16_reaches_the_server_as_16_concurrent_calls(llm, parrot):
     assert len(texts) == 16 and all(t.strip() for t in texts)
     assert len(calls) == 16 and all(c.state == "done" for c in calls)
     assert submitted_before_any_finished(calls)  # server clock
+
+
+def test_a_batch_without_an_enclosing_session_shares_one_of_its_own(llm, chat):
+    result = llm.generate(["One,", "Red,", "Up,"])
+    sessions = {g[0].generation_info["parrot_session_id"] for g in result.generations}
+    assert len(sessions) == 1 and len(result.generations) == 3
+    replies = chat.batch(["Hi.", "Hello."])
+    assert len({r.response_metadata["parrot_session_id"] for r in replies}) == 1
+
+
+async def test_sync_invoke_inside_a_running_event_loop(llm):
+    """A synchronous call from async code (a notebook, an async app) runs beside the loop."""
+    assert llm.invoke(PROMPT, max_tokens=2) == await llm.ainvoke(PROMPT, max_tokens=2)
 
 
 def test_llm_one_at_a_time_waits_between_calls(llm, parrot):
@@ -127,3 +141,5 @@ def test_bad_settings_are_clear_errors(parrot_url):
         llm.invoke("Hi", top_q=0.5)
     with pytest.raises(ValueError, match="the prompt is empty"):
         llm.invoke("")
+    with pytest.raises(ParrotError, match="no-such-model"):
+        ParrotLLM(base_url=parrot_url, model="no-such-model").invoke("Hi")
