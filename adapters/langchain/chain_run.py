@@ -103,8 +103,14 @@ class ChainRun:
         raise TypeError(f"not a step: {step!r}")
 
     async def _parallel(self, parallel: Parallel, value: Any) -> dict[str, Any]:
-        outputs = await asyncio.gather(*(self.step(s, value, key) for key, s in parallel.branches))
-        return dict(zip((key for key, _ in parallel.branches), outputs, strict=True))
+        """The branches concurrently; the first to fail cancels the others and its error is
+        raised as it is (as LangChain raises it)."""
+        try:
+            async with asyncio.TaskGroup() as group:
+                tasks = {key: group.create_task(self.step(s, value, key)) for key, s in parallel.branches}
+        except BaseExceptionGroup as failed:
+            raise failed.exceptions[0] from None
+        return {key: task.result() for key, task in tasks.items()}
 
     async def _formattable(self, value: Any) -> Any:
         """A prompt template's input: strings stay (a marker is formatted as it is); any
