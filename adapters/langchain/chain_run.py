@@ -84,9 +84,8 @@ class ChainRun:
                 return await self._parallel(step, value)
             case Assign(parallel):
                 if not isinstance(value, dict):
-                    raise ValueError(
-                        f"the input to RunnablePassthrough.assign() must be a dict, not {value!r}"
-                    )
+                    kind = type(value).__name__
+                    raise ValueError(f"the input of RunnablePassthrough.assign() must be a dict, not {kind}")
                 return {**value, **await self._parallel(parallel, value)}
             case Passthrough():
                 return value
