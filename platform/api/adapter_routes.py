@@ -1,0 +1,64 @@
+"""Routes that framework adapters (LangChain) need besides the Parrot API itself:
+
+- ``POST /v1/render_chat``: a chat in the model's own chat template (as the OpenAI front
+  renders ``/v1/chat/completions``), so a client can turn a chat prompt into a semantic
+  call template whose constant parts are shared prefixes;
+- ``GET /v1/session/{id}/usage``: the token usage of a session's calls (``call_id``
+  repeatable to pick some), for the usage metadata of LangChain results.
+"""
+
+from __future__ import annotations
+
+from litestar import Request, Router, get, post
+from litestar.datastructures import State
+from litestar.params import FromPath, FromQuery, JSONBody
+
+from parrot.engines.protocol.errors import NotFoundError
+from parrot.platform.api.adapter_bodies import CallUsage, RenderChat, RenderedChat, SessionUsage
+from parrot.platform.api.openai_front import models_served
+from parrot.platform.serve.core import ServeCore
+from parrot.platform.serve.graph import RequestChain
+from parrot.platform.serve.oneshot import render_chat
+
+
+def _served_model(core: ServeCore, asked: str | None) -> str:
+    served = models_served(core)
+    if asked is None and served:
+        return served[0]
+    if asked in served:
+        return asked
+    raise NotFoundError(f"model {asked!r} is not served here; the engines serve {served}")
+
+
+@post("/render_chat", status_code=200)
+async def render_chat_text(data: JSONBody[RenderChat], state: State) -> RenderedChat:
+    core: ServeCore = state.core
+    model = _served_model(core, data.model)
+    pieces = await render_chat(core, model, data.messages)
+    return RenderedChat(model=model, prompt="".join(pieces), pieces=pieces)
+
+
+def _call_usage(request: RequestChain) -> CallUsage:
+    results = [chain.result for chain in request.chains if chain.result is not None]
+    return CallUsage(
+        call_id=request.call_id,
+        prompt_tokens=sum(r.prompt_tokens for r in results),
+        completion_tokens=sum(len(r.token_ids) for r in results),
+        cached_tokens=sum(r.cached_tokens for r in results),
+        finish_reason=results[-1].finish_reason if results else None,
+    )
+
+
+@get("/session/{session_id:str}/usage")
+async def session_usage(
+    session_id: FromPath[str], request: Request, state: State, call_id: FromQuery[list[str] | None] = None
+) -> SessionUsage:
+    core: ServeCore = state.core
+    scheme, _, token = request.headers.get("authorization", "").partition(" ")
+    session = core.session(session_id, token.strip() if scheme.lower() == "bearer" else None)
+    calls = [core.call(session, c) for c in call_id] if call_id else list(session.calls.values())
+    return SessionUsage(session_id=session_id, calls=[_call_usage(c) for c in calls])
+
+
+def adapter_routes() -> Router:
+    return Router(path="/v1", route_handlers=[render_chat_text, session_usage])

@@ -1,0 +1,101 @@
+"""Streamed completions: the text of a generation as it is produced, from the ServeCore's
+OpenAI-compatible routes (``POST /v1/completions`` and ``/v1/chat/completions`` with
+``stream``). Semantic variables are not streamed; these are one-call requests.
+
+Sampling settings are validated as :class:`SamplingParams` and all of them are sent, so a
+stream samples exactly as a semantic call with the same settings would (the OpenAI routes'
+own defaults, such as 16 tokens for a completion, never apply).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import msgspec
+
+from parrot.engines.protocol.openai_schemas import ChatCompletionChunk, CompletionResponse, Usage
+from parrot.engines.protocol.sampling import SamplingParams
+from parrot.sdk.errors import BadRequestError
+from parrot.sdk.http import StreamOp
+
+# What the OpenAI routes take of SamplingParams (they have no stop_token_ids).
+OPENAI_FIELDS = (
+    "max_tokens",
+    "temperature",
+    "top_p",
+    "top_k",
+    "seed",
+    "stop",
+    "presence_penalty",
+    "frequency_penalty",
+    "repetition_penalty",
+    "ignore_eos",
+)
+
+
+class CompletionDelta(msgspec.Struct, kw_only=True, frozen=True):
+    """A piece of a streamed generation: new ``text``; ``finish_reason`` ("stop" or
+    "length") on the generation's last event; ``usage`` on the very last one."""
+
+    model: str
+    text: str = ""
+    finish_reason: str | None = None
+    usage: Usage | None = None
+
+
+def openai_sampling(sampling: Mapping[str, Any]) -> dict[str, Any]:
+    """Every sampling field the OpenAI routes take, with Parrot's defaults filled in."""
+    try:
+        params = msgspec.convert(dict(sampling), SamplingParams)
+    except msgspec.ValidationError as error:
+        raise BadRequestError(f"sampling settings: {error}") from None
+    if params.stop_token_ids:
+        raise BadRequestError("stop_token_ids cannot be streamed; use stop strings")
+    fields = msgspec.to_builtins(params)
+    return {name: fields[name] for name in OPENAI_FIELDS if fields.get(name) is not None}
+
+
+def _completion_delta(data: str) -> CompletionDelta | None:
+    chunk = msgspec.json.decode(data, type=CompletionResponse)
+    if not chunk.choices:
+        return CompletionDelta(model=chunk.model, usage=chunk.usage) if chunk.usage else None
+    choice = chunk.choices[0]
+    return CompletionDelta(model=chunk.model, text=choice.text, finish_reason=choice.finish_reason)
+
+
+def _chat_delta(data: str) -> CompletionDelta | None:
+    chunk = msgspec.json.decode(data, type=ChatCompletionChunk)
+    if not chunk.choices:
+        return CompletionDelta(model=chunk.model, usage=chunk.usage) if chunk.usage else None
+    choice = chunk.choices[0]
+    if not choice.delta.content and choice.finish_reason is None:
+        return None  # the opening event that only names the role
+    return CompletionDelta(
+        model=chunk.model, text=choice.delta.content or "", finish_reason=choice.finish_reason
+    )
+
+
+def _body(model: str | None, sampling: Mapping[str, Any]) -> dict[str, Any]:
+    body: dict[str, Any] = {"stream": True, "stream_options": {"include_usage": True}}
+    if model is not None:
+        body["model"] = model
+    return body | openai_sampling(sampling)
+
+
+def stream_completion(
+    prompt: str, model: str | None, sampling: Mapping[str, Any], api_key: str | None
+) -> StreamOp[CompletionDelta]:
+    """``POST /v1/completions`` with ``stream``: ``prompt`` is sent as it is."""
+    body = _body(model, sampling) | {"prompt": prompt}
+    return StreamOp("/v1/completions", _completion_delta, json=body, token=api_key)
+
+
+def stream_chat(
+    messages: Sequence[Mapping[str, str]], model: str | None, sampling: Mapping[str, Any], api_key: str | None
+) -> StreamOp[CompletionDelta]:
+    """``POST /v1/chat/completions`` with ``stream``: the server renders ``messages``
+    (``role``, ``content``) with the model's own chat template."""
+    turns = [{"role": m["role"], "content": m["content"]} for m in messages]
+    body = _body(model, sampling) | {"messages": turns}
+    return StreamOp("/v1/chat/completions", _chat_delta, json=body, token=api_key)

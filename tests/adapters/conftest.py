@@ -1,0 +1,40 @@
+"""Parrot's LangChain models on the shared ``parrot serve`` process (tests/conftest.py)."""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+
+from parrot.adapters.langchain import ParrotChatModel, ParrotLLM
+
+SHORT = {"max_tokens": 8, "temperature": 0}
+
+
+@pytest.fixture
+def llm(parrot_url) -> ParrotLLM:
+    return ParrotLLM(base_url=parrot_url, **SHORT)
+
+
+@pytest.fixture
+def chat(parrot_url) -> ParrotChatModel:
+    return ParrotChatModel(base_url=parrot_url, **SHORT)
+
+
+def metric(url: str, name: str) -> float:
+    """One sample of the server's /metrics (``name`` with its labels)."""
+    for line in httpx.get(f"{url}/metrics", timeout=10).text.splitlines():
+        if line.startswith(f"{name} "):
+            return float(line.rsplit(" ", 1)[1])
+    raise AssertionError(f"no metric {name}")
+
+
+def gets(url: str) -> float:
+    """How many gets of variables the server has answered (each waited for a value)."""
+    return metric(url, "parrot_sv_wait_seconds_count")
+
+
+def submitted_before_any_finished(calls) -> bool:
+    """Server clock: every call (a CallInfo, or one as a dict) was on the server before the
+    first of them had finished."""
+    timings = [c["timings"] if isinstance(c, dict) else c.timings for c in calls]
+    return max(t["submitted_at"] for t in timings) <= min(t["finished_at"] for t in timings)
