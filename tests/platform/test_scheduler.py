@@ -3,6 +3,8 @@ per task, fill-ahead of known prefixes, task groups, priorities, failure propaga
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 import pytest_asyncio
 
@@ -78,7 +80,7 @@ async def test_a_chain_runs_in_order_with_one_engine_request_per_step(core):
     # Everything was submitted; only the last value is awaited.
     await core.get_var(session, c["c"], "latency", 120)
     steps = [x["request"] for x in (a, b, c)]
-    for before, after in zip(steps, steps[1:], strict=False):  # server-side timings
+    for before, after in itertools.pairwise(steps):  # server-side timings
         assert after.timings["started_at"] >= before.timings["finished_at"]
     assert spy(core).count("generate") == 3 and spy(core).count("fill") == 0  # nothing else
     # Each prompt is the whole rendered text, tokenized at once.
