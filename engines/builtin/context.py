@@ -32,6 +32,7 @@ class Context:
     freed: bool = False
     busy: bool = False  # a job is running on it
     last_used: int = 0  # engine step of the last use, for idle eviction
+    parent_deadline: float | None = None  # monotonic: until when a parent not there yet may come
 
     @property
     def num_pending(self) -> int:

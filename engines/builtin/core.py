@@ -72,6 +72,7 @@ class EngineCore:
         self.eos_token_ids = eos_token_ids
         self._seq = 0
         self._planned_len: dict[int, int] = {}  # context id -> length once its queued jobs ran
+        self._orphans: dict[int, Context] = {}  # forks waiting for a parent not there yet
         # Statistics (engine thread writes, ``snapshot`` reads).
         self.steps = 0
         self.batched_seqs = 0
@@ -190,7 +191,7 @@ class EngineCore:
             raise InvalidTokenError(f"token id {bad} is outside the vocabulary (0..{self.vocab_size - 1})")
 
     def _context_for(self, target: Target) -> Context:
-        context_id, parent_id, parent_len = target
+        context_id, parent_id, parent_len, parent_wait_s = target
         if parent_len is not None and parent_id is None:
             raise BadRequestError("parent_len needs parent_context_id")
         ctx = self.pool.contexts.get(context_id)
@@ -207,7 +208,9 @@ class EngineCore:
                 raise BadRequestError("a context cannot be its own parent")
             parent = self.pool.contexts.get(parent_id)
             if parent is None:
-                raise UnknownContextError(f"parent context {parent_id} does not exist")
+                if parent_wait_s <= 0 or parent_len is None:
+                    raise UnknownContextError(f"parent context {parent_id} does not exist")
+                return self._orphan(target)
             if parent_len is not None and parent_len > self._planned(parent):
                 raise BadRequestError(
                     f"cannot fork {parent_len} tokens of context {parent_id}: it holds "
@@ -220,6 +223,43 @@ class EngineCore:
         else:
             self._planned_len[context_id] = 0
         return ctx
+
+    def _orphan(self, target: Target) -> Context:
+        """A fork whose parent is not there yet: it waits (its jobs are not admitted) until
+        the parent appears or ``parent_wait_s`` passes."""
+        ctx = Context(context_id=target.context_id, parent_id=target.parent_id, parent_len=target.parent_len)
+        ctx.parent_deadline = time.monotonic() + target.parent_wait_s
+        self.pool.contexts[ctx.context_id] = ctx
+        self._planned_len[ctx.context_id] = target.parent_len
+        self._orphans[ctx.context_id] = ctx
+        return ctx
+
+    def _adopt_orphans(self) -> None:
+        """Link waiting forks to parents that arrived; fail those whose parent never did."""
+        now = time.monotonic()
+        for ctx in list(self._orphans.values()):
+            parent = self.pool.contexts.get(ctx.parent_id)
+            error = None
+            if ctx.freed:
+                pass
+            elif parent is not None and not parent.freed:
+                if ctx.parent_len > self._planned(parent):
+                    error = BadRequestError(
+                        f"cannot fork {ctx.parent_len} tokens of context {ctx.parent_id}: it holds "
+                        f"{self._planned(parent)} (with its queued jobs)"
+                    )
+                else:
+                    ctx.parent, ctx.parent_deadline = parent, None
+            elif now < ctx.parent_deadline:
+                continue
+            else:
+                error = UnknownContextError(f"parent context {ctx.parent_id} does not exist")
+            del self._orphans[ctx.context_id]
+            if error is not None:
+                for job in self.scheduler.jobs_of(ctx):
+                    self._drop(job, error)
+                self._planned_len.pop(ctx.context_id, None)
+                self.pool.free(ctx)
 
     def _checkpoints(self, ctx: Context, wanted: Sequence[tuple[int, int]], prompt_len: int) -> list[Context]:
         """New, not yet made contexts that fork ``ctx`` once its prompt is computed."""
@@ -320,6 +360,8 @@ class EngineCore:
     # -- the step ------------------------------------------------------------------------
     def step(self) -> bool:
         """One batched iteration; False when there was nothing to do."""
+        if self._orphans:
+            self._adopt_orphans()
         items = self.scheduler.schedule()
         if not items:
             return False

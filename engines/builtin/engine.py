@@ -186,9 +186,10 @@ class BuiltinEngine:
         parent_len: int | None = None,
         priority: int = 0,
         checkpoints: Sequence[tuple[int, int]] = (),
+        parent_wait_s: float = 0.0,
     ) -> FillResult:
         sink = JobSink(asyncio.get_running_loop())
-        target = Target(context_id, parent_context_id, parent_len)
+        target = Target(context_id, parent_context_id, parent_len, parent_wait_s)
         submit = partial(self.core.submit_fill, target, list(token_ids), sink, priority, list(checkpoints))
         return await self._job(submit, sink)
 
@@ -202,9 +203,10 @@ class BuiltinEngine:
         prompt_tokens: Sequence[int] = (),
         priority: int = 0,
         checkpoints: Sequence[tuple[int, int]] = (),
+        parent_wait_s: float = 0.0,
     ) -> GenerateResult:
         sink = JobSink(asyncio.get_running_loop())
-        target = Target(context_id, parent_context_id, parent_len)
+        target = Target(context_id, parent_context_id, parent_len, parent_wait_s)
         tail, marks = list(prompt_tokens), list(checkpoints)
         submit = partial(self.core.submit_generate, target, sampling, sink, tail, priority, marks)
         return await self._job(submit, sink)
@@ -246,10 +248,11 @@ class BuiltinEngine:
         prompt_tokens: Sequence[int] = (),
         priority: int = 0,
         checkpoints: Sequence[tuple[int, int]] = (),
+        parent_wait_s: float = 0.0,
     ) -> AsyncIterator[TokenEvent | GenerateResult]:
         """Yields a :class:`TokenEvent` per token, then the :class:`GenerateResult`."""
         sink = JobSink(asyncio.get_running_loop(), stream=True)
-        target = Target(context_id, parent_context_id, parent_len)
+        target = Target(context_id, parent_context_id, parent_len, parent_wait_s)
         tail, marks = list(prompt_tokens), list(checkpoints)
         submitted = asyncio.ensure_future(
             self._call(self.core.submit_generate, target, sampling, sink, tail, priority, marks)

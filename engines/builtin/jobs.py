@@ -51,11 +51,13 @@ class JobSink:
 
 class Target(NamedTuple):
     """The context a job runs on; a new one forks ``parent_id`` (its first ``parent_len``
-    tokens, or all of it once it is idle)."""
+    tokens, or all of it once it is idle). A parent that does not exist yet is waited for
+    up to ``parent_wait_s`` (its request may still be on its way)."""
 
     context_id: int
     parent_id: int | None = None
     parent_len: int | None = None
+    parent_wait_s: float = 0.0
 
 
 @dataclass(frozen=True)

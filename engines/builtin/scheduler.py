@@ -117,7 +117,7 @@ class LocalScheduler:
         parent has nothing left to do before this job (then it forks what there is)."""
         parent = ctx.parent
         if parent is None:
-            return True
+            return ctx.parent_id is None or ctx.materialized  # else: its parent is not there yet
         if not parent.materialized:
             return False
         idle = not parent.busy and first_waiting.get(id(parent), job.seq) >= job.seq

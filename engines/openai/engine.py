@@ -91,6 +91,7 @@ class OpenAIEngine:
         parent_len: int | None = None,
         priority: int = 0,
         checkpoints: Sequence[tuple[int, int]] = (),
+        parent_timeout_ms: int = 0,  # in-process: a parent exists before its forks are asked for
     ) -> FillResponse:
         """Append ``text`` to the context (created, forked from the parent, when new).
         Lengths are in characters; ``priority`` means nothing to an endpoint."""
@@ -115,6 +116,7 @@ class OpenAIEngine:
         text: str | None = None,
         priority: int = 0,
         checkpoints: Sequence[tuple[int, int]] = (),
+        parent_timeout_ms: int = 0,  # in-process: a parent exists before its forks are asked for
     ) -> GenerateResponse:
         ctx, created = self._target(context_id, parent_context_id, parent_len, token_ids, text)
         try:
@@ -152,6 +154,7 @@ class OpenAIEngine:
         text: str | None = None,
         priority: int = 0,
         checkpoints: Sequence[tuple[int, int]] = (),
+        parent_timeout_ms: int = 0,  # in-process: a parent exists before its forks are asked for
     ) -> AsyncIterator[TokenStreamEvent | StreamEnd]:
         """A :class:`TokenStreamEvent` per text delta (``token_id=-1``), then :class:`StreamEnd`."""
         ctx, created = self._target(context_id, parent_context_id, parent_len, token_ids, text)

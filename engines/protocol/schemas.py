@@ -13,6 +13,9 @@ Length = Annotated[int, msgspec.Meta(ge=1, le=2**31 - 1)]
 # Jobs with a higher priority are admitted first and preempted last (latency-critical
 # work of a ServeCore runs at 1; plain requests at 0).
 Priority = Annotated[int, msgspec.Meta(ge=0, le=10)]
+# A fork may wait this long for a parent that does not exist yet (the request creating it
+# may still be on its way): a ServeCore pipelines dependent requests.
+WaitMs = Annotated[int, msgspec.Meta(ge=0, le=60_000)]
 
 
 class Checkpoint(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
@@ -31,6 +34,7 @@ class FillRequest(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     context_id: ContextId
     parent_context_id: ContextId | None = None
     parent_len: Length | None = None
+    parent_timeout_ms: WaitMs = 0
     token_ids: list[int] | None = None
     text: str | None = None
     priority: Priority = 0
@@ -53,6 +57,7 @@ class GenerateRequest(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     context_id: ContextId
     parent_context_id: ContextId | None = None
     parent_len: Length | None = None
+    parent_timeout_ms: WaitMs = 0
     token_ids: list[int] | None = None
     text: str | None = None
     sampling: SamplingParams = msgspec.field(default_factory=SamplingParams)

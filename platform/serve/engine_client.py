@@ -38,8 +38,9 @@ Checkpoints = Sequence[tuple[int, int]]  # (context id, length): forks kept once
 
 class Engine(Protocol):
     """What the ServeCore needs of an engine. New contexts fork ``parent_context_id`` at
-    ``parent_len`` (all of it when None); ``token_ids``/``text`` on a generation are its
-    prompt's tail, filled in the same job; higher ``priority`` runs first."""
+    ``parent_len`` (all of it when None), waiting up to ``parent_timeout_ms`` for a parent
+    whose own request may still be on its way; ``token_ids``/``text`` on a generation are
+    its prompt's tail, filled in the same job; higher ``priority`` runs first."""
 
     async def fill(
         self,
@@ -51,6 +52,7 @@ class Engine(Protocol):
         parent_len: int | None = None,
         priority: int = 0,
         checkpoints: Checkpoints = (),
+        parent_timeout_ms: int = 0,
     ) -> FillResponse: ...
 
     async def generate(
@@ -64,6 +66,7 @@ class Engine(Protocol):
         text: str | None = None,
         priority: int = 0,
         checkpoints: Checkpoints = (),
+        parent_timeout_ms: int = 0,
     ) -> GenerateResponse: ...
 
     def generate_stream(
@@ -77,6 +80,7 @@ class Engine(Protocol):
         text: str | None = None,
         priority: int = 0,
         checkpoints: Checkpoints = (),
+        parent_timeout_ms: int = 0,
     ) -> AsyncIterator[TokenStreamEvent | StreamEnd]: ...
 
     async def free_context(self, context_id: int) -> int: ...
@@ -123,11 +127,13 @@ class HttpEngine:
         parent_len=None,
         priority=0,
         checkpoints=(),
+        parent_timeout_ms=0,
     ) -> FillResponse:
         body = FillRequest(
             context_id=context_id,
             parent_context_id=parent_context_id,
             parent_len=parent_len,
+            parent_timeout_ms=parent_timeout_ms,
             token_ids=token_ids,
             text=text,
             priority=priority,
@@ -142,6 +148,7 @@ class HttpEngine:
             parent_context_id=parent_context_id,
             sampling=sampling,
             parent_len=kw.get("parent_len"),
+            parent_timeout_ms=kw.get("parent_timeout_ms", 0),
             token_ids=kw.get("token_ids"),
             text=kw.get("text"),
             priority=kw.get("priority", 0),

@@ -97,15 +97,11 @@ def test_killed_servecore_restarts_with_its_sessions_and_finishes_the_calls(engi
                 assert info.status_code == 200, info.text
                 assert [c["call_id"] for c in info.json()["calls"]] == [c["call_id"] for c in calls]
                 assert len(info.json()["vars"]) == 5  # topic, a, b, c, loud
-                values = {
-                    name: api.get(
-                        f"/v1/semantic_var/{var_id}", params={"session_id": sid}, headers=auth
-                    ).json()
-                    for name, var_id in (
-                        ("c", calls[2]["outputs"]["c"]),
-                        ("loud", calls[3]["outputs"]["loud"]),
-                    )
-                }
+                values = {}
+                for name, var_id in (("c", calls[2]["outputs"]["c"]), ("loud", calls[3]["outputs"]["loud"])):
+                    r = api.get(f"/v1/semantic_var/{var_id}", params={"session_id": sid}, headers=auth)
+                    assert r.status_code == 200, (name, r.text)
+                    values[name] = r.json()
                 assert values["c"]["ready"] and values["c"]["value"], values
                 assert values["loud"]["value"] == values["c"]["value"].upper()
                 for call in calls:

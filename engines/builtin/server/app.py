@@ -56,6 +56,7 @@ async def fill(data: JSONBody[FillRequest], state: State, request: Request) -> F
         parent_len=data.parent_len,
         priority=data.priority,
         checkpoints=_checkpoints(data),
+        parent_wait_s=data.parent_timeout_ms / 1000,
     )
     result = await unless_disconnected(request, work)
     return FillResponse(
@@ -75,6 +76,7 @@ def _generate_args(engine: BuiltinEngine, data: GenerateRequest) -> dict:
         "prompt_tokens": tail,
         "priority": data.priority,
         "checkpoints": _checkpoints(data),
+        "parent_wait_s": data.parent_timeout_ms / 1000,
     }
 
 

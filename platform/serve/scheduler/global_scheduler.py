@@ -26,7 +26,7 @@ from parrot.platform.serve.radix import common_prefix
 from parrot.platform.serve.scheduler.health import EngineMonitor, HealthSettings
 from parrot.platform.serve.scheduler.policy import SchedulingPolicy
 from parrot.platform.serve.scheduler.queue import TaskQueue
-from parrot.platform.serve.scheduler.runner import Requeue, SchedulerStats, TaskRunner
+from parrot.platform.serve.scheduler.runner import PARENT_WAIT_MS, Requeue, SchedulerStats, TaskRunner
 from parrot.platform.serve.scheduler.slot import EngineSlot
 from parrot.platform.serve.scheduler.task import CompletionTask
 from parrot.platform.serve.variables import Variables
@@ -330,6 +330,7 @@ class GlobalScheduler:
                 parent_len=point.length if parent is not None else None,
                 priority=1 if latency and self.policy.criteria else 0,
                 checkpoints=[(c.context_id, c.length) for c in checkpoints],
+                parent_timeout_ms=PARENT_WAIT_MS if parent is not None and parent.state != READY else 0,
             )
         except ParrotError as error:
             log.info("fill-ahead of %s failed (%s); the call fills it when it runs", chain.key, error)

@@ -27,6 +27,7 @@ from parrot.platform.serve.scheduler.task import CompletionTask
 
 log = logging.getLogger(__name__)
 Result = GenerateResponse | StreamEnd
+PARENT_WAIT_MS = 10_000  # a fork of a context whose request is in flight waits this long for it
 
 
 class Requeue(Exception):
@@ -147,8 +148,11 @@ class TaskRunner:
         task, slot = placed.task, placed.slot
         tail = placed.prompt.symbols[placed.length :]
         gen = task.gen
+        pending = placed.parent is not None and placed.parent.state != READY
         args = {
             "parent_len": placed.length if placed.parent is not None else None,
+            # Its parent's own request may still be on its way to the engine.
+            "parent_timeout_ms": PARENT_WAIT_MS if pending else 0,
             "priority": self.policy.priority(task),
             "checkpoints": [(c.context_id, c.length) for c in placed.checkpoints],
             **({"text": tail} if slot.text else {"token_ids": list(tail)}),

@@ -239,3 +239,45 @@ def test_bad_fork_and_checkpoint_requests(client, ids, body, status, words):
     assert words in r.text
     assert client.get("/ping").status_code == 200
     assert client.post("/free_context", json={"context_id": target}).json()["freed_tokens"] == 0
+
+
+def test_a_fork_may_arrive_before_its_parent(client, ids, engine_server):
+    """A ServeCore pipelines dependent requests: a fork that reaches the engine before the
+    request creating its parent waits for it (up to ``parent_timeout_ms``)."""
+    tokens = tokenize(client, PROMPT)
+    parent, child = next(ids), next(ids)
+
+    async def scenario() -> list:
+        async with httpx.AsyncClient(base_url=engine_server.url, timeout=120) as c:
+            fork = asyncio.create_task(
+                c.post(
+                    "/generate",
+                    json={
+                        "context_id": child,
+                        "parent_context_id": parent,
+                        "parent_len": len(tokens) - 2,
+                        "parent_timeout_ms": 20_000,
+                        "token_ids": tokens[-2:],
+                        "sampling": greedy(),
+                    },
+                )
+            )
+            await asyncio.sleep(0.3)  # the fork is parked on the engine now
+            assert not fork.done()
+            made = await c.post("/fill", json={"context_id": parent, "token_ids": tokens})
+            return [made, await fork]
+
+    made, forked = asyncio.run(scenario())
+    assert made.status_code == forked.status_code == 200, forked.text
+    assert forked.json()["token_ids"] == alone(client, ids, tokens)["token_ids"]
+
+
+def test_a_parent_that_never_comes_fails_the_fork_after_its_wait(client, ids):
+    body = {"context_id": next(ids), "parent_context_id": 987_654_321, "parent_len": 3, "token_ids": [1]}
+    r = client.post("/generate", json={**body, "sampling": greedy()})  # no wait: at once
+    assert r.status_code == 404 and "does not exist" in r.text
+    r = client.post(
+        "/generate", json={**body, "context_id": next(ids), "parent_timeout_ms": 300, "sampling": greedy()}
+    )
+    assert r.status_code == 404 and "does not exist" in r.text
+    assert client.get("/ping").json()["num_waiting"] == 0
