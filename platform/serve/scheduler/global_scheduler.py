@@ -129,17 +129,20 @@ class GlobalScheduler:
         """Stop everything of a session: its queued tasks leave, its running generations are
         aborted on their engines, and its contexts are freed there."""
         self.queue.take_session(session_id)
+        # Its contexts, running generations included, are aborted on their engines before
+        # this returns: nothing of the session keeps computing.
+        doomed = {slot: slot.contexts.of_session(session_id) for slot in self.engines.values()}
         jobs = [job for task, job in self._jobs.values() if task.session_id == session_id]
         for job in jobs:
             job.cancel()
         await asyncio.gather(*jobs, return_exceptions=True)
         for key in [k for k, ahead in self._ahead.items() if ahead.session_id == session_id]:
             self.release_ahead(key)
-        for slot in self.engines.values():
-            gone = slot.contexts.of_session(session_id)
+        for slot, gone in doomed.items():
+            gone += slot.contexts.of_session(session_id)  # made while the jobs stopped
             for ctx in gone:
                 slot.contexts.remove(ctx)
-            await free_on_engine(slot.client, [c.context_id for c in gone])
+            await free_on_engine(slot.client, sorted({c.context_id for c in gone}))
 
     # -- dispatch ---------------------------------------------------------------------------
     async def _dispatch_loop(self) -> None:
