@@ -24,7 +24,7 @@ from parrot.engines.builtin.block_manager import BlockManager
 from parrot.engines.builtin.config import EngineConfig
 from parrot.engines.builtin.context import ContextPool
 from parrot.engines.builtin.core import EngineCore
-from parrot.engines.builtin.jobs import FillResult, GenerateResult, JobSink, Target, TokenEvent
+from parrot.engines.builtin.jobs import FillResult, GenerateResult, JobSink, Outbox, Target, TokenEvent
 from parrot.engines.builtin.kv_cache import allocate_kv_cache, num_blocks_for_budget
 from parrot.engines.builtin.model.config import ModelConfig
 from parrot.engines.builtin.model.llama import LlamaForCausalLM
@@ -51,6 +51,7 @@ class BuiltinEngine:
     def __init__(self, config: EngineConfig) -> None:
         self.config = config
         self._commands: queue.SimpleQueue[Callable[[], None]] = queue.SimpleQueue()
+        self._outbox = Outbox()  # the engine thread's answers, sent once its stats are published
         self._wake = threading.Event()
         self._ready = threading.Event()
         self._stopping = False
@@ -128,6 +129,7 @@ class BuiltinEngine:
             if self._stopping:
                 self._run_commands()
                 self.core.fail_all(EngineShutdownError("the engine is shutting down"))
+                self._outbox.deliver()
                 return
             try:
                 busy = self.core.step()
@@ -136,6 +138,7 @@ class BuiltinEngine:
                 self.core.fail_all(EngineShutdownError("internal engine error during a step"))
                 busy = False
             self._publish()
+            self._outbox.deliver()
             if not busy:
                 self._wake.wait(timeout=1.0)
                 self._wake.clear()
@@ -153,6 +156,7 @@ class BuiltinEngine:
             except queue.Empty:
                 if ran:
                     self._publish()
+                    self._outbox.deliver()
                 return
             command()
             ran = True
@@ -168,9 +172,9 @@ class BuiltinEngine:
             try:
                 result = fn(*args)
             except BaseException as error:
-                loop.call_soon_threadsafe(_settle, future, None, error)
+                self._outbox.post(loop, _settle, future, None, error)
             else:
-                loop.call_soon_threadsafe(_settle, future, result, None)
+                self._outbox.post(loop, _settle, future, result, None)
 
         self._commands.put(command)
         self._wake.set()
@@ -188,7 +192,7 @@ class BuiltinEngine:
         checkpoints: Sequence[tuple[int, int]] = (),
         parent_wait_s: float = 0.0,
     ) -> FillResult:
-        sink = JobSink(asyncio.get_running_loop())
+        sink = JobSink(asyncio.get_running_loop(), outbox=self._outbox)
         target = Target(context_id, parent_context_id, parent_len, parent_wait_s)
         submit = partial(self.core.submit_fill, target, list(token_ids), sink, priority, list(checkpoints))
         return await self._job(submit, sink)
@@ -205,7 +209,7 @@ class BuiltinEngine:
         checkpoints: Sequence[tuple[int, int]] = (),
         parent_wait_s: float = 0.0,
     ) -> GenerateResult:
-        sink = JobSink(asyncio.get_running_loop())
+        sink = JobSink(asyncio.get_running_loop(), outbox=self._outbox)
         target = Target(context_id, parent_context_id, parent_len, parent_wait_s)
         tail, marks = list(prompt_tokens), list(checkpoints)
         submit = partial(self.core.submit_generate, target, sampling, sink, tail, priority, marks)
@@ -251,7 +255,7 @@ class BuiltinEngine:
         parent_wait_s: float = 0.0,
     ) -> AsyncIterator[TokenEvent | GenerateResult]:
         """Yields a :class:`TokenEvent` per token, then the :class:`GenerateResult`."""
-        sink = JobSink(asyncio.get_running_loop(), stream=True)
+        sink = JobSink(asyncio.get_running_loop(), stream=True, outbox=self._outbox)
         target = Target(context_id, parent_context_id, parent_len, parent_wait_s)
         tail, marks = list(prompt_tokens), list(checkpoints)
         submitted = asyncio.ensure_future(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import enum
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
@@ -16,27 +17,53 @@ class JobKind(enum.Enum):
     GENERATE = "generate"
 
 
+class Outbox:
+    """What the engine thread hands to the asyncio side, held until the engine has published
+    its statistics for the step (or commands) that produced it: a client never sees an
+    answer before ``/ping`` reflects it."""
+
+    def __init__(self) -> None:
+        self._held: list[tuple[asyncio.AbstractEventLoop, Callable[..., None], tuple]] = []
+
+    def post(self, loop: asyncio.AbstractEventLoop, fn: Callable[..., None], *args: Any) -> None:
+        self._held.append((loop, fn, args))
+
+    def deliver(self) -> None:
+        held, self._held = self._held, []
+        for loop, fn, args in held:
+            loop.call_soon_threadsafe(fn, *args)
+
+
 class JobSink:
     """Delivers a job's events from the engine thread to the asyncio side.
 
     ``result`` resolves once with the final result (or an exception); ``events`` receives
-    streamed tokens when the caller asked for a stream.
+    streamed tokens when the caller asked for a stream. Without an outbox, events go at once.
     """
 
-    def __init__(self, loop: asyncio.AbstractEventLoop, stream: bool = False) -> None:
+    def __init__(
+        self, loop: asyncio.AbstractEventLoop, stream: bool = False, outbox: Outbox | None = None
+    ) -> None:
         self.loop = loop
+        self.outbox = outbox
         self.result: asyncio.Future[Any] = loop.create_future()
         self.events: asyncio.Queue[Any] | None = asyncio.Queue() if stream else None
 
+    def _post(self, fn: Callable[..., None], *args: Any) -> None:
+        if self.outbox is not None:
+            self.outbox.post(self.loop, fn, *args)
+        else:
+            self.loop.call_soon_threadsafe(fn, *args)
+
     def emit(self, event: Any) -> None:
         if self.events is not None:
-            self.loop.call_soon_threadsafe(self.events.put_nowait, event)
+            self._post(self.events.put_nowait, event)
 
     def finish(self, result: Any) -> None:
-        self.loop.call_soon_threadsafe(self._set, result, None)
+        self._post(self._set, result, None)
 
     def fail(self, error: BaseException) -> None:
-        self.loop.call_soon_threadsafe(self._set, None, error)
+        self._post(self._set, None, error)
 
     def _set(self, result: Any, error: BaseException | None) -> None:
         if self.result.done():

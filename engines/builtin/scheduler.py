@@ -85,10 +85,20 @@ class LocalScheduler:
 
     # ------------------------------------------------------------------------------------
     def schedule(self) -> list[StepItem]:
+        """The step: latency-critical jobs first (running, then waiting ones admitted), then
+        the rest, within the step's sequence and token limits."""
         self.step_counter += 1
         max_seqs, budget = self._limits()
         items: list[StepItem] = []
-        for job in sorted(self.running, key=lambda j: (-j.priority, j.admitted_seq)):
+        for urgent in (True, False):
+            budget = self._continue(items, budget, max_seqs, urgent)
+            budget = self._admit(items, budget, max_seqs, urgent)
+        return items
+
+    def _continue(self, items: list[StepItem], budget: int, max_seqs: int, urgent: bool) -> int:
+        """Steps of running jobs of one level (oldest first); returns the budget left."""
+        level = [j for j in self.running if (j.priority > 0) == urgent]
+        for job in sorted(level, key=lambda j: (-j.priority, j.admitted_seq)):
             if job not in self.running:  # preempted while making room for an older job
                 continue
             if len(items) >= max_seqs:
@@ -109,8 +119,7 @@ class LocalScheduler:
                 StepItem(ctx, ctx.num_computed, n, sample=job.kind is JobKind.GENERATE and n == pending)
             )
             budget -= n
-        self._admit(items, budget, max_seqs)
-        return items
+        return budget
 
     def _can_fork(self, ctx: Context, first_waiting: dict[int, int], job: Job) -> bool:
         """A new context may fork its parent once the tokens it takes are computed, or the
@@ -125,7 +134,8 @@ class LocalScheduler:
             return idle
         return idle or parent.num_computed >= ctx.parent_len
 
-    def _admit(self, items: list[StepItem], budget: int, max_seqs: int) -> None:
+    def _admit(self, items: list[StepItem], budget: int, max_seqs: int, urgent: bool) -> int:
+        """Admit waiting jobs of one level in order; returns the budget left."""
         # Context -> submission order of its first waiting job. A fork of a whole parent
         # counts as a job of the parent too: it takes the parent as it is after the jobs
         # submitted before it, so the parent's later jobs wait until the fork is made.
@@ -138,8 +148,10 @@ class LocalScheduler:
             for key in keys:
                 first_waiting[key] = min(job.seq, first_waiting.get(key, job.seq))
         for job in list(self.waiting):
+            if (job.priority > 0) != urgent:
+                continue
             if len(self.running) >= self.config.max_running or len(items) >= max_seqs or budget <= 0:
-                return
+                return budget
             ctx = job.context
             if ctx.busy or first_waiting[id(ctx)] < job.seq or not self._can_fork(ctx, first_waiting, job):
                 continue  # jobs of one context run in submission order
@@ -149,7 +161,7 @@ class LocalScheduler:
                     continue
                 job.prepared = True
             if job.kind is JobKind.GENERATE and not self.pool.ensure_last_pending(ctx):
-                return  # out of blocks: running jobs will free some
+                return budget  # out of blocks: running jobs will free some
             reused = self.pool.reuse_cached_prefix(ctx)
             if job.admitted_seq < 0:
                 job.cached_tokens += reused
@@ -158,10 +170,10 @@ class LocalScheduler:
             need = self.pool.blocks_needed(ctx, ctx.num_computed + n)
             if need > self.pool.blocks.num_free:
                 if self.running or items:
-                    return  # running jobs will free blocks; keep the order
+                    return budget  # running jobs will free blocks; keep the order
                 self._evict_idle(need, exclude=ctx)
             if not self.pool.ensure_blocks(ctx, ctx.num_computed + n):
-                return
+                return budget
             self.waiting.remove(job)
             ctx.busy = True
             ctx.last_used = self.step_counter
@@ -173,6 +185,7 @@ class LocalScheduler:
                     StepItem(ctx, ctx.num_computed, n, sample=job.kind is JobKind.GENERATE and n == pending)
                 )
             budget -= n
+        return budget
 
     def _make_room(self, ctx: Context, num_tokens: int, job: Job) -> bool:
         """Ensure blocks for ``ctx``; preempt newer jobs (or this one) when there are none."""

@@ -87,10 +87,19 @@ class GlobalScheduler:
         if monitor:
             self._loops.append(asyncio.create_task(self.monitor.run(lambda: list(self.engines.values()))))
 
-    async def stop(self) -> None:
-        for task in [*self._loops, *(job for _, job in self._jobs.values()), *self._background]:
+    async def stop(self, free_timeout_s: float = 5.0) -> None:
+        """Stop dispatching and running; free what this ServeCore holds on its engines (its
+        contexts would outlive it there), each engine bounded by ``free_timeout_s``."""
+        jobs = [job for _, job in self._jobs.values()]
+        for task in [*self._loops, *jobs, *self._background]:
             task.cancel()
-        await asyncio.gather(*self._loops, return_exceptions=True)
+        await asyncio.gather(*self._loops, *jobs, return_exceptions=True)
+        frees = [
+            asyncio.wait_for(free_on_engine(slot.client, list(slot.contexts.contexts)), free_timeout_s)
+            for slot in self.engines.values()
+            if slot.up and len(slot.contexts)
+        ]
+        await asyncio.gather(*frees, return_exceptions=True)
 
     def wake(self) -> None:
         self._wake.set()

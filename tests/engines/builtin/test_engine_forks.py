@@ -12,6 +12,21 @@ import pytest
 PROMPT = "<|im_start|>user\nName three birds that live near the sea.<|im_end|>\n<|im_start|>assistant\n"
 
 
+@pytest.fixture
+def ids(ids, client):
+    """Context ids for one test; every context made with them is freed after it (the engine
+    is shared by the whole test session)."""
+    made: list[int] = []
+
+    class Ids:
+        def __next__(self) -> int:
+            made.append(next(ids))
+            return made[-1]
+
+    yield Ids()
+    client.post("/abort", json={"context_ids": made})
+
+
 def greedy(max_tokens: int = 12, **extra) -> dict:
     return {"max_tokens": max_tokens, "temperature": 0, "ignore_eos": True, **extra}
 

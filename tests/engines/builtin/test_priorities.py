@@ -1,0 +1,97 @@
+"""The local scheduler's priorities: latency-critical jobs are admitted first, run in small
+steps (a cap on the sequences and tokens sharing their step), and are preempted last."""
+
+from __future__ import annotations
+
+import torch
+
+from parrot.engines.builtin.block_manager import BlockManager
+from parrot.engines.builtin.context import Context, ContextPool
+from parrot.engines.builtin.jobs import Job, JobKind
+from parrot.engines.builtin.scheduler import LocalScheduler, SchedulerConfig
+from parrot.engines.protocol.sampling import SamplingParams
+
+
+def pool(blocks: int = 64) -> ContextPool:
+    return ContextPool(BlockManager(blocks, 4), torch.zeros(1, 2, blocks * 4, 1, 2))
+
+
+def scheduler(config: SchedulerConfig, contexts: ContextPool) -> LocalScheduler:
+    def prepare(job: Job) -> bool:  # what the engine core does: make the context, add tokens
+        contexts.materialize(job.context)
+        job.context.token_ids.extend(job.fill_tokens)
+        return True
+
+    return LocalScheduler(config, contexts, prepare)
+
+
+def job(seq: int, priority: int, prompt: int = 6, kind: JobKind = JobKind.GENERATE) -> Job:
+    ctx = Context(context_id=seq)
+    return Job(
+        kind,
+        ctx,
+        sink=None,
+        seq=seq,
+        fill_tokens=list(range(prompt)),
+        sampling=SamplingParams(),
+        priority=priority,
+    )
+
+
+def computed(items) -> dict[int, int]:
+    """What a step computes, by context: (and marks it computed, as the runner does)."""
+    out = {}
+    for item in items:
+        out[item.context.context_id] = item.num_tokens
+        item.context.num_computed = item.start + item.num_tokens
+        item.context.last_hidden = torch.zeros(1)
+    return out
+
+
+def test_a_latency_job_runs_in_small_steps_beside_bulk_work():
+    config = SchedulerConfig(
+        max_batched_tokens=64, max_running=16, latency_max_batch=3, latency_max_batched_tokens=8
+    )
+    contexts = pool()
+    sched = scheduler(config, contexts)
+    for seq in range(6):
+        sched.add(job(seq, priority=0, prompt=20))
+    assert sum(computed(sched.schedule()).values()) == 64  # bulk alone: the full budget
+    sched.add(job(99, priority=1, prompt=5))
+    step = computed(sched.schedule())
+    # The urgent job is in the step, first; the step holds at most 3 sequences and 8 tokens.
+    assert 99 in step and len(step) <= 3 and sum(step.values()) <= 8
+    assert step[99] == 5  # its own prefill is not cut for the others
+    for _ in range(3):  # while it runs, every step stays small and includes it
+        step = computed(sched.schedule())
+        assert 99 in step and len(step) <= 3 and sum(step.values()) <= 8
+    urgent = next(j for j in sched.running if j.seq == 99)
+    sched.remove(urgent)  # it finished: the cap is lifted
+    step = computed(sched.schedule())
+    assert len(step) > 3 and sum(step.values()) > 8
+
+
+def test_without_a_cap_latency_jobs_only_go_first():
+    sched = scheduler(SchedulerConfig(max_batched_tokens=64, max_running=16), pool())
+    for seq in range(4):
+        sched.add(job(seq, priority=0, prompt=20))
+    sched.add(job(9, priority=1, prompt=20))
+    step = computed(sched.schedule())
+    assert next(iter(step)) == 9 and sum(step.values()) == 64
+
+
+def test_when_blocks_run_out_the_lowest_priority_newest_job_gives_way():
+    contexts = pool(blocks=12)  # 48 tokens in all
+    sched = scheduler(SchedulerConfig(max_batched_tokens=64, max_running=16), contexts)
+    urgent, old_bulk, new_bulk = job(1, 1, prompt=14), job(2, 0, prompt=14), job(3, 0, prompt=14)
+    for j in (urgent, old_bulk, new_bulk):
+        sched.add(j)
+    computed(sched.schedule())
+    for _ in range(8):  # decode until the cache is full and someone must give way
+        for j in list(sched.running):
+            j.context.token_ids.append(1)
+        computed(sched.schedule())
+        if sched.num_preemptions:
+            break
+    assert sched.num_preemptions >= 1
+    assert urgent in sched.running and new_bulk in sched.waiting
