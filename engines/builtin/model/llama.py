@@ -108,6 +108,8 @@ class LlamaForCausalLM(nn.Module):
             if config.tie_word_embeddings
             else nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         )
+        # A packed (quantized) LM head, set by a weight format; it replaces the float one.
+        self.packed_head: nn.Module | None = None
 
     @torch.inference_mode()
     def forward(
@@ -125,8 +127,16 @@ class LlamaForCausalLM(nn.Module):
 
     @torch.inference_mode()
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:  # [n, hidden] -> [n, vocab] fp32
-        weight = self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
-        return F.linear(hidden, weight).float()
+        if self.packed_head is not None:
+            return self.packed_head(hidden).float()
+        return F.linear(hidden, self.head_weight()).float()
+
+    def head_weight(self) -> torch.Tensor:  # [vocab, hidden]
+        return self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
+
+    def set_head(self, head: nn.Module) -> None:
+        """Compute logits with ``head`` (a packed linear) instead of the float head weight."""
+        self.packed_head = head
 
     def load_hf_state_dict(self, state: dict[str, torch.Tensor]) -> None:
         """Load transformers-named weights, fusing q/k/v and gate/up projections."""

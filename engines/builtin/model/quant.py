@@ -1,0 +1,135 @@
+"""Weight-only quantized linear layers for the CPU, on torch's packed-weight kernels.
+
+Two formats, each a drop-in for ``nn.Linear``. The kernels are fast on the CPU only with
+bfloat16 inputs (measured here: float32 inputs take 20-50x longer), so a layer hands them
+its input in bfloat16 and returns the result in the input's dtype; the rest of the model
+(norms, rotary, attention, residuals) keeps computing in the model's dtype.
+
+- :class:`Int8Linear`: one symmetric int8 scale per output row, on
+  ``aten._weight_int8pack_mm``;
+- :class:`Int4Linear`: 4-bit codes with a scale and a zero point per group of input
+  columns, on ``aten._weight_int4pack_mm_for_cpu``. Its dequantization is
+  ``(code - 8) * scale + zero``, which represents llama.cpp's Q4_0 (``d * (q - 8)``) and
+  Q4_1 (``d * q + m``) blocks of 32 exactly, so a GGUF's own 4-bit weights run as they are.
+
+The kernels' shape rules (checked by :func:`int4_fits`): int4 needs the output size
+divisible by 16 and the input size by the group size.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+INT4_GROUP_SIZES = (32, 64, 128, 256)
+KERNEL_DTYPE = torch.bfloat16  # what the packed kernels compute in
+
+
+@dataclass(frozen=True)
+class Int4Codes:
+    """4-bit weights before packing: ``w[n, k] = (codes[n, k] - 8) * scale[n, g] + zero[n, g]``."""
+
+    codes: torch.Tensor  # [out, in] int32 in 0..15
+    scale: torch.Tensor  # [out, in // group] float32
+    zero: torch.Tensor  # [out, in // group] float32
+    group_size: int
+
+    def dequantize(self) -> torch.Tensor:  # [out, in] float32
+        g = self.group_size
+        scale = self.scale.repeat_interleave(g, dim=1)
+        zero = self.zero.repeat_interleave(g, dim=1)
+        return (self.codes.float() - 8) * scale + zero
+
+    def rows(self, index: torch.Tensor) -> Int4Codes:
+        return Int4Codes(self.codes[index], self.scale[index], self.zero[index], self.group_size)
+
+    @staticmethod
+    def cat(parts: list[Int4Codes]) -> Int4Codes:
+        if len({p.group_size for p in parts}) != 1:
+            raise ValueError("int4 parts of one matrix must share a group size")
+        return Int4Codes(
+            torch.cat([p.codes for p in parts]),
+            torch.cat([p.scale for p in parts]),
+            torch.cat([p.zero for p in parts]),
+            parts[0].group_size,
+        )
+
+
+def int4_fits(out_features: int, in_features: int, group_size: int) -> bool:
+    return out_features % 16 == 0 and in_features % group_size == 0
+
+
+def quantize_int4(weight: torch.Tensor, group_size: int) -> Int4Codes:
+    """Asymmetric min/max int4 per group of ``group_size`` input columns."""
+    out_features, in_features = weight.shape
+    w = weight.float().view(out_features, in_features // group_size, group_size)
+    lo, hi = w.amin(-1), w.amax(-1)  # [out, groups]
+    scale = ((hi - lo) / 15).clamp(min=torch.finfo(torch.float32).tiny)
+    codes = ((w - lo[..., None]) / scale[..., None]).round().clamp(0, 15).to(torch.int32)
+    # A code q stands for lo + q * scale = (q - 8) * scale + (lo + 8 * scale).
+    return Int4Codes(codes.view(out_features, in_features), scale, lo + 8 * scale, group_size)
+
+
+def quantize_int8(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Symmetric int8 per output row: (codes [out, in] int8, scales [out] float32)."""
+    w = weight.float()
+    scale = (w.abs().amax(dim=1) / 127).clamp(min=torch.finfo(torch.float32).tiny)  # [out]
+    codes = (w / scale[:, None]).round().clamp(-127, 127).to(torch.int8)
+    return codes, scale
+
+
+class Int8Linear(nn.Module):
+    def __init__(self, codes: torch.Tensor, scales: torch.Tensor, bias: torch.Tensor | None) -> None:
+        super().__init__()
+        self.out_features, self.in_features = codes.shape
+        self.register_buffer("weight_int8", codes.contiguous())  # [out, in] int8
+        self.register_buffer("scales", scales.to(KERNEL_DTYPE))  # [out]
+        self.register_buffer("bias", None if bias is None else bias.clone())
+
+    @classmethod
+    def from_float(cls, weight: torch.Tensor, bias: torch.Tensor | None) -> Int8Linear:
+        codes, scales = quantize_int8(weight)
+        return cls(codes, scales, bias)
+
+    def dequantized(self) -> torch.Tensor:  # [out, in] float32
+        return self.weight_int8.float() * self.scales.float()[:, None]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # [..., in] -> [..., out]
+        lead = x.shape[:-1]
+        out = torch.ops.aten._weight_int8pack_mm(
+            x.reshape(-1, self.in_features).to(KERNEL_DTYPE), self.weight_int8, self.scales
+        ).to(x.dtype)  # [rows, out]
+        if self.bias is not None:
+            out = out + self.bias
+        return out.view(*lead, self.out_features)
+
+
+class Int4Linear(nn.Module):
+    def __init__(self, codes: Int4Codes, bias: torch.Tensor | None) -> None:
+        super().__init__()
+        self.out_features, self.in_features = codes.codes.shape
+        if not int4_fits(self.out_features, self.in_features, codes.group_size):
+            raise ValueError(
+                f"int4 needs out % 16 == 0 and in % group == 0, got {tuple(codes.codes.shape)}, "
+                f"group {codes.group_size}"
+            )
+        self.group_size = codes.group_size
+        # innerKTiles is ignored by the CPU packing: [out, in] int32 -> [out, in // 2] uint8
+        packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes.codes.contiguous(), 1)
+        self.register_buffer("weight_int4", packed)
+        # [in // group, out, 2]: the kernel's layout of (scale, zero) per group and row
+        scale_zero = torch.stack([codes.scale.t(), codes.zero.t()], dim=-1).contiguous()
+        self.register_buffer("scale_zero", scale_zero.to(KERNEL_DTYPE))
+        self.register_buffer("bias", None if bias is None else bias.clone())
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # [..., in] -> [..., out]
+        lead = x.shape[:-1]
+        rows = x.reshape(-1, self.in_features).to(KERNEL_DTYPE)  # [rows, in]
+        out = torch.ops.aten._weight_int4pack_mm_for_cpu(
+            rows, self.weight_int4, self.group_size, self.scale_zero
+        ).to(x.dtype)  # [rows, out]
+        if self.bias is not None:
+            out = out + self.bias
+        return out.view(*lead, self.out_features)
