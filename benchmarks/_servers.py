@@ -10,6 +10,7 @@ import contextlib
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -29,26 +30,29 @@ def free_port() -> int:
 @contextlib.contextmanager
 def serving(cmd: list[str], port: int, what: str, timeout_s: float = 300) -> Iterator[str]:
     url = f"http://127.0.0.1:{port}"
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    try:
-        deadline = time.monotonic() + timeout_s
-        while True:
-            if proc.poll() is not None:
-                raise RuntimeError(f"{what} exited: {proc.stderr.read()[-2000:]}")
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"{what} did not start within {timeout_s:.0f} s")
-            with contextlib.suppress(httpx.HTTPError):
-                if httpx.get(f"{url}/v1/models", timeout=2).status_code == 200:
-                    break
-            time.sleep(0.5)
-        yield url
-    finally:
-        proc.terminate()
+    # Its log goes to a file: a pipe nobody reads fills up and blocks the server.
+    with tempfile.TemporaryFile(mode="w+") as log:
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, text=True)
         try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+            deadline = time.monotonic() + timeout_s
+            while True:
+                if proc.poll() is not None:
+                    log.seek(0)
+                    raise RuntimeError(f"{what} exited: {log.read()[-2000:]}")
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"{what} did not start within {timeout_s:.0f} s")
+                with contextlib.suppress(httpx.HTTPError):
+                    if httpx.get(f"{url}/v1/models", timeout=2).status_code == 200:
+                        break
+                time.sleep(0.5)
+            yield url
+        finally:
+            proc.terminate()
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
 
 
 def parrot_server(dtype: str, weights: str, threads: int):
@@ -62,7 +66,8 @@ def parrot_server(dtype: str, weights: str, threads: int):
 def llama_server(gguf: str, threads: int):
     port = free_port()
     cmd = [str(LLAMA_PYTHON), "-m", "llama_cpp.server", "--model", gguf, "--port", str(port)]
-    cmd += ["--n_threads", str(threads), "--n_threads_batch", str(threads), "--n_ctx", "2048"]
+    cmd += ["--n_threads", str(threads), "--n_threads_batch", str(threads)]
+    cmd += ["--n_ctx", "2048", "--verbose", "False"]
     return serving(cmd, port, "llama.cpp server")
 
 

@@ -78,7 +78,7 @@ class TorchAttentionBackend(AttentionBackend):
                 q.unsqueeze(2),  # [b, heads, 1, d]
                 keys.transpose(1, 2),  # [b, kvh, L, d]
                 vals.transpose(1, 2),
-                attn_mask=d.kv_valid,
+                attn_mask=d.kv_bias,  # the same bits as the bool mask, without its per-call conversion
                 scale=self.scale,
                 enable_gqa=True,
             )
@@ -88,8 +88,7 @@ class TorchAttentionBackend(AttentionBackend):
         qg = self._grouped(q).float()  # [b, kvh, g, d]
         keys = keys.permute(0, 2, 3, 1).float()  # [b, kvh, d, L]
         vals = vals.transpose(1, 2).float()  # [b, kvh, L, d]
-        scores = torch.matmul(qg, keys) * self.scale  # [b, kvh, g, L]
-        scores.masked_fill_(~d.kv_valid, float("-inf"))
+        scores = torch.matmul(qg, keys) * self.scale + d.kv_bias  # [b, kvh, g, L]
         out, lse = self._softmax_out(scores, vals, b, need_lse)
         return out.to(q.dtype), lse
 
