@@ -46,7 +46,6 @@ PROMPT = (
     "<|im_start|>assistant\n"
 )
 MODES = ["float32/exact", "bfloat16/exact", "float32/int8", "float32/int4", "float32/gguf"]
-THREADS = 2
 
 
 def measure_bandwidth() -> float:
@@ -145,7 +144,7 @@ def engine_part(args) -> dict:
         dtype=dtype,
         weights=weights,
         kv_cache_bytes=4 * 2**30,
-        num_threads=THREADS,
+        num_threads=args.threads,
         scheduler=SchedulerConfig(max_batched_tokens=2048, max_running=64),
     )
     engine = BuiltinEngine(config)
@@ -179,7 +178,7 @@ def engine_part(args) -> dict:
 def transformers_part(args) -> dict:
     import transformers
 
-    torch.set_num_threads(THREADS)
+    torch.set_num_threads(args.threads)
     hf = transformers.AutoModelForCausalLM.from_pretrained(args.model_folder, dtype=torch.float32).eval()
     tok = transformers.AutoTokenizer.from_pretrained(args.model_folder)
     hf_decode(hf, tok, 2, 4)  # warm-up
@@ -192,7 +191,8 @@ def transformers_part(args) -> dict:
 def run_part(part: str, args, *extra: str) -> dict:
     """Each side runs in a fresh process of its own, so neither inherits the other's threads."""
     cmd = [sys.executable, __file__, "--part", part, "--new-tokens", str(args.new_tokens)]
-    cmd += ["--repeats", str(args.repeats), "--batches", *map(str, args.batches), *extra]
+    cmd += ["--repeats", str(args.repeats), "--threads", str(args.threads)]
+    cmd += ["--batches", *map(str, args.batches), *extra]
     out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
     return json.loads(out.strip().splitlines()[-1], object_hook=_int_keys)
 
@@ -207,14 +207,14 @@ def server_rows(args, fastest: str) -> tuple[dict[str, dict[int, float]], str | 
     rows: dict[str, dict[int, float]] = {}
     for mode in dict.fromkeys(["float32/exact", fastest]):
         dtype, weights = mode.split("/")
-        with parrot_server(dtype, weights, THREADS) as url:
+        with parrot_server(dtype, weights, args.threads) as url:
             rows[f"Parrot {mode}"] = completions_throughput(
                 url, None, prompts, args.batches, args.new_tokens, args.repeats, {"ignore_eos": True}
             )
     note = None
     if LLAMA_PYTHON.exists():
         gguf = str(default_model_path())
-        with llama_server(gguf, THREADS) as url:
+        with llama_server(gguf, args.threads) as url:
             rows["llama.cpp"] = completions_throughput(
                 url, gguf, prompts, args.batches, args.new_tokens, args.repeats, {"min_tokens": 0}
             )
@@ -235,7 +235,7 @@ def report(args) -> str:
         "## Engine throughput (`benchmarks/engine_throughput.py`)",
         "",
         f"Machine: {machine()}. Model: {exact['model']}; greedy, {args.new_tokens} new tokens, best of "
-        f"{args.repeats}; {THREADS} threads on every side; each side in a fresh process of the same run.",
+        f"{args.repeats}; {args.threads} threads on every side; each side in a fresh process.",
         "",
         "Decode tokens/s in-process (prefill excluded), per mode `dtype/weights`, and transformers "
         "(float32); the last column is the fastest mode at batch 1 over transformers.",
@@ -304,6 +304,7 @@ def main() -> None:
     parser.add_argument("--modes", nargs="+", default=MODES, help="dtype/weights pairs")
     parser.add_argument("--new-tokens", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--threads", type=int, default=2, help="CPU threads of every side")
     parser.add_argument("--no-write", action="store_true", help="print only")
     parser.add_argument("--part", choices=["engine", "transformers"], help=argparse.SUPPRESS)
     parser.add_argument("--mode", help=argparse.SUPPRESS)

@@ -34,16 +34,15 @@ class TorchAttentionBackend(AttentionBackend):
         k_cache.index_copy_(0, batch.slot_mapping, k)
         v_cache.index_copy_(0, batch.slot_mapping, v)
         need_lse = batch.uses_shared_prefix
+        d = batch.decode
+        if d is not None and not need_lse and d.token_rows.numel() == batch.num_tokens:
+            return self._decode(q, k_cache, v_cache, d, False)[0]  # a pure decode step: rows in order
         out = torch.empty_like(q)
         lse = q.new_empty(q.shape[:2], dtype=torch.float32) if need_lse else None
 
-        if batch.decode is not None:
-            d = batch.decode
-            if d.token_rows.numel() == batch.num_tokens:  # a pure decode step: rows in order
-                o, l_ = self._decode(q, k_cache, v_cache, d, need_lse)
-                if not need_lse:
-                    return o
-                out, lse = o, l_
+        if d is not None:
+            if d.token_rows.numel() == batch.num_tokens:  # a pure decode step with shared prefixes
+                out, lse = self._decode(q, k_cache, v_cache, d, need_lse)
             else:
                 o, l_ = self._decode(q.index_select(0, d.token_rows), k_cache, v_cache, d, need_lse)
                 out.index_copy_(0, d.token_rows, o)

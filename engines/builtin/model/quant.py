@@ -97,13 +97,12 @@ class Int8Linear(nn.Module):
         return self.weight_int8.float() * self.scales.float()[:, None]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [..., in] -> [..., out]
-        lead = x.shape[:-1]
-        out = torch.ops.aten._weight_int8pack_mm(
-            x.reshape(-1, self.in_features).to(KERNEL_DTYPE), self.weight_int8, self.scales
-        ).to(x.dtype)  # [rows, out]
+        rows = x if x.dim() == 2 else x.reshape(-1, self.in_features)  # [rows, in]
+        out = torch.ops.aten._weight_int8pack_mm(rows.to(KERNEL_DTYPE), self.weight_int8, self.scales)
+        out = out.to(x.dtype)  # [rows, out]
         if self.bias is not None:
             out = out + self.bias
-        return out.view(*lead, self.out_features)
+        return out if x.dim() == 2 else out.view(*x.shape[:-1], self.out_features)
 
 
 class Int4Linear(nn.Module):
@@ -125,11 +124,10 @@ class Int4Linear(nn.Module):
         self.register_buffer("bias", None if bias is None else bias.clone())
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [..., in] -> [..., out]
-        lead = x.shape[:-1]
-        rows = x.reshape(-1, self.in_features).to(KERNEL_DTYPE)  # [rows, in]
+        rows = x if x.dim() == 2 else x.reshape(-1, self.in_features)  # [rows, in]
         out = torch.ops.aten._weight_int4pack_mm_for_cpu(
-            rows, self.weight_int4, self.group_size, self.scale_zero
+            rows.to(KERNEL_DTYPE), self.weight_int4, self.group_size, self.scale_zero
         ).to(x.dtype)  # [rows, out]
         if self.bias is not None:
             out = out + self.bias
-        return out.view(*lead, self.out_features)
+        return out if x.dim() == 2 else out.view(*x.shape[:-1], self.out_features)

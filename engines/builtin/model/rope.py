@@ -135,6 +135,8 @@ class RotaryEmbedding(nn.Module):
         Computed in float32, returned in x's dtype.
         """
         cos, signed_sin = rotary  # [num_tokens, 1, head_dim] each
+        if x.dtype == torch.float32:  # no casts (each would still be an op call)
+            return x * cos + x.roll(self.half, dims=-1) * signed_sin
         xf = x.float()
         return (xf * cos + xf.roll(self.half, dims=-1) * signed_sin).to(x.dtype)
 
