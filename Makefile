@@ -30,6 +30,7 @@ test: install
 
 bench: install
 	$(BIN)/python benchmarks/engine_throughput.py
+	$(BIN)/python benchmarks/mode_outputs.py
 	$(BIN)/python benchmarks/attention_kernels.py
 	$(BIN)/python benchmarks/serve_apps.py
 

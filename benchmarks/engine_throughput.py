@@ -319,10 +319,12 @@ def main() -> None:
     if args.part == "transformers":
         print(json.dumps(transformers_part(args)))
         return
+    torch.set_num_threads(args.threads)  # so the machine line names the threads of every side
     table = report(args)
     print(table)
     if not args.no_write:
-        write_section("engine-throughput", table)
+        # The comparison is at 2 threads; other counts keep a section of their own.
+        write_section("engine-throughput" + ("" if args.threads == 2 else f"-{args.threads}-threads"), table)
 
 
 if __name__ == "__main__":
