@@ -128,3 +128,31 @@ def test_gguf_mode_needs_a_gguf_file():
         EngineConfig(model="/some/folder", weights="gguf")
     with pytest.raises(ValueError, match="weights"):
         EngineConfig(weights="int3")
+
+
+def test_cli_passes_the_weight_format():
+    from parrot.platform.cli.engine_cmd import config_from_args
+    from parrot.platform.cli.main import build_parser
+
+    args = build_parser().parse_args(["engine", "--weights", "gguf", "--dtype", "float32"])
+    config = config_from_args(args)
+    assert (config.weights, config.dtype) == ("gguf", "float32")
+
+
+async def test_an_engine_serves_in_gguf_mode(engine_config):
+    """The whole engine in the fast mode: built from the GGUF's blocks, it generates."""
+    import dataclasses
+
+    from parrot.engines.builtin.engine import BuiltinEngine
+    from parrot.engines.protocol.sampling import SamplingParams
+
+    fast = BuiltinEngine(dataclasses.replace(engine_config, weights="gguf", kv_cache_bytes=32 * 2**20))
+    try:
+        assert isinstance(fast.model.layers[0].mlp.down_proj, Int4Linear)
+        assert isinstance(fast.model.packed_head, Int8Linear)  # the GGUF's Q8_0 embedding
+        await fast.fill(1, fast.tokenize(PROMPTS[0]))
+        sampling = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)
+        result = await fast.generate(1, sampling)
+        assert len(result.token_ids) == 8
+    finally:
+        fast.stop()
