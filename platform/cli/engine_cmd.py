@@ -27,6 +27,12 @@ def add_parser(commands) -> None:
         choices=["exact", "int8", "int4", "gguf"],
         help="weight format: exact (default), int8, int4, or gguf (a .gguf model's own 4-bit weights)",
     )
+    p.add_argument(
+        "--dense-rows",
+        type=int,
+        default=None,
+        help="quantized weights: steps of this many rows or more use a bfloat16 copy (0: never)",
+    )
     p.add_argument("--block-size", type=int, default=16)
     p.add_argument("--kv-cache-memory", type=parse_size, default=None, help="KV cache budget, e.g. 2GiB")
     p.add_argument("--max-model-len", type=int, default=None)
@@ -52,6 +58,7 @@ def config_from_args(args: argparse.Namespace) -> EngineConfig:
         device=args.device,
         dtype=args.dtype,
         weights=args.weights,
+        dense_rows=args.dense_rows,
         block_size=args.block_size,
         kv_cache_bytes=args.kv_cache_memory,
         max_model_len=args.max_model_len,

@@ -2,7 +2,9 @@
 
 ``exact`` loads the checkpoint's weights in the model dtype. The quantized formats start
 from the same model and swap its linear layers (q/k/v, o, gate/up, down and the LM head)
-for packed ones; norms and the embedding table stay as they were.
+for packed ones; norms and the embedding table stay as they were. With ``dense_rows``, each
+packed layer also keeps a bfloat16 copy of its de-quantized weights for steps of that many
+rows or more (large batches, prefill), where the packed kernels are slower.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from parrot.engines.builtin.model.quant import (
     Int4Codes,
     Int4Linear,
     Int8Linear,
+    PackedLinear,
     int4_fits,
     quantize_int4,
 )
@@ -36,11 +39,11 @@ def build_model(
         model = LlamaForCausalLM(model_config, backend).to(dtype)
     model.load_hf_state_dict(load_state_dict(folder, device, dtype))
     if config.weights in ("int8", "int4"):
-        quantize_linears(model, config.weights)
+        quantize_linears(model, config.weights, config.dense_rows)
     elif config.weights == "gguf":
         gguf_path = Path(config.model).expanduser() if config.model else default_model_path()
         gguf = GGUFWeights(gguf_path, model_config.num_heads, model_config.num_kv_heads)
-        load_gguf_linears(model, gguf)
+        load_gguf_linears(model, gguf, config.dense_rows)
     return model.eval()
 
 
@@ -58,25 +61,39 @@ def int4_group_size(in_features: int) -> int | None:
     return next((g for g in INT4_GROUP_SIZES if in_features % g == 0), None)
 
 
-def quantized(weight: torch.Tensor, bias: torch.Tensor | None, fmt: str) -> nn.Module:
+def packed_int4(codes: Int4Codes, bias: torch.Tensor | None, dense_rows: int) -> PackedLinear:
+    layer = Int4Linear(codes, bias)
+    if dense_rows:
+        layer.keep_dense_copy(codes.dequantize(), dense_rows)
+    return layer
+
+
+def packed_int8(weight: torch.Tensor, bias: torch.Tensor | None, dense_rows: int) -> PackedLinear:
+    layer = Int8Linear.from_float(weight, bias)
+    if dense_rows:
+        layer.keep_dense_copy(layer.dequantized(), dense_rows)
+    return layer
+
+
+def quantized(weight: torch.Tensor, bias: torch.Tensor | None, fmt: str, dense_rows: int) -> PackedLinear:
     """``weight`` [out, in] as an int4 linear where the kernel's shape rules allow, else int8."""
     if fmt == "int4":
         group = int4_group_size(weight.shape[1])
         if group is not None and int4_fits(weight.shape[0], weight.shape[1], group):
-            return Int4Linear(quantize_int4(weight, group), bias)
-    return Int8Linear.from_float(weight, bias)
+            return packed_int4(quantize_int4(weight, group), bias, dense_rows)
+    return packed_int8(weight, bias, dense_rows)
 
 
-def quantize_linears(model: LlamaForCausalLM, fmt: str) -> None:
+def quantize_linears(model: LlamaForCausalLM, fmt: str, dense_rows: int) -> None:
     """Replace the linears (and the LM head) by int8 or int4 ones quantized from their weights."""
     with torch.no_grad():
         for parent, name in linear_slots(model):
             old: nn.Linear = getattr(parent, name)
-            setattr(parent, name, quantized(old.weight, old.bias, fmt))
-        model.set_head(quantized(model.head_weight(), None, fmt))
+            setattr(parent, name, quantized(old.weight, old.bias, fmt, dense_rows))
+        model.set_head(quantized(model.head_weight(), None, fmt, dense_rows))
 
 
-def load_gguf_linears(model: LlamaForCausalLM, gguf: GGUFWeights) -> None:
+def load_gguf_linears(model: LlamaForCausalLM, gguf: GGUFWeights, dense_rows: int) -> None:
     """Linears from the GGUF's own Q4_0/Q4_1 blocks; tensors of other types as int8."""
 
     def linear(names: list[str], old: nn.Module | None) -> nn.Module:
@@ -85,9 +102,9 @@ def load_gguf_linears(model: LlamaForCausalLM, gguf: GGUFWeights) -> None:
         if all(p is not None for p in parts):
             codes = Int4Codes.cat(parts)
             if int4_fits(codes.codes.shape[0], codes.codes.shape[1], codes.group_size):
-                return Int4Linear(codes, bias)
+                return packed_int4(codes, bias, dense_rows)
         weight = torch.cat([gguf.dequantized(n) for n in names])
-        return Int8Linear.from_float(weight, bias)
+        return packed_int8(weight, bias, dense_rows)
 
     with torch.no_grad():
         for i, layer in enumerate(model.layers):

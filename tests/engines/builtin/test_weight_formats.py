@@ -22,7 +22,7 @@ from parrot.engines.builtin.model.build import build_model
 from parrot.engines.builtin.model.config import ModelConfig
 from parrot.engines.builtin.model.gguf_weights import GGUFWeights
 from parrot.engines.builtin.model.loader import default_model_path
-from parrot.engines.builtin.model.quant import Int4Linear, Int8Linear
+from parrot.engines.builtin.model.quant import Int4Linear, Int8Linear, quantize_int4
 
 # mode -> largest max|logits - exact| / max|exact| on the random configs (Gaussian weights,
 # the hardest case for 4 bits)
@@ -30,8 +30,8 @@ from parrot.engines.builtin.model.quant import Int4Linear, Int8Linear
 RANDOM_BOUNDS = {("bfloat16", "exact"): 0.015, ("float32", "int8"): 0.025, ("float32", "int4"): 0.25}
 
 
-def build(folder, dtype: str, weights: str, num_blocks: int = 64, block_size: int = 4):
-    config = EngineConfig(dtype=dtype, weights=weights)
+def build(folder, dtype: str, weights: str, num_blocks: int = 64, block_size: int = 4, dense_rows: int = 32):
+    config = EngineConfig(dtype=dtype, weights=weights, dense_rows=dense_rows)
     mc = ModelConfig.from_folder(folder)
     backend = create_backend("torch", mc.num_heads, mc.num_kv_heads, mc.head_dim)
     model = build_model(config, mc, folder, backend)
@@ -39,9 +39,11 @@ def build(folder, dtype: str, weights: str, num_blocks: int = 64, block_size: in
     return model, ContextPool(BlockManager(num_blocks, block_size), cache)
 
 
-def logits_of(folder, dtype: str, weights: str, tokens: list[int], chunks: list[int]) -> torch.Tensor:
+def logits_of(
+    folder, dtype: str, weights: str, tokens: list[int], chunks: list[int], dense_rows: int = 32
+) -> torch.Tensor:
     """Logits [len(tokens), vocab] of a chunked prefill and then single-token decode steps."""
-    model, pool = build(folder, dtype, weights, num_blocks=256, block_size=16)
+    model, pool = build(folder, dtype, weights, num_blocks=256, block_size=16, dense_rows=dense_rows)
     ctx = Context(context_id=1, token_ids=list(tokens), materialized=True)
     pool.contexts[1] = ctx
     return run_chunks(model, pool, ctx, chunks)
@@ -69,6 +71,15 @@ def test_fast_modes_stay_close_on_random_configs(mode, random_model):
     assert got.shape == exact.shape
     error = relative_error(got, exact)
     assert 0 < error < RANDOM_BOUNDS[mode], f"{mode}: relative logit error {error:.4f}"
+
+
+@pytest.mark.parametrize("weights", ["int8", "int4"])
+def test_dense_copies_stay_close_on_random_configs(weights, random_model):
+    """Every step on the bfloat16 copies (dense_rows=1): within the packed mode's bound."""
+    folder, tokens, chunks, exact = random_model
+    got = logits_of(folder, "float32", weights, tokens, chunks, dense_rows=1)
+    error = relative_error(got, exact)
+    assert 0 < error < RANDOM_BOUNDS[("float32", weights)], f"{weights} dense: {error:.4f}"
 
 
 def test_quantized_modes_pack_every_linear(random_model):
@@ -156,3 +167,16 @@ async def test_an_engine_serves_in_gguf_mode(engine_config):
         assert len(result.token_ids) == 8
     finally:
         fast.stop()
+
+
+def test_large_steps_use_the_dense_copy_of_the_same_weights():
+    """From dense_rows rows on, a packed layer multiplies by its bfloat16 copy: same weights."""
+    torch.manual_seed(0)
+    weight = torch.randn(64, 128) * 0.05
+    layer = Int4Linear(quantize_int4(weight, 32), None)
+    layer.keep_dense_copy(quantize_int4(weight, 32).dequantize(), 16)
+    x = torch.randn(16, 128)
+    dense = layer(x)  # 16 rows: the copy
+    packed = torch.cat([layer(row[None]) for row in x])  # 1 row each: the packed kernel
+    assert not torch.equal(dense, packed)  # two kernels ...
+    torch.testing.assert_close(dense, packed, atol=0.02, rtol=0.02)  # ... one set of weights
