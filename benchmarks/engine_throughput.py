@@ -1,11 +1,20 @@
-"""Decode throughput of the builtin engine against transformers ``generate``, in one run.
+"""Decode throughput of the builtin engine per weight mode, against transformers and llama.cpp.
 
-Cases: batch 1, 8 and 32 (64 new tokens, greedy) for both; the memory-bandwidth bound at
-batch 1 (weight bytes / step time, against a bandwidth measured here); and 32 sequences
-forked from one 1,024-token prefix, decoded with and without the shared-prefix attention
-path. Prints a table and writes it into docs/benchmarks.md.
+One run measures, each side in a fresh process of its own:
 
-    python benchmarks/engine_throughput.py [--batches 1 8 32] [--new-tokens 64] [--repeats 2]
+- decode tokens/s at batch 1 / 4 / 16 / 64 of the engine in every mode (``DTYPE/WEIGHTS``:
+  float32/exact, bfloat16/exact, float32/int8, float32/int4, float32/gguf) and of
+  transformers ``generate`` (float32), prefill excluded on both sides;
+- the same batches as concurrent requests to two servers' ``/v1/completions``: ``parrot
+  engine`` in the exact and the fastest mode, and llama.cpp's server (llama-cpp-python, built
+  by ``make bench-peers`` into .peers/) on the same GGUF with the same thread count;
+  aggregate completion tokens/s over the wall time (prefill included on both sides);
+- the batch-1 memory-bandwidth bound of the exact mode, shared-prefix decoding and
+  continuous batching (exact mode; not in ``--quick``).
+
+Prints the tables and writes them into docs/benchmarks.md.
+
+    python benchmarks/engine_throughput.py [--quick] [--batches 1 4 16 64] [--modes ...]
 """
 
 from __future__ import annotations
@@ -20,14 +29,15 @@ import time
 from pathlib import Path
 
 import torch
-import transformers
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _report import machine, write_section
+from _servers import LLAMA_PYTHON, completions_throughput, llama_server, parrot_server
 
 from parrot.engines.builtin.batch import SharedPrefixPolicy
 from parrot.engines.builtin.config import EngineConfig
 from parrot.engines.builtin.engine import BuiltinEngine
+from parrot.engines.builtin.model.loader import default_model_path
 from parrot.engines.builtin.scheduler import SchedulerConfig
 from parrot.engines.protocol.sampling import SamplingParams
 
@@ -35,6 +45,7 @@ PROMPT = (
     "<|im_start|>user\nTell me a long story about a lighthouse keeper number {i}.<|im_end|>\n"
     "<|im_start|>assistant\n"
 )
+MODES = ["float32/exact", "bfloat16/exact", "float32/int8", "float32/int4", "float32/gguf"]
 
 
 def measure_bandwidth() -> float:
@@ -128,9 +139,12 @@ def hf_decode(model, tokenizer, batch: int, new_tokens: int) -> float:
 
 
 def engine_part(args) -> dict:
+    dtype, weights = args.mode.split("/")
     config = EngineConfig(
-        dtype=args.dtype,
+        dtype=dtype,
+        weights=weights,
         kv_cache_bytes=4 * 2**30,
+        num_threads=args.threads,
         scheduler=SchedulerConfig(max_batched_tokens=2048, max_running=64),
     )
     engine = BuiltinEngine(config)
@@ -141,24 +155,20 @@ def engine_part(args) -> dict:
         decode = {}
         for batch in args.batches:
             decode[batch] = max([await bench.decode(batch, args.new_tokens) for _ in range(args.repeats)])
-        shared = max(
-            [await bench.shared_prefix(32, 1024, args.new_tokens, True) for _ in range(args.repeats)]
-        )
-        plain = max(
-            [await bench.shared_prefix(32, 1024, args.new_tokens, False) for _ in range(args.repeats)]
-        )
-        sequential = min([await bench.requests(16, args.new_tokens, False) for _ in range(args.repeats)])
-        concurrent = min([await bench.requests(16, args.new_tokens, True) for _ in range(args.repeats)])
-        return {
-            "decode": decode,
-            "shared": shared,
-            "plain": plain,
-            "sequential": sequential,
-            "concurrent": concurrent,
-        }
+        result: dict = {"decode": decode}
+        if args.extras:
+            shared = [await bench.shared_prefix(32, 1024, args.new_tokens, True) for _ in range(args.repeats)]
+            plain = [await bench.shared_prefix(32, 1024, args.new_tokens, False) for _ in range(args.repeats)]
+            seq = [await bench.requests(16, args.new_tokens, False) for _ in range(args.repeats)]
+            con = [await bench.requests(16, args.new_tokens, True) for _ in range(args.repeats)]
+            result.update(shared=max(shared), plain=max(plain), sequential=min(seq), concurrent=min(con))
+        return result
 
     result = asyncio.run(run())
-    result["weight_bytes"] = sum(p.numel() * p.element_size() for p in engine.model.parameters())
+    model = engine.model
+    result["weight_bytes"] = sum(t.numel() * t.element_size() for t in model.parameters()) + sum(
+        b.numel() * b.element_size() for b in model.buffers() if b.dtype in (torch.int8, torch.uint8)
+    )
     result["model"] = engine.model_name
     result["folder"] = str(engine.model_folder)
     engine.stop()
@@ -166,10 +176,11 @@ def engine_part(args) -> dict:
 
 
 def transformers_part(args) -> dict:
-    engine_folder = args.model_folder
-    dtype = getattr(torch, args.dtype)
-    hf = transformers.AutoModelForCausalLM.from_pretrained(engine_folder, dtype=dtype).eval()
-    tok = transformers.AutoTokenizer.from_pretrained(engine_folder)
+    import transformers
+
+    torch.set_num_threads(args.threads)
+    hf = transformers.AutoModelForCausalLM.from_pretrained(args.model_folder, dtype=torch.float32).eval()
+    tok = transformers.AutoTokenizer.from_pretrained(args.model_folder)
     hf_decode(hf, tok, 2, 4)  # warm-up
     decode = {
         b: max(hf_decode(hf, tok, b, args.new_tokens) for _ in range(args.repeats)) for b in args.batches
@@ -179,21 +190,9 @@ def transformers_part(args) -> dict:
 
 def run_part(part: str, args, *extra: str) -> dict:
     """Each side runs in a fresh process of its own, so neither inherits the other's threads."""
-    cmd = [
-        sys.executable,
-        __file__,
-        "--part",
-        part,
-        "--new-tokens",
-        str(args.new_tokens),
-        "--repeats",
-        str(args.repeats),
-        "--dtype",
-        args.dtype,
-        "--batches",
-        *map(str, args.batches),
-        *extra,
-    ]
+    cmd = [sys.executable, __file__, "--part", part, "--new-tokens", str(args.new_tokens)]
+    cmd += ["--repeats", str(args.repeats), "--threads", str(args.threads)]
+    cmd += ["--batches", *map(str, args.batches), *extra]
     out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
     return json.loads(out.strip().splitlines()[-1], object_hook=_int_keys)
 
@@ -202,71 +201,130 @@ def _int_keys(d: dict) -> dict:
     return {int(k) if k.isdigit() else k: v for k, v in d.items()}
 
 
+def server_rows(args, fastest: str) -> tuple[dict[str, dict[int, float]], str | None]:
+    """Aggregate /v1/completions tokens/s per server and batch; a note when llama.cpp is absent."""
+    prompts = [PROMPT.format(i=i) for i in range(max(args.batches))]
+    rows: dict[str, dict[int, float]] = {}
+    for mode in dict.fromkeys(["float32/exact", fastest]):
+        dtype, weights = mode.split("/")
+        with parrot_server(dtype, weights, args.threads) as url:
+            rows[f"Parrot {mode}"] = completions_throughput(
+                url, None, prompts, args.batches, args.new_tokens, args.repeats, {"ignore_eos": True}
+            )
+    note = None
+    if LLAMA_PYTHON.exists():
+        gguf = str(default_model_path())
+        with llama_server(gguf, args.threads) as url:
+            rows["llama.cpp"] = completions_throughput(
+                url, gguf, prompts, args.batches, args.new_tokens, args.repeats, {"min_tokens": 0}
+            )
+    else:
+        note = f"llama.cpp column skipped: {LLAMA_PYTHON} is not built (run `make bench-peers`)."
+    return rows, note
+
+
 def report(args) -> str:
-    ours = run_part("engine", args)
-    theirs = run_part("transformers", args, "--model-folder", ours["folder"])
+    results = {}
+    for mode in args.modes:
+        extras = ["--extras"] if mode == "float32/exact" and not args.quick else []
+        results[mode] = run_part("engine", args, "--mode", mode, *extras)
+    exact = results.get("float32/exact") or next(iter(results.values()))
+    theirs = run_part("transformers", args, "--model-folder", exact["folder"])
+    fastest = max(results, key=lambda m: results[m]["decode"][args.batches[0]])
     lines = [
         "## Engine throughput (`benchmarks/engine_throughput.py`)",
         "",
-        f"Machine: {machine()}. Model: {ours['model']}, {args.dtype} on both sides, "
-        f"greedy, {args.new_tokens} new tokens, best of {args.repeats}; decode tokens/s (prefill "
-        "excluded on both sides); each side in a fresh process of the same run.",
+        f"Machine: {machine()}. Model: {exact['model']}; greedy, {args.new_tokens} new tokens, best of "
+        f"{args.repeats}; {args.threads} threads on every side; each side in a fresh process.",
         "",
-        "| case | Parrot engine tok/s | transformers tok/s | ratio |",
-        "| --- | ---: | ---: | ---: |",
+        "Decode tokens/s in-process (prefill excluded), per mode `dtype/weights`, and transformers "
+        "(float32); the last column is the fastest mode at batch 1 over transformers.",
+        "",
+        "| batch | " + " | ".join(args.modes) + " | transformers | " + f"{fastest} / transformers |",
+        "| ---: | " + " | ".join("---:" for _ in args.modes) + " | ---: | ---: |",
     ]
-    for batch in args.batches:
-        a, b = ours["decode"][batch], theirs["decode"][batch]
-        lines.append(f"| batch {batch} | {a:.1f} | {b:.1f} | {a / b:.2f}x |")
-    shared, plain = ours["shared"], ours["plain"]
+    for b in args.batches:
+        cells = " | ".join(f"{results[m]['decode'][b]:.1f}" for m in args.modes)
+        hf = theirs["decode"][b]
+        lines.append(f"| {b} | {cells} | {hf:.1f} | {results[fastest]['decode'][b] / hf:.2f}x |")
+    rows, note = server_rows(args, fastest)
+    names = list(rows)
+    ours = [n for n in names if n != "llama.cpp"] if "llama.cpp" in rows else []
     lines += [
         "",
-        "| 32 seqs forked from one 1,024-token prefix, decode | tok/s | ratio |",
+        f"Through `/v1/completions` ({args.new_tokens} tokens per request, the batch sent at once; "
+        "aggregate completion tokens/s over the wall time, prefill included). llama-cpp-python's "
+        "server runs one request at a time (it has no parallel slots), so its batches queue.",
+        "",
+        "| batch | " + " | ".join(names + [f"{n} / llama.cpp" for n in ours]) + " |",
+        "| ---: | " + " | ".join("---:" for _ in names + ours) + " |",
+    ]
+    for b in args.batches:
+        cells = [f"{rows[n][b]:.1f}" for n in names] + [
+            f"{rows[n][b] / rows['llama.cpp'][b]:.2f}x" for n in ours
+        ]
+        lines.append(f"| {b} | " + " | ".join(cells) + " |")
+    if note:
+        lines += ["", note]
+    if 1 in args.batches and "float32/exact" in results:
+        steps = exact["decode"][1]
+        weight_bytes, bandwidth = exact["weight_bytes"], theirs["bandwidth"]
+        bound = bandwidth / weight_bytes
+        lines += [
+            "",
+            f"Batch-1 memory bound (float32/exact): weights {weight_bytes / 1e6:.0f} MB; read bandwidth "
+            f"measured here (a sum over 1 GiB) {bandwidth / 1e9:.1f} GB/s, so at most {bound:.1f} "
+            f"steps/s; the engine runs {steps:.1f} steps/s = {steps / bound:.0%} of that bound.",
+        ]
+    if "shared" in exact:
+        lines += extras_lines(exact, args.new_tokens)
+    return "\n".join(lines)
+
+
+def extras_lines(r: dict, new_tokens: int) -> list[str]:
+    shared, plain, seq_s, con_s = r["shared"], r["plain"], r["sequential"], r["concurrent"]
+    return [
+        "",
+        "| 32 seqs forked from one 1,024-token prefix, decode (float32/exact) | tok/s | ratio |",
         "| --- | ---: | ---: |",
         f"| shared-prefix attention | {shared:.1f} | {shared / plain:.2f}x |",
         f"| plain paged attention | {plain:.1f} | 1.00x |",
-    ]
-    seq_s, con_s = ours["sequential"], ours["concurrent"]
-    lines += [
         "",
-        f"| 16 requests (fill + {args.new_tokens} tokens each) | seconds | speed-up |",
+        f"| 16 requests (fill + {new_tokens} tokens each, float32/exact) | seconds | speed-up |",
         "| --- | ---: | ---: |",
         f"| concurrent (continuous batching) | {con_s:.2f} | {seq_s / con_s:.2f}x |",
         f"| one after another | {seq_s:.2f} | 1.00x |",
     ]
-    if 1 in ours["decode"]:
-        steps = ours["decode"][1]
-        weight_bytes, bandwidth = ours["weight_bytes"], theirs["bandwidth"]
-        bound = bandwidth / weight_bytes
-        lines += [
-            "",
-            f"Batch-1 memory bound: weights {weight_bytes / 1e6:.0f} MB; read bandwidth measured here "
-            f"(a sum over 1 GiB) {bandwidth / 1e9:.1f} GB/s, so at most {bound:.1f} steps/s; the engine "
-            f"runs {steps:.1f} steps/s = {steps / bound:.0%} of that bound.",
-        ]
-    return "\n".join(lines)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--batches", type=int, nargs="+", default=[1, 8, 32])
+    parser.add_argument("--quick", action="store_true", help="batches 1 and 4, 32 tokens, one repeat")
+    parser.add_argument("--batches", type=int, nargs="+", default=[1, 4, 16, 64])
+    parser.add_argument("--modes", nargs="+", default=MODES, help="dtype/weights pairs")
     parser.add_argument("--new-tokens", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=2)
-    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    parser.add_argument("--threads", type=int, default=2, help="CPU threads of every side")
     parser.add_argument("--no-write", action="store_true", help="print only")
     parser.add_argument("--part", choices=["engine", "transformers"], help=argparse.SUPPRESS)
+    parser.add_argument("--mode", help=argparse.SUPPRESS)
+    parser.add_argument("--extras", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--model-folder", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.quick and args.part is None:
+        args.batches, args.new_tokens, args.repeats = [1, 4], 32, 1
     if args.part == "engine":
         print(json.dumps(engine_part(args)))
         return
     if args.part == "transformers":
         print(json.dumps(transformers_part(args)))
         return
+    torch.set_num_threads(args.threads)  # so the machine line names the threads of every side
     table = report(args)
     print(table)
     if not args.no_write:
-        write_section(f"engine-throughput-{args.dtype}", table)
+        # The issue's comparison is at 2 threads; other counts keep a section of their own.
+        write_section("engine-throughput" + ("" if args.threads == 2 else f"-{args.threads}-threads"), table)
 
 
 if __name__ == "__main__":

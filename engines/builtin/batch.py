@@ -170,10 +170,12 @@ def _decode_group(items, idx, token_start, kv_start, block_size, device) -> Deco
         table[row, : len(blocks)] = torch.tensor(blocks)
     pos = torch.tensor(first)[:, None] * block_size + torch.arange(width * block_size)[None, :]
     valid = pos < torch.tensor(ends)[:, None]  # [b, width * block_size]
+    bias = torch.zeros(valid.shape).masked_fill_(~valid, float("-inf"))  # [b, width * block_size]
     return DecodeGroup(
         token_rows=torch.tensor([token_start[i] for i in idx], dtype=torch.long, device=device),
         block_table=table.to(device),
         kv_valid=valid[:, None, None, :].to(device),
+        kv_bias=bias[:, None, None, :].to(device),
         kv_lens=torch.tensor([e - a * block_size for a, e in zip(first, ends, strict=True)], device=device),
         block_size=block_size,
     )

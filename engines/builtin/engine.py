@@ -26,9 +26,9 @@ from parrot.engines.builtin.context import ContextPool
 from parrot.engines.builtin.core import EngineCore
 from parrot.engines.builtin.jobs import FillResult, GenerateResult, JobSink, Outbox, Target, TokenEvent
 from parrot.engines.builtin.kv_cache import allocate_kv_cache, num_blocks_for_budget
+from parrot.engines.builtin.model.build import build_model
 from parrot.engines.builtin.model.config import ModelConfig
-from parrot.engines.builtin.model.llama import LlamaForCausalLM
-from parrot.engines.builtin.model.loader import default_cache_dir, load_state_dict, resolve_model_folder
+from parrot.engines.builtin.model.loader import default_cache_dir, resolve_model_folder
 from parrot.engines.builtin.runner import ModelRunner
 from parrot.engines.builtin.scheduler import LocalScheduler
 from parrot.engines.builtin.tokenizer import Tokenizer
@@ -89,10 +89,7 @@ class BuiltinEngine:
         mc = self.model_config
         backend_name = config.attention_backend or default_backend(self.device.type)
         self.backend = create_backend(backend_name, mc.num_heads, mc.num_kv_heads, mc.head_dim)
-        with torch.device(self.device):
-            model = LlamaForCausalLM(mc, self.backend).to(self.dtype)
-        model.load_hf_state_dict(load_state_dict(self.model_folder, self.device, self.dtype))
-        self.model = model.eval()
+        self.model = build_model(config, mc, self.model_folder, self.backend)
         num_blocks = num_blocks_for_budget(mc, config.block_size, self.dtype, config.kv_cache_bytes)
         kv_cache = allocate_kv_cache(mc, num_blocks, config.block_size, self.dtype, self.device)
         pool = ContextPool(BlockManager(num_blocks, config.block_size), kv_cache)

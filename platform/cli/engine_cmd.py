@@ -21,6 +21,18 @@ def add_parser(commands) -> None:
     )
     p.add_argument("--device", default=None, help="auto | cpu | cuda[:N]")
     p.add_argument("--dtype", default=None, choices=["auto", "float32", "bfloat16", "float16"])
+    p.add_argument(
+        "--weights",
+        default=None,
+        choices=["exact", "int8", "int4", "gguf"],
+        help="weight format: exact (default), int8, int4, or gguf (a .gguf model's own 4-bit weights)",
+    )
+    p.add_argument(
+        "--dense-rows",
+        type=int,
+        default=None,
+        help="quantized weights: steps of this many rows or more use a bfloat16 copy (0: never)",
+    )
     p.add_argument("--block-size", type=int, default=16)
     p.add_argument("--kv-cache-memory", type=parse_size, default=None, help="KV cache budget, e.g. 2GiB")
     p.add_argument("--max-model-len", type=int, default=None)
@@ -45,6 +57,8 @@ def config_from_args(args: argparse.Namespace) -> EngineConfig:
         model=args.model,
         device=args.device,
         dtype=args.dtype,
+        weights=args.weights,
+        dense_rows=args.dense_rows,
         block_size=args.block_size,
         kv_cache_bytes=args.kv_cache_memory,
         max_model_len=args.max_model_len,

@@ -22,6 +22,8 @@ class DecodeGroup:
     # Whole blocks are gathered (16x fewer, 16x larger copies than per-slot indexing).
     block_table: torch.Tensor  # [num_seqs, max_blocks] blocks from the first attended one, padded with 0
     kv_valid: torch.Tensor  # [num_seqs, 1, 1, max_blocks * block_size] bool, False past the end
+    # The same as an additive float32 mask (0 or -inf), made once per step rather than per layer
+    kv_bias: torch.Tensor  # [num_seqs, 1, 1, max_blocks * block_size]
     kv_lens: torch.Tensor  # [num_seqs] keys attended, counted from the table's first block
     block_size: int
 

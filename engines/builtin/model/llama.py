@@ -22,10 +22,13 @@ class RMSNorm(nn.Module):
         super().__init__()
         self.weight = nn.Parameter(torch.ones(dim))
         self.eps = eps
+        self.shape = (dim,)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.dtype == torch.float32:  # the casts below would be no-ops, each still an op call
+            return F.rms_norm(x, self.shape, self.weight, self.eps)
         # Normalize in float32 like transformers, then cast back.
-        return F.rms_norm(x.float(), (x.shape[-1],), self.weight.float(), self.eps).to(x.dtype)
+        return F.rms_norm(x.float(), self.shape, self.weight.float(), self.eps).to(x.dtype)
 
 
 class Attention(nn.Module):
@@ -108,6 +111,9 @@ class LlamaForCausalLM(nn.Module):
             if config.tie_word_embeddings
             else nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         )
+        # A packed (quantized) LM head, set by a weight format; it replaces the float one.
+        self.packed_head: nn.Module | None = None
+        self._cache_views: tuple[torch.Tensor, list[tuple[torch.Tensor, torch.Tensor]]] | None = None
 
     @torch.inference_mode()
     def forward(
@@ -119,14 +125,29 @@ class LlamaForCausalLM(nn.Module):
     ) -> torch.Tensor:  # [num_tokens, hidden] final-normed hidden states
         x = self.embed_tokens(input_ids)
         rotary = self.rope.lookup(positions)
-        for i, layer in enumerate(self.layers):
-            x = layer(x, rotary, batch, kv_cache[i, 0], kv_cache[i, 1])
+        for layer, (k_cache, v_cache) in zip(self.layers, self._layer_caches(kv_cache), strict=True):
+            x = layer(x, rotary, batch, k_cache, v_cache)
         return self.norm(x)
+
+    def _layer_caches(self, kv_cache: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Per layer (keys, values) views of the cache, made once per cache tensor, not per step."""
+        if self._cache_views is None or self._cache_views[0] is not kv_cache:
+            views = [(kv_cache[i, 0], kv_cache[i, 1]) for i in range(len(self.layers))]
+            self._cache_views = (kv_cache, views)
+        return self._cache_views[1]
 
     @torch.inference_mode()
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:  # [n, hidden] -> [n, vocab] fp32
-        weight = self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
-        return F.linear(hidden, weight).float()
+        if self.packed_head is not None:
+            return self.packed_head(hidden).float()
+        return F.linear(hidden, self.head_weight()).float()
+
+    def head_weight(self) -> torch.Tensor:  # [vocab, hidden]
+        return self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
+
+    def set_head(self, head: nn.Module) -> None:
+        """Compute logits with ``head`` (a packed linear) instead of the float head weight."""
+        self.packed_head = head
 
     def load_hf_state_dict(self, state: dict[str, torch.Tensor]) -> None:
         """Load transformers-named weights, fusing q/k/v and gate/up projections."""

@@ -114,14 +114,19 @@ class RotaryEmbedding(nn.Module):
         t = torch.arange(max_positions, dtype=torch.float32)
         freqs = torch.outer(t, inv_freq)  # [max_positions, head_dim // 2]
         emb = torch.cat([freqs, freqs], dim=-1)  # [max_positions, head_dim]
-        self.register_buffer("cos", (emb.cos() * scale).to(device), persistent=False)
-        self.register_buffer("sin", (emb.sin() * scale).to(device), persistent=False)
         self.half = head_dim // 2
+        sin = emb.sin() * scale
+        self.register_buffer("cos", (emb.cos() * scale).to(device), persistent=False)
+        self.register_buffer("sin", sin.to(device), persistent=False)
+        # rotate_half(x) * sin == roll(x, half) * signed_sin: negation is exact, so rotating with
+        # one roll instead of a negation and a concatenation gives the same bits.
+        signed = torch.cat([-sin[:, : self.half], sin[:, self.half :]], dim=-1)
+        self.register_buffer("signed_sin", signed.to(device), persistent=False)
         self.max_positions = max_positions
 
     def lookup(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos, sin [num_tokens, 1, head_dim] for positions [num_tokens] (int64)."""
-        return self.cos[positions].unsqueeze(1), self.sin[positions].unsqueeze(1)
+        """cos, signed sin [num_tokens, 1, head_dim] for positions [num_tokens] (int64)."""
+        return self.cos[positions].unsqueeze(1), self.signed_sin[positions].unsqueeze(1)
 
     def forward(self, rotary: tuple[torch.Tensor, torch.Tensor], x: torch.Tensor) -> torch.Tensor:
         """Rotate x [num_tokens, heads, head_dim] by the tables from :meth:`lookup`.
@@ -129,10 +134,11 @@ class RotaryEmbedding(nn.Module):
         Queries and keys may be passed together as one tensor (heads = q heads + kv heads).
         Computed in float32, returned in x's dtype.
         """
-        cos, sin = rotary  # [num_tokens, 1, head_dim] each
-        x1, x2 = x[..., : self.half], x[..., self.half :]
-        rotated = torch.cat((-x2, x1), dim=-1)  # rotate_half(x)
-        return (x.float() * cos + rotated.float() * sin).to(x.dtype)
+        cos, signed_sin = rotary  # [num_tokens, 1, head_dim] each
+        if x.dtype == torch.float32:  # no casts (each would still be an op call)
+            return x * cos + x.roll(self.half, dims=-1) * signed_sin
+        xf = x.float()
+        return (xf * cos + xf.roll(self.half, dims=-1) * signed_sin).to(x.dtype)
 
     def rotate(
         self,

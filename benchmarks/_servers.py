@@ -1,0 +1,110 @@
+"""OpenAI-compatible servers for the benchmarks: a ``parrot engine`` and llama.cpp's server.
+
+Each runs as its own process on 127.0.0.1 and is stopped when its ``with`` block ends.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+
+ROOT = Path(__file__).resolve().parents[1]
+LLAMA_PYTHON = ROOT / ".peers" / "llama-cpp" / "bin" / "python"  # built by `make bench-peers`
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@contextlib.contextmanager
+def serving(cmd: list[str], port: int, what: str, timeout_s: float = 300) -> Iterator[str]:
+    url = f"http://127.0.0.1:{port}"
+    # Its log goes to a file: a pipe nobody reads fills up and blocks the server.
+    with tempfile.TemporaryFile(mode="w+") as log:
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, text=True)
+        try:
+            deadline = time.monotonic() + timeout_s
+            while True:
+                if proc.poll() is not None:
+                    log.seek(0)
+                    raise RuntimeError(f"{what} exited: {log.read()[-2000:]}")
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"{what} did not start within {timeout_s:.0f} s")
+                with contextlib.suppress(httpx.HTTPError):
+                    if httpx.get(f"{url}/v1/models", timeout=2).status_code == 200:
+                        break
+                time.sleep(0.5)
+            yield url
+        finally:
+            proc.terminate()
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+
+def parrot_server(dtype: str, weights: str, threads: int):
+    port = free_port()
+    parrot = str(Path(sys.executable).with_name("parrot"))
+    cmd = [parrot, "engine", "--port", str(port), "--dtype", dtype, "--weights", weights]
+    cmd += ["--threads", str(threads), "--max-running", "64", "--max-batched-tokens", "2048"]
+    return serving(cmd, port, f"parrot engine ({dtype}/{weights})")
+
+
+def llama_server(gguf: str, threads: int):
+    port = free_port()
+    cmd = [str(LLAMA_PYTHON), "-m", "llama_cpp.server", "--model", gguf, "--port", str(port)]
+    cmd += ["--n_threads", str(threads), "--n_threads_batch", str(threads)]
+    cmd += ["--n_ctx", "2048", "--verbose", "False"]
+    return serving(cmd, port, "llama.cpp server")
+
+
+def completions_throughput(
+    url: str,
+    model: str | None,
+    prompts: list[str],
+    batches: list[int],
+    max_tokens: int,
+    repeats: int,
+    extra: dict,
+) -> dict[int, float]:
+    """Per batch size: completion tokens/s of that many concurrent requests, best of ``repeats``."""
+
+    async def run() -> dict[int, float]:
+        limits = httpx.Limits(max_connections=max(batches) + 4)
+        async with httpx.AsyncClient(base_url=url, timeout=1800, limits=limits) as client:
+
+            async def one(prompt: str, tokens: int) -> int:
+                body = {"prompt": prompt, "max_tokens": tokens, "temperature": 0, **extra}
+                if model:
+                    body["model"] = model
+                if "min_tokens" in body:
+                    body["min_tokens"] = tokens
+                r = await client.post("/v1/completions", json=body)
+                r.raise_for_status()
+                return r.json()["usage"]["completion_tokens"]
+
+            await one(prompts[0], 8)  # warm-up
+            result = {}
+            for batch in batches:
+                best = 0.0
+                for _ in range(repeats):
+                    start = time.perf_counter()
+                    counts = await asyncio.gather(*(one(p, max_tokens) for p in prompts[:batch]))
+                    best = max(best, sum(counts) / (time.perf_counter() - start))
+                result[batch] = best
+            return result
+
+    return asyncio.run(run())

@@ -1,0 +1,118 @@
+"""Builds the engine's model in the configured dtype and weight format.
+
+``exact`` loads the checkpoint's weights in the model dtype. The quantized formats start
+from the same model and swap its linear layers (q/k/v, o, gate/up, down and the LM head)
+for packed ones; norms and the embedding table stay as they were. With ``dense_rows``, each
+packed layer also keeps a bfloat16 copy of its de-quantized weights for steps of that many
+rows or more (large batches, prefill), where the packed kernels are slower.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from parrot.engines.builtin.attention.base import AttentionBackend
+from parrot.engines.builtin.config import EngineConfig
+from parrot.engines.builtin.model.config import ModelConfig
+from parrot.engines.builtin.model.gguf_weights import GGUFWeights
+from parrot.engines.builtin.model.llama import LlamaForCausalLM
+from parrot.engines.builtin.model.loader import default_model_path, load_state_dict
+from parrot.engines.builtin.model.quant import (
+    INT4_GROUP_SIZES,
+    Int4Codes,
+    Int4Linear,
+    Int8Linear,
+    PackedLinear,
+    int4_fits,
+    quantize_int4,
+)
+
+
+def build_model(
+    config: EngineConfig, model_config: ModelConfig, folder: Path, backend: AttentionBackend
+) -> LlamaForCausalLM:
+    device, dtype = config.torch_device(), config.torch_dtype()
+    with torch.device(device):
+        model = LlamaForCausalLM(model_config, backend).to(dtype)
+    model.load_hf_state_dict(load_state_dict(folder, device, dtype))
+    if config.weights in ("int8", "int4"):
+        quantize_linears(model, config.weights, config.dense_rows)
+    elif config.weights == "gguf":
+        gguf_path = Path(config.model).expanduser() if config.model else default_model_path()
+        gguf = GGUFWeights(gguf_path, model_config.num_heads, model_config.num_kv_heads)
+        load_gguf_linears(model, gguf, config.dense_rows)
+    return model.eval()
+
+
+def linear_slots(model: LlamaForCausalLM) -> list[tuple[nn.Module, str]]:
+    """(parent module, attribute) of every linear layer that a weight format replaces."""
+    slots: list[tuple[nn.Module, str]] = []
+    for layer in model.layers:
+        slots += [(layer.self_attn, "qkv_proj"), (layer.self_attn, "o_proj")]
+        slots += [(layer.mlp, "gate_up_proj"), (layer.mlp, "down_proj")]
+    return slots
+
+
+def int4_group_size(in_features: int) -> int | None:
+    """The smallest group the kernel takes that divides the input size (finest scales)."""
+    return next((g for g in INT4_GROUP_SIZES if in_features % g == 0), None)
+
+
+def packed_int4(codes: Int4Codes, bias: torch.Tensor | None, dense_rows: int) -> PackedLinear:
+    layer = Int4Linear(codes, bias)
+    if dense_rows:
+        layer.keep_dense_copy(codes.dequantize(), dense_rows)
+    return layer
+
+
+def packed_int8(weight: torch.Tensor, bias: torch.Tensor | None, dense_rows: int) -> PackedLinear:
+    layer = Int8Linear.from_float(weight, bias)
+    if dense_rows:
+        layer.keep_dense_copy(layer.dequantized(), dense_rows)
+    return layer
+
+
+def quantized(weight: torch.Tensor, bias: torch.Tensor | None, fmt: str, dense_rows: int) -> PackedLinear:
+    """``weight`` [out, in] as an int4 linear where the kernel's shape rules allow, else int8."""
+    if fmt == "int4":
+        group = int4_group_size(weight.shape[1])
+        if group is not None and int4_fits(weight.shape[0], weight.shape[1], group):
+            return packed_int4(quantize_int4(weight, group), bias, dense_rows)
+    return packed_int8(weight, bias, dense_rows)
+
+
+def quantize_linears(model: LlamaForCausalLM, fmt: str, dense_rows: int) -> None:
+    """Replace the linears (and the LM head) by int8 or int4 ones quantized from their weights."""
+    with torch.no_grad():
+        for parent, name in linear_slots(model):
+            old: nn.Linear = getattr(parent, name)
+            setattr(parent, name, quantized(old.weight, old.bias, fmt, dense_rows))
+        model.set_head(quantized(model.head_weight(), None, fmt, dense_rows))
+
+
+def load_gguf_linears(model: LlamaForCausalLM, gguf: GGUFWeights, dense_rows: int) -> None:
+    """Linears from the GGUF's own Q4_0/Q4_1 blocks; tensors of other types as int8."""
+
+    def linear(names: list[str], old: nn.Module | None) -> nn.Module:
+        parts = [gguf.int4(n) for n in names]
+        bias = None if old is None else old.bias
+        if all(p is not None for p in parts):
+            codes = Int4Codes.cat(parts)
+            if int4_fits(codes.codes.shape[0], codes.codes.shape[1], codes.group_size):
+                return packed_int4(codes, bias, dense_rows)
+        weight = torch.cat([gguf.dequantized(n) for n in names])
+        return packed_int8(weight, bias, dense_rows)
+
+    with torch.no_grad():
+        for i, layer in enumerate(model.layers):
+            blk = f"blk.{i}."
+            attn, mlp = layer.self_attn, layer.mlp
+            attn.qkv_proj = linear([f"{blk}attn_{p}.weight" for p in "qkv"], attn.qkv_proj)
+            attn.o_proj = linear([f"{blk}attn_output.weight"], attn.o_proj)
+            mlp.gate_up_proj = linear([f"{blk}ffn_gate.weight", f"{blk}ffn_up.weight"], mlp.gate_up_proj)
+            mlp.down_proj = linear([f"{blk}ffn_down.weight"], mlp.down_proj)
+        head = "output.weight" if "output.weight" in gguf else "token_embd.weight"
+        model.set_head(linear([head], None))

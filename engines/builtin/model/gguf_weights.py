@@ -1,0 +1,92 @@
+"""A GGUF file's own quantized weights, read without de-quantizing them to float.
+
+Q4_0 and Q4_1 blocks (32 weights, a float16 scale and, for Q4_1, a float16 minimum) are
+unpacked into :class:`Int4Codes` with group size 32, which the int4 kernel runs exactly.
+Other types are de-quantized (by the ``gguf`` package) and left to the caller.
+
+llama.cpp stores the q and k projections with their rows permuted for its interleaved
+rotary layout; transformers (and so this engine's float weights) un-permute them. The same
+row permutation is applied to the codes, which is exact since blocks run along rows.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from parrot.engines.builtin.model.quant import Int4Codes
+from parrot.engines.protocol.errors import ModelLoadError
+
+BLOCK = 32  # weights per Q4_0 / Q4_1 / Q8_0 block
+
+
+class GGUFWeights:
+    """The tensors of one GGUF file by their llama.cpp names (``blk.3.attn_q.weight``)."""
+
+    def __init__(self, path: str | Path, num_heads: int, num_kv_heads: int) -> None:
+        from gguf import GGUFReader  # imported here: only the gguf weight format needs it
+
+        try:
+            reader = GGUFReader(str(path))
+        except (OSError, ValueError) as error:
+            raise ModelLoadError(f"cannot read the GGUF file {path}: {error}") from error
+        self.tensors = {t.name: t for t in reader.tensors}
+        self.num_heads = num_heads
+        self.num_kv_heads = num_kv_heads
+
+    def __contains__(self, name: str) -> bool:
+        return name in self.tensors
+
+    def type_name(self, name: str) -> str:
+        return self._tensor(name).tensor_type.name
+
+    def int4(self, name: str) -> Int4Codes | None:
+        """The tensor's 4-bit codes (rows as transformers orders them), None if not Q4_0/Q4_1."""
+        tensor = self._tensor(name)
+        kind = tensor.tensor_type.name
+        if kind not in ("Q4_0", "Q4_1"):
+            return None
+        raw = torch.from_numpy(np.array(tensor.data))  # [out, in // 32 * block bytes] uint8
+        out_features = raw.shape[0]
+        block_bytes = 18 if kind == "Q4_0" else 20
+        blocks = raw.view(out_features, -1, block_bytes)  # [out, groups, bytes]
+        d = blocks[..., 0:2].contiguous().view(torch.float16).squeeze(-1).float()  # [out, groups]
+        packed = blocks[..., block_bytes - 16 :]  # [out, groups, 16]: weight j low, j + 16 high
+        codes = torch.cat([packed & 0x0F, packed >> 4], dim=-1).to(torch.int32)  # [out, groups, 32]
+        if kind == "Q4_0":  # w = d * (q - 8)
+            zero = torch.zeros_like(d)
+        else:  # w = d * q + m = (q - 8) * d + (m + 8 * d)
+            m = blocks[..., 2:4].contiguous().view(torch.float16).squeeze(-1).float()
+            zero = m + 8 * d
+        result = Int4Codes(codes.reshape(out_features, -1), d, zero, BLOCK)
+        order = self._row_order(name, out_features)
+        return result if order is None else result.rows(order)
+
+    def dequantized(self, name: str) -> torch.Tensor:  # [out, in] float32
+        from gguf import dequantize
+
+        tensor = self._tensor(name)
+        values = dequantize(tensor.data, tensor.tensor_type)
+        weight = torch.from_numpy(np.ascontiguousarray(values, dtype=np.float32))
+        weight = weight.view(-1, int(tensor.shape[0]))
+        order = self._row_order(name, weight.shape[0])
+        return weight if order is None else weight[order]
+
+    def _tensor(self, name: str):
+        if name not in self.tensors:
+            raise ModelLoadError(f"the GGUF file has no tensor {name!r}")
+        return self.tensors[name]
+
+    def _row_order(self, name: str, rows: int) -> torch.Tensor | None:
+        """transformers' un-permutation of llama.cpp's q/k rows, as a row index."""
+        if name.endswith("attn_q.weight"):
+            heads = self.num_heads
+        elif name.endswith("attn_k.weight"):
+            heads = self.num_kv_heads
+        else:
+            return None
+        half = rows // heads // 2
+        # transformers: w.reshape(heads, half, 2, ...).swapaxes(1, 2).reshape(w.shape)
+        return torch.arange(rows).view(heads, half, 2).transpose(1, 2).reshape(-1)
