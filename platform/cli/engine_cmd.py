@@ -38,6 +38,18 @@ def add_parser(commands) -> None:
     p.add_argument("--max-model-len", type=int, default=None)
     p.add_argument("--max-batched-tokens", type=int, default=1024, help="token budget of one step")
     p.add_argument("--max-running", type=int, default=64, help="jobs batched together at most")
+    p.add_argument(
+        "--latency-max-batch",
+        type=int,
+        default=None,
+        help="while a latency-critical job runs, sequences per step at most (default: no cap)",
+    )
+    p.add_argument(
+        "--latency-max-batched-tokens",
+        type=int,
+        default=None,
+        help="while a latency-critical job runs, tokens per step at most (default: no cap)",
+    )
     p.add_argument("--attention-backend", default=None, choices=available_backends())
     p.add_argument("--no-shared-prefix", action="store_true", help="disable shared-prefix attention")
     p.add_argument("--shared-prefix-min-seqs", type=int, default=2)
@@ -62,7 +74,12 @@ def config_from_args(args: argparse.Namespace) -> EngineConfig:
         block_size=args.block_size,
         kv_cache_bytes=args.kv_cache_memory,
         max_model_len=args.max_model_len,
-        scheduler=SchedulerConfig(max_batched_tokens=args.max_batched_tokens, max_running=args.max_running),
+        scheduler=SchedulerConfig(
+            max_batched_tokens=args.max_batched_tokens,
+            max_running=args.max_running,
+            latency_max_batch=args.latency_max_batch,
+            latency_max_batched_tokens=args.latency_max_batched_tokens,
+        ),
         shared_prefix=SharedPrefixPolicy(
             enabled=not args.no_shared_prefix,
             min_seqs=args.shared_prefix_min_seqs,
