@@ -90,6 +90,7 @@ class EngineCore:
         sink: JobSink,
         priority: int = 0,
         checkpoints: Sequence[tuple[int, int]] = (),
+        background: bool = False,
     ) -> None:
         if not token_ids:
             raise BadRequestError("fill needs at least one token (token_ids or text was empty)")
@@ -97,7 +98,15 @@ class EngineCore:
         created = target.context_id not in self.pool.contexts
         ctx = self._context_for(target)
         self._check_length(ctx, len(token_ids), what="fill")
-        job = Job(JobKind.FILL, ctx, sink, self._next_seq(), fill_tokens=list(token_ids), priority=priority)
+        job = Job(
+            JobKind.FILL,
+            ctx,
+            sink,
+            self._next_seq(),
+            fill_tokens=list(token_ids),
+            priority=priority,
+            background=background,
+        )
         job.checkpoints = self._checkpoints(ctx, checkpoints, self._planned(ctx) + len(token_ids))
         job.created = [ctx, *job.checkpoints] if created else list(job.checkpoints)
         self._enqueue(job, len(token_ids))

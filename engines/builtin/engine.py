@@ -188,10 +188,15 @@ class BuiltinEngine:
         priority: int = 0,
         checkpoints: Sequence[tuple[int, int]] = (),
         parent_wait_s: float = 0.0,
+        background: bool = False,
     ) -> FillResult:
+        """Fill tokens into a context; a ``background`` fill prepares for later and only takes
+        what steps used by other jobs can spare."""
         sink = JobSink(asyncio.get_running_loop(), outbox=self._outbox)
         target = Target(context_id, parent_context_id, parent_len, parent_wait_s)
-        submit = partial(self.core.submit_fill, target, list(token_ids), sink, priority, list(checkpoints))
+        submit = partial(
+            self.core.submit_fill, target, list(token_ids), sink, priority, list(checkpoints), background
+        )
         return await self._job(submit, sink)
 
     async def generate(

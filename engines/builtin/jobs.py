@@ -122,6 +122,7 @@ class Job:
     fill_tokens: list[int] = field(default_factory=list)  # a fill's tokens, or a generation's prompt tail
     sampling: SamplingParams | None = None
     priority: int = 0  # higher: admitted first, preempted last
+    background: bool = False  # a fill that prepares for later: takes what a step can spare
     # Contexts forked from this job's context once its prompt is computed (not yet made).
     checkpoints: list[Context] = field(default_factory=list)
     created: list[Context] = field(default_factory=list)  # by this job's request (freed if it goes)

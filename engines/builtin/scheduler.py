@@ -1,13 +1,20 @@
 """The local scheduler: continuous batching of Fill and Generate jobs under a token budget.
 
-Each step takes the running jobs first (the highest priority first, then the oldest:
-decodes cost one token, unfinished fills a chunk), then admits waiting jobs by priority and
-arrival while budget, sequence slots and KV blocks last. While a latency-critical job
-(priority > 0) runs, the step is kept small (``latency_max_batch`` sequences,
-``latency_max_batched_tokens`` tokens) so its tokens come quickly. When blocks run out, the
-lowest-priority, newest running job is preempted: its context's KV is released and
-recomputed when it is resumed (reusing any blocks still cached), so a context is never left
-half-written.
+Jobs come in three levels: latency-critical (priority > 0), normal, and background (fills
+that only prepare for later). Each step is built level by level, running jobs before
+waiting ones within a level (decodes cost one token, unfinished fills a chunk), while
+budget, sequence slots and KV blocks last:
+
+- latency-critical jobs always get the step's full limits;
+- while any runs, the other levels only fill the step up to ``latency_max_batch`` sequences
+  and ``latency_max_batched_tokens`` tokens, so its tokens come quickly;
+- a background fill takes at most ``background_max_batched_tokens`` of a step others use
+  (a few prefill tokens ride along a memory-bound decode step almost for free), all of it
+  when nothing else runs.
+
+When blocks run out, the lowest-level, newest running job is preempted: its context's KV is
+released and recomputed when it is resumed (reusing any blocks still cached), so a context
+is never left half-written.
 """
 
 from __future__ import annotations
@@ -20,25 +27,41 @@ from parrot.engines.builtin.batch import StepItem
 from parrot.engines.builtin.context import Context, ContextPool
 from parrot.engines.builtin.jobs import Job, JobKind
 
+URGENT, NORMAL, BACKGROUND = 0, 1, 2  # job levels, first served first
+
 
 @dataclass(frozen=True)
 class SchedulerConfig:
     max_batched_tokens: int = 1024
     max_running: int = 64
-    # While a job of priority > 0 runs: at most this many sequences and tokens per step
-    # (None: no cap). Small steps keep latency-critical decoding fast beside bulk work.
+    # While a latency-critical job runs, other jobs fill its steps up to these (None: no cap).
     latency_max_batch: int | None = None
     latency_max_batched_tokens: int | None = None
+    # A background fill's tokens in a step that other jobs use.
+    background_max_batched_tokens: int = 32
 
     def __post_init__(self) -> None:
-        for name in ("max_batched_tokens", "max_running", "latency_max_batch", "latency_max_batched_tokens"):
+        names = (
+            "max_batched_tokens",
+            "max_running",
+            "latency_max_batch",
+            "latency_max_batched_tokens",
+            "background_max_batched_tokens",
+        )
+        for name in names:
             value = getattr(self, name)
             if value is not None and value < 1:
                 raise ValueError(f"{name} must be positive, got {value}")
 
 
-def _order(job: Job) -> tuple[int, int]:
-    return (-job.priority, job.seq)
+def level(job: Job) -> int:
+    if job.priority > 0:
+        return URGENT
+    return BACKGROUND if job.background else NORMAL
+
+
+def _order(job: Job) -> tuple[int, int, int]:
+    return (level(job), -job.priority, job.seq)
 
 
 class LocalScheduler:
@@ -48,7 +71,7 @@ class LocalScheduler:
         # Materializes the job's context and appends its tokens, once; False when it failed
         # the job (e.g. its parent was freed), which then leaves the queue.
         self.prepare = prepare
-        self.waiting: list[Job] = []  # by (-priority, submission order)
+        self.waiting: list[Job] = []  # by level, priority, then submission order
         self.running: list[Job] = []
         self.num_preemptions = 0
         self._admit_counter = 0
@@ -73,32 +96,31 @@ class LocalScheduler:
     def has_work(self) -> bool:
         return bool(self.running or self.waiting)
 
-    def _limits(self) -> tuple[int, int]:
-        """(sequences, tokens) a step may hold now."""
-        cfg = self.config
-        urgent = any(j.priority > 0 for j in self.running) or any(j.priority > 0 for j in self.waiting[:1])
-        seqs, tokens = cfg.max_running, cfg.max_batched_tokens
-        if urgent:
-            seqs = min(seqs, cfg.latency_max_batch or seqs)
-            tokens = min(tokens, cfg.latency_max_batched_tokens or tokens)
-        return seqs, tokens
-
     # ------------------------------------------------------------------------------------
     def schedule(self) -> list[StepItem]:
-        """The step: latency-critical jobs first (running, then waiting ones admitted), then
-        the rest, within the step's sequence and token limits."""
+        """The step, level by level (see the module's docstring)."""
         self.step_counter += 1
-        max_seqs, budget = self._limits()
+        cfg = self.config
+        urgent = any(level(j) == URGENT for j in (*self.running, *self.waiting))
         items: list[StepItem] = []
-        for urgent in (True, False):
-            budget = self._continue(items, budget, max_seqs, urgent)
-            budget = self._admit(items, budget, max_seqs, urgent)
+        budget = cfg.max_batched_tokens
+        for lvl in (URGENT, NORMAL, BACKGROUND):
+            max_seqs, allowance = cfg.max_running, budget
+            if urgent and lvl != URGENT:  # beside latency-critical work the step stays small
+                max_seqs = cfg.latency_max_batch or max_seqs
+                used = cfg.max_batched_tokens - budget
+                cap = cfg.latency_max_batched_tokens or cfg.max_batched_tokens
+                allowance = min(budget, max(0, cap - used))
+            if lvl == BACKGROUND and items:
+                allowance = min(allowance, cfg.background_max_batched_tokens)
+            left = self._continue(items, allowance, max_seqs, lvl)
+            left = self._admit(items, left, max_seqs, lvl)
+            budget -= allowance - left
         return items
 
-    def _continue(self, items: list[StepItem], budget: int, max_seqs: int, urgent: bool) -> int:
+    def _continue(self, items: list[StepItem], budget: int, max_seqs: int, lvl: int) -> int:
         """Steps of running jobs of one level (oldest first); returns the budget left."""
-        level = [j for j in self.running if (j.priority > 0) == urgent]
-        for job in sorted(level, key=lambda j: (-j.priority, j.admitted_seq)):
+        for job in sorted((j for j in self.running if level(j) == lvl), key=lambda j: j.admitted_seq):
             if job not in self.running:  # preempted while making room for an older job
                 continue
             if len(items) >= max_seqs:
@@ -134,7 +156,7 @@ class LocalScheduler:
             return idle
         return idle or parent.num_computed >= ctx.parent_len
 
-    def _admit(self, items: list[StepItem], budget: int, max_seqs: int, urgent: bool) -> int:
+    def _admit(self, items: list[StepItem], budget: int, max_seqs: int, lvl: int) -> int:
         """Admit waiting jobs of one level in order; returns the budget left."""
         # Context -> submission order of its first waiting job. A fork of a whole parent
         # counts as a job of the parent too: it takes the parent as it is after the jobs
@@ -148,7 +170,7 @@ class LocalScheduler:
             for key in keys:
                 first_waiting[key] = min(job.seq, first_waiting.get(key, job.seq))
         for job in list(self.waiting):
-            if (job.priority > 0) != urgent:
+            if level(job) != lvl:
                 continue
             if len(self.running) >= self.config.max_running or len(items) >= max_seqs or budget <= 0:
                 return budget
@@ -190,7 +212,7 @@ class LocalScheduler:
     def _make_room(self, ctx: Context, num_tokens: int, job: Job) -> bool:
         """Ensure blocks for ``ctx``; preempt newer jobs (or this one) when there are none."""
         while not self.pool.ensure_blocks(ctx, num_tokens):
-            victim = max(self.running, key=lambda j: (-j.priority, j.admitted_seq))
+            victim = max(self.running, key=lambda j: (level(j), -j.priority, j.admitted_seq))
             # Alone and still out of blocks: idle contexts must give way.
             alone = victim is job and len(self.running) == 1
             if alone and self._evict_idle(self.pool.blocks_needed(ctx, num_tokens), exclude=ctx):

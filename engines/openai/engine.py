@@ -92,6 +92,7 @@ class OpenAIEngine:
         priority: int = 0,
         checkpoints: Sequence[tuple[int, int]] = (),
         parent_timeout_ms: int = 0,  # in-process: a parent exists before its forks are asked for
+        background: bool = False,  # an endpoint has no steps to share
     ) -> FillResponse:
         """Append ``text`` to the context (created, forked from the parent, when new).
         Lengths are in characters; ``priority`` means nothing to an endpoint."""

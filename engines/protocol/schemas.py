@@ -41,6 +41,9 @@ class FillRequest(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     checkpoints: Annotated[list[Checkpoint], msgspec.Meta(max_length=64)] = msgspec.field(
         default_factory=list
     )
+    # A fill that prepares for later (a ServeCore filling a waiting call's known prompt):
+    # it takes only what steps used by other jobs can spare.
+    background: bool = False
 
 
 class FillResponse(msgspec.Struct, kw_only=True):

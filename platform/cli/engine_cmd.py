@@ -45,6 +45,12 @@ def add_parser(commands) -> None:
         help="while a latency-critical job runs, sequences per step at most (default: no cap)",
     )
     p.add_argument(
+        "--background-max-batched-tokens",
+        type=int,
+        default=32,
+        help="tokens of a background fill (a ServeCore's fill-ahead) in a step other jobs use",
+    )
+    p.add_argument(
         "--latency-max-batched-tokens",
         type=int,
         default=None,
@@ -79,6 +85,7 @@ def config_from_args(args: argparse.Namespace) -> EngineConfig:
             max_running=args.max_running,
             latency_max_batch=args.latency_max_batch,
             latency_max_batched_tokens=args.latency_max_batched_tokens,
+            background_max_batched_tokens=args.background_max_batched_tokens,
         ),
         shared_prefix=SharedPrefixPolicy(
             enabled=not args.no_shared_prefix,

@@ -53,6 +53,7 @@ class Engine(Protocol):
         priority: int = 0,
         checkpoints: Checkpoints = (),
         parent_timeout_ms: int = 0,
+        background: bool = False,
     ) -> FillResponse: ...
 
     async def generate(
@@ -128,8 +129,10 @@ class HttpEngine:
         priority=0,
         checkpoints=(),
         parent_timeout_ms=0,
+        background=False,
     ) -> FillResponse:
         body = FillRequest(
+            background=background,
             context_id=context_id,
             parent_context_id=parent_context_id,
             parent_len=parent_len,

@@ -16,10 +16,10 @@ from parrot.platform.api.app import create_app
 from parrot.platform.serve.core import CallParameter, ServeCore
 from parrot.platform.serve.errors import SessionClosedError, WaitTimeoutError
 
-pytestmark = pytest.mark.asyncio(loop_scope="function")
 LONG = SamplingParams(max_tokens=400, temperature=0, ignore_eos=True)
 
 
+@pytest.mark.asyncio(loop_scope="function")
 async def test_fresh_variables_are_never_ready_whatever_lived_at_their_address():
     """Readiness used to be kept in a table keyed by ``id(var)`` and never dropped: a new
     variable at a reused address was 'ready' with ''. 2,000 variables with values come and
@@ -96,6 +96,7 @@ async def busy_session(core):
     return session, outs
 
 
+@pytest.mark.asyncio(loop_scope="function")
 @pytest.mark.parametrize("how", ["delete", "expire"])
 async def test_a_session_that_goes_stops_its_work_and_frees_its_contexts(core, how):
     before = await engine_info(core)

@@ -57,6 +57,7 @@ async def fill(data: JSONBody[FillRequest], state: State, request: Request) -> F
         priority=data.priority,
         checkpoints=_checkpoints(data),
         parent_wait_s=data.parent_timeout_ms / 1000,
+        background=data.background,
     )
     result = await unless_disconnected(request, work)
     return FillResponse(

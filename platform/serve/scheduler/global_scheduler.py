@@ -343,6 +343,7 @@ class GlobalScheduler:
                 priority=1 if latency and self.policy.criteria else 0,
                 checkpoints=[(c.context_id, c.length) for c in checkpoints],
                 parent_timeout_ms=PARENT_WAIT_MS if parent is not None and parent.state != READY else 0,
+                background=not latency,  # rides along the steps running work leaves room in
             )
         except ParrotError as error:
             log.info("fill-ahead of %s failed (%s); the call fills it when it runs", chain.key, error)

@@ -95,3 +95,30 @@ def test_when_blocks_run_out_the_lowest_priority_newest_job_gives_way():
             break
     assert sched.num_preemptions >= 1
     assert urgent in sched.running and new_bulk in sched.waiting
+
+
+def test_latency_jobs_are_never_held_back_by_the_caps_only_the_work_beside_them():
+    config = SchedulerConfig(
+        max_batched_tokens=64, max_running=16, latency_max_batch=2, latency_max_batched_tokens=8
+    )
+    sched = scheduler(config, pool())
+    for seq in range(5):
+        sched.add(job(seq, priority=1, prompt=4))
+    sched.add(job(50, priority=0, prompt=20))
+    step = computed(sched.schedule())
+    assert set(step) == {0, 1, 2, 3, 4}  # all five latency jobs, beyond the caps; no bulk
+
+
+def test_a_background_fill_takes_what_the_step_can_spare():
+    config = SchedulerConfig(max_batched_tokens=64, max_running=16, background_max_batched_tokens=6)
+    sched = scheduler(config, pool())
+    bulk = job(1, priority=0, prompt=4)
+    ahead = job(2, priority=0, prompt=40, kind=JobKind.FILL)
+    ahead.background = True
+    sched.add(ahead)  # first in, yet the normal job goes first
+    sched.add(bulk)
+    step = computed(sched.schedule())
+    assert step == {1: 4, 2: 6}  # beside other work: a slice per step
+    assert computed(sched.schedule()) == {1: 0, 2: 6}
+    sched.remove(bulk)
+    assert computed(sched.schedule()) == {2: 28}  # alone: all it needs

@@ -1,0 +1,68 @@
+"""Bounded memory: what the ServeCore keeps on engines (shared prefixes of one-shot OpenAI
+requests, text contexts of OpenAI engines) is evicted least recently used, so it never grows
+past what the engine holds (or the text budget), whatever the traffic."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from parrot.engines.protocol.sampling import SamplingParams
+from parrot.platform.serve.core import CallParameter, ServeCore
+from parrot.platform.serve.engine_registry import OPENAI, EngineSpec
+from parrot.platform.serve.oneshot import OneShot
+from parrot.platform.serve.scheduler.health import HealthSettings
+
+pytestmark = pytest.mark.asyncio(loop_scope="function")
+
+
+async def monitor_round(core: ServeCore) -> None:
+    for slot in core.engine_slots():
+        await core.scheduler.monitor.check(slot)
+
+
+async def test_one_shot_prompts_stay_within_what_the_engine_holds(engine_server):
+    core = ServeCore(health=HealthSettings(interval_s=60))  # rounds run by hand below
+    await core.start()
+    try:
+        slot = await core.register_engine(engine_server.url)
+        capacity = slot.token_capacity
+        sampling = SamplingParams(max_tokens=2, temperature=0)
+        model = core.models()[0]
+        # Each request: a distinct ~450-token system prompt, kept as a shared prefix.
+        for n in range(3 * capacity // 450):
+            system = f"Rule set {n}: " + " ".join(f"rule {n}.{i} says keep the lamp lit" for i in range(50))
+            run = await OneShot.start(core, [system, "Question: which rule?\nAnswer:"], sampling, 1, model)
+            await run.answers()
+            await monitor_round(core)
+            assert slot.contexts.held_symbols() <= capacity
+        assert core.stats().evicted > 0 and not slot.contexts.of_session(run.session.session_id)
+        info = await slot.client.ping()
+        assert info["kv_blocks_used"] <= info["kv_blocks_total"]
+    finally:
+        await core.stop()
+
+
+async def test_text_contexts_of_an_openai_engine_stay_within_their_budget(engine_server, engine):
+    budget = 3_000  # characters
+    core = ServeCore(health=HealthSettings(interval_s=60, text_chars=budget))
+    await core.start()
+    try:
+        slot = await core.register(
+            EngineSpec(OPENAI, f"{engine_server.url}/v1", model=engine.model_name, api="completions")
+        )
+        session, _ = await core.create_session()
+        for n in range(12):
+            params = [
+                CallParameter(name="doc", value=f"Document {n}: " + "the tide came in and out. " * 30),
+                CallParameter(name="a", is_output=True, sampling=SamplingParams(max_tokens=2, temperature=0)),
+            ]
+            _, out = await core.submit_call(session, "{{doc}}\nSummary:{{a}}", params, [], None)
+            await core.get_var(session, out["a"], "latency", 120)
+            await monitor_round(core)
+            assert slot.contexts.held_symbols() <= budget
+        await asyncio.sleep(0)
+        assert core.stats().evicted > 0
+    finally:
+        await core.stop()
