@@ -25,6 +25,7 @@ SYSTEM = (
     "Dictionary by Ambrose Bierce. Answer the visitor's question about a word in one or two "
     "sentences, in the spirit of the book. These are the entries on the desk today:\n\n{entries}"
 )
+PREAMBLE_TOKENS = 60  # SYSTEM without its entries, about: the passage makes up the rest
 QUESTION = "What does the dictionary say about the word {word}?"
 
 
@@ -77,7 +78,7 @@ class Chatbot:
         }[size]
 
     def scenario(self, config: ChatbotConfig, doc: Document, rng: random.Random, tag: str) -> ChatbotScenario:
-        entries = doc.passages(rng, 1, config.system_tokens)[0]
+        entries = doc.passages(rng, 1, config.system_tokens - PREAMBLE_TOKENS)[0]
         questions = [QUESTION.format(word=w) for w in doc.words(rng, config.users)]
         return ChatbotScenario(SYSTEM.format(tag=tag, entries=entries), questions, config.output_tokens)
 

@@ -26,6 +26,7 @@ def median_work(samples: Sequence[Sample]) -> Work:
     return Work(
         round(statistics.median(s.work.generated for s in samples)),
         round(statistics.median(s.work.computed for s in samples)),
+        round(statistics.median(s.work.steps for s in samples)),
     )
 
 
@@ -61,7 +62,7 @@ def main_table(results: Results) -> str:
         head += [f"baseline {m.label}"]
         for side in others:
             head += [f"{SIDE_NAMES[side]} {m.label}", f"{SIDE_NAMES[side]} speed-up"]
-    head += ["tokens generated", "tokens computed"]
+    head += ["tokens generated", "tokens computed", "engine steps"]
     rows = []
     for (config, rtt), by_side in group(results.main).items():
         row = [config, str(rtt)]
@@ -75,10 +76,12 @@ def main_table(results: Results) -> str:
         same = len({x.generated for x in works}) == 1
         row.append(" / ".join(str(x.generated) for x in works) + ("" if same else " (differ!)"))
         row.append(" / ".join(str(x.computed) for x in works))
+        row.append(" / ".join(str(x.steps) for x in works))
         rows.append(row)
     legend = (
-        f"Sides: {', '.join(SIDE_NAMES[s] for s in sides)} (token counters in that order). Speed-up: "
-        "baseline time / Parrot time (or Parrot rate / baseline rate): above 1, Parrot is faster."
+        f"Sides: {', '.join(SIDE_NAMES[s] for s in sides)} (token counters and engine steps in that "
+        "order). Speed-up: baseline time / Parrot time (or Parrot rate / baseline rate): above 1, "
+        "Parrot is faster."
     )
     return "\n".join([_settings(results), "", legend, "", *_markdown(head, rows)])
 

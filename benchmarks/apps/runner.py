@@ -43,9 +43,12 @@ class Work:
 
     generated: int
     computed: int
+    steps: int  # engine iterations (one batch each)
 
     def __sub__(self, other: Work) -> Work:
-        return Work(self.generated - other.generated, self.computed - other.computed)
+        return Work(
+            self.generated - other.generated, self.computed - other.computed, self.steps - other.steps
+        )
 
 
 @dataclass(frozen=True)
@@ -66,7 +69,7 @@ async def settled_work(http: httpx.AsyncClient, engine_urls: Sequence[str]) -> W
         stats = [(await http.get(f"{url}/ping")).json() for url in engine_urls]
         busy = sum(s["num_running"] + s["num_waiting"] for s in stats)
         if not busy or time.monotonic() > deadline:
-            return Work(sum(s["tokens_generated"] for s in stats), sum(s["tokens_computed"] for s in stats))
+            return Work(*(sum(s[k] for s in stats) for k in ("tokens_generated", "tokens_computed", "steps")))
         await asyncio.sleep(0.1)
 
 
@@ -123,7 +126,8 @@ def log(workload: Workload, sample: Sample) -> None:
     )
     print(
         f"{workload.name} | {sample.config} | rtt {sample.rtt_ms} ms | run {sample.run} | {sample.side}: "
-        f"{shown} | tokens generated {sample.work.generated}, computed {sample.work.computed}",
+        f"{shown} | tokens generated {sample.work.generated}, computed {sample.work.computed}, "
+        f"engine steps {sample.work.steps}",
         file=sys.stderr,
         flush=True,
     )
