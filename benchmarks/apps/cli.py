@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import time
+import traceback
 from collections.abc import Sequence
 
 WORKLOADS = {  # name: module in benchmarks.apps
@@ -63,6 +64,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--kv-cache-memory", default="2GiB", help="KV cache of each engine started")
     parser.add_argument(
+        "--engine-capacity",
+        type=_positive,
+        default=None,
+        metavar="N",
+        help="register the engines on the ServeCores with N tasks at once (default: parrot serve's)",
+    )
+    parser.add_argument(
         "--docs",
         action=argparse.BooleanOptionalAction,
         default=None,
@@ -82,19 +90,27 @@ def run(args: argparse.Namespace) -> None:
         front=args.front,
         engine_urls=tuple(args.engine),
         kv_cache=args.kv_cache_memory,
+        capacity=args.engine_capacity,
     )
     write = not args.quick if args.docs is None else args.docs
     names = list(WORKLOADS) if args.workload == "all" else [args.workload]
-    everything = []
+    everything, failed = [], []
     for name in names:
         workload = importlib.import_module(f"benchmarks.apps.{WORKLOADS[name]}").WORKLOAD
         start = time.monotonic()
-        results = run_workload(workload, options)
+        try:
+            results = run_workload(workload, options)
+        except Exception:  # one workload's failure does not lose the others' results
+            traceback.print_exc()
+            failed.append(name)
+            continue
         print(report(results, write), flush=True)
         print(f"\n({name}: {time.monotonic() - start:.0f} s)\n", flush=True)
         everything.append(results)
     if len(everything) > 1:
         print(summary(everything, write), flush=True)
+    if failed:
+        raise SystemExit(f"parrot bench: failed: {', '.join(failed)}")
 
 
 def main(argv: Sequence[str] | None = None) -> None:

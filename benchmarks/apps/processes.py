@@ -91,17 +91,32 @@ class Stack:
             server.wait_ready(lambda s=server: httpx.get(f"{s.url}/ping", timeout=5).status_code == 200)
         return [s.url for s in started]
 
-    def serves(self, engine_urls: Sequence[str], variants: dict[str, Sequence[str]]) -> dict[str, str]:
+    def serves(
+        self, engine_urls: Sequence[str], variants: dict[str, Sequence[str]], capacity: int | None = None
+    ) -> dict[str, str]:
         """A ServeCore per variant (``parrot serve --engine URL ... FLAGS``), all started
-        together, each with its own database; their URLs by variant name."""
+        together, each with its own database; their URLs by variant name. With
+        ``capacity``, the engines are registered with that many tasks at once instead
+        (``POST /v1/engines``; ``--engine`` registers them with the server's default)."""
         started = {}
         for name, flags in variants.items():
             file = "".join(c if c.isalnum() else "-" for c in name)
             args = ["serve", "--db", f"sqlite+aiosqlite:///{self.workdir / file}.db", *flags]
-            for url in engine_urls:
-                args += ["--engine", url]
+            if capacity is None:
+                for url in engine_urls:
+                    args += ["--engine", url]
+            else:
+                args.append("--no-engine")
             started[name] = self._start(f"serve-{file}", args)
         for server in started.values():
+            server.wait_ready(lambda s=server: httpx.get(f"{s.url}/healthz", timeout=5).status_code == 200)
+            if capacity is not None:
+                auth = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
+                for url in engine_urls:
+                    body = {"url": url, "capacity": capacity}
+                    httpx.post(
+                        f"{server.url}/v1/engines", json=body, headers=auth, timeout=60
+                    ).raise_for_status()
 
             def ready(s: Server = server) -> bool:
                 return httpx.get(f"{s.url}/healthz", timeout=5).json().get("engines") == len(engine_urls)

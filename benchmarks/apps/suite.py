@@ -31,6 +31,7 @@ class Options:
     front: bool = False  # a third side: the request-level client on Parrot's OpenAI front
     engine_urls: tuple[str, ...] = ()  # running engines to use instead of starting them
     kv_cache: str = "2GiB"  # --kv-cache-memory of each engine started
+    capacity: int | None = None  # tasks at once per engine on a ServeCore (None: its default)
 
 
 @dataclass
@@ -55,7 +56,10 @@ def engine_flags(count: int, options: Options) -> list[str]:
 def describe_setup(count: int, options: Options) -> str:
     if options.engine_urls:
         return f"{count} running engine(s) given with --engine"
-    return f"{count} x `parrot engine {' '.join(engine_flags(count, options))}`"
+    engines = f"{count} x `parrot engine {' '.join(engine_flags(count, options))}`"
+    if options.capacity is not None:
+        engines += f", registered with capacity {options.capacity}"
+    return engines
 
 
 def run_workload(workload: Workload, options: Options) -> Results:
@@ -89,14 +93,14 @@ def _run_group(
 ) -> None:
     check_chat_template(urls[0])
     doc = Document.load(urls[0])
-    serve = stack.serves(urls, {"parrot": []})["parrot"]
+    serve = stack.serves(urls, {"parrot": []}, options.capacity)["parrot"]
     parrot = Side("parrot", "parrot", (serve,))
     sides = [Side("baseline", "requests", tuple(urls)), parrot]
     if options.front:
         sides.append(Side("front", "requests", (serve,)))
     results.main += asyncio.run(measure(workload, configs, sides, options.rtts_ms, options.runs, doc, urls))
     if options.ablations:
-        variants = stack.serves(urls, {f"no {p}": [f"--no-{p}"] for p in POLICIES})
+        variants = stack.serves(urls, {f"no {p}": [f"--no-{p}"] for p in POLICIES}, options.capacity)
         off = [Side(name, "parrot", (url,)) for name, url in variants.items()]
         rtt = (results.ablation_rtt_ms,)
         results.ablations += asyncio.run(
