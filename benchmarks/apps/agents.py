@@ -17,7 +17,7 @@ import random
 import time
 from dataclasses import dataclass
 
-from benchmarks.apps.clients import ParrotClient, RequestClient, fixed_output
+from benchmarks.apps.clients import WAIT_S, ParrotClient, RequestClient, fixed_output
 from benchmarks.apps.text import Document
 from benchmarks.apps.workload import Metric, Metrics, Size, prompt_of
 from parrot.sdk.api import Input, Output, semantic_function
@@ -145,7 +145,7 @@ class Agents:
                 code = await write_code.asubmit(s.coder, task, code=out)
                 tests = await write_tests.asubmit(s.tester, task, code, tests=out)
                 verdict = await review.asubmit(s.reviewer, task, code, tests, verdict=out)
-                await verdict.get()
+                await verdict.get(timeout=WAIT_S)
                 return time.perf_counter() - start
 
         return _metrics(await asyncio.gather(*(app(t) for t in s.tasks)))

@@ -13,7 +13,7 @@ import random
 import time
 from dataclasses import dataclass
 
-from benchmarks.apps.clients import ParrotClient, RequestClient, fixed_output
+from benchmarks.apps.clients import WAIT_S, ParrotClient, RequestClient, fixed_output
 from benchmarks.apps.text import Document
 from benchmarks.apps.workload import Metric, Metrics, Size, prompt_of
 from parrot.sdk.api import Input, Output, semantic_function
@@ -92,7 +92,7 @@ class Chain:
             summary = await summarize.asubmit(s.system, s.parts[0], summary=out)
             for part in s.parts[1:]:
                 summary = await refine.asubmit(s.system, summary, part, summary=out)
-            await summary.get()
+            await summary.get(timeout=WAIT_S)
             return {"seconds": time.perf_counter() - start}
 
     async def run_requests(self, client: RequestClient, s: ChainScenario) -> Metrics:

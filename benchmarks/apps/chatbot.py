@@ -16,7 +16,7 @@ import time
 from dataclasses import dataclass
 
 from benchmarks.apps.chat import answer, messages
-from benchmarks.apps.clients import ParrotClient, RequestClient, fixed_output
+from benchmarks.apps.clients import WAIT_S, ParrotClient, RequestClient, fixed_output
 from benchmarks.apps.text import Document
 from benchmarks.apps.workload import Metric, Metrics, Size
 
@@ -87,7 +87,7 @@ class Chatbot:
             start = time.perf_counter()
             async with parrot.session():
                 reply = await answer.asubmit(s.system, question, reply=fixed_output(s.output_tokens))
-                await reply.get()
+                await reply.get(timeout=WAIT_S)
                 return time.perf_counter() - start  # not counting the session's deletion
 
         return _metrics(await asyncio.gather(*(user(q) for q in s.questions)), s)

@@ -28,6 +28,7 @@ from parrot.sdk.http import AsyncTransport, Op
 
 T = TypeVar("T")
 TIMEOUT_S = 1800.0
+WAIT_S = 3600.0  # what a get asks the server to wait at most (the API's limit): a slow run is no error
 
 
 def fixed_output(tokens: int) -> Output:

@@ -16,7 +16,7 @@ import time
 from dataclasses import dataclass
 
 from benchmarks.apps.chain import SYSTEM, summarize  # the maps are the chain's first step
-from benchmarks.apps.clients import ParrotClient, RequestClient, fixed_output
+from benchmarks.apps.clients import WAIT_S, ParrotClient, RequestClient, fixed_output
 from benchmarks.apps.text import Document
 from benchmarks.apps.workload import Metric, Metrics, Size, prompt_of
 
@@ -66,7 +66,7 @@ async def parrot_app(parrot: ParrotClient, s: MapReduceScenario) -> float:
         maps = await asyncio.gather(*(summarize.asubmit(s.system, part, summary=out) for part in s.parts))
         inputs = {f"s{i}": var for i, var in enumerate(maps)}
         call = await session.submit(reduce_template(s.system, len(maps)), inputs, {"summary": out})
-        await call.outputs["summary"].get()
+        await call.outputs["summary"].get(timeout=WAIT_S)
         return time.perf_counter() - start
 
 
