@@ -57,6 +57,15 @@ class Server:
                 self.proc.kill()
                 self.proc.wait(timeout=30)
 
+    def cpu_seconds(self) -> float:
+        """CPU time the process has used so far (user + system; Linux ``/proc``), 0 where
+        that cannot be read."""
+        try:
+            fields = Path(f"/proc/{self.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            return 0.0
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime, stime
+
     def tail(self, lines: int = 30) -> str:
         return "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:])
 
@@ -129,6 +138,10 @@ class Stack:
         for server in [s for s in self.servers if s.url in urls]:
             server.stop()
             self.servers.remove(server)
+
+    def cpu_seconds(self, command: str) -> float:
+        """CPU time used so far by the running servers of ``command`` (engine, serve)."""
+        return sum(s.cpu_seconds() for s in self.servers if s.name.startswith(command))
 
     def close(self) -> None:
         for server in reversed(self.servers):

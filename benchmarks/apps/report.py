@@ -30,6 +30,15 @@ def median_work(samples: Sequence[Sample]) -> Work:
     )
 
 
+CPU_ORDER = ("engine", "ServeCore", "client")
+
+
+def median_cpu(samples: Sequence[Sample]) -> str:
+    """Median CPU seconds of a side's runs, ``engine+ServeCore+client``."""
+    keys = [k for k in CPU_ORDER if all(k in s.cpu for s in samples)]
+    return "+".join(f"{statistics.median(s.cpu[k] for s in samples):.1f}" for k in keys)
+
+
 def group(samples: Sequence[Sample]) -> dict[tuple[str, int], dict[str, list[Sample]]]:
     """Samples by (configuration, round trip), then by side, in the order measured."""
     found: dict[tuple[str, int], dict[str, list[Sample]]] = {}
@@ -62,7 +71,8 @@ def main_table(results: Results) -> str:
         head += [f"baseline {m.label}"]
         for side in others:
             head += [f"{SIDE_NAMES[side]} {m.label}", f"{SIDE_NAMES[side]} speed-up"]
-    head += ["tokens generated", "tokens computed", "engine steps"]
+    cpu = "+".join(k for k in CPU_ORDER if all(k in x.cpu for x in results.main))
+    head += ["tokens generated", "tokens computed", "engine steps", f"CPU s {cpu}"]
     rows = []
     for (config, rtt), by_side in group(results.main).items():
         row = [config, str(rtt)]
@@ -77,11 +87,12 @@ def main_table(results: Results) -> str:
         row.append(" / ".join(str(x.generated) for x in works) + ("" if same else " (differ!)"))
         row.append(" / ".join(str(x.computed) for x in works))
         row.append(" / ".join(str(x.steps) for x in works))
+        row.append(" / ".join(median_cpu(by_side[s]) for s in sides if s in by_side))
         rows.append(row)
     legend = (
-        f"Sides: {', '.join(SIDE_NAMES[s] for s in sides)} (token counters and engine steps in that "
-        "order). Speed-up: baseline time / Parrot time (or Parrot rate / baseline rate): above 1, "
-        "Parrot is faster."
+        f"Sides: {', '.join(SIDE_NAMES[s] for s in sides)} (token counters, engine steps and CPU "
+        "seconds of the run in that order). Speed-up: baseline time / Parrot time (or Parrot rate / "
+        "baseline rate): above 1, Parrot is faster."
     )
     return "\n".join([_settings(results), "", legend, "", *_markdown(head, rows)])
 

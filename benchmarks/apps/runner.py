@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -59,6 +59,7 @@ class Sample:
     run: int
     metrics: Metrics
     work: Work
+    cpu: dict[str, float]  # CPU seconds of the run: "client" (this process) and each probe's
 
 
 async def settled_work(http: httpx.AsyncClient, engine_urls: Sequence[str]) -> Work:
@@ -98,8 +99,10 @@ async def measure(
     runs: int,
     doc: Document,
     engine_urls: Sequence[str],
+    probes: Mapping[str, Callable[[], float]],
 ) -> list[Sample]:
-    """Every configuration, round trip and run on every side (see the module docstring)."""
+    """Every configuration, round trip and run on every side (see the module docstring).
+    ``probes`` read CPU seconds used so far by the servers (by kind: engine, ServeCore)."""
     samples = []
     await warm_up(workload, sides, doc)
     async with httpx.AsyncClient(timeout=60) as http:
@@ -110,12 +113,18 @@ async def measure(
                         rng = run_rng(workload.name, f"{config.label}/{rtt}", run)
                         scenario = workload.scenario(config, doc, rng, new_tag())
                         before = await settled_work(http, engine_urls)
+                        cpu = _cpu(probes)
                         metrics = await run_side(workload, side, scenario, rtt / 1000)
                         work = await settled_work(http, engine_urls) - before
-                        sample = Sample(config.label, rtt, side.name, run, metrics, work)
+                        used = {k: v - cpu[k] for k, v in _cpu(probes).items()}
+                        sample = Sample(config.label, rtt, side.name, run, metrics, work, used)
                         samples.append(sample)
                         log(workload, sample)
     return samples
+
+
+def _cpu(probes: Mapping[str, Callable[[], float]]) -> dict[str, float]:
+    return {"client": time.process_time(), **{name: probe() for name, probe in probes.items()}}
 
 
 def log(workload: Workload, sample: Sample) -> None:
@@ -127,7 +136,8 @@ def log(workload: Workload, sample: Sample) -> None:
     print(
         f"{workload.name} | {sample.config} | rtt {sample.rtt_ms} ms | run {sample.run} | {sample.side}: "
         f"{shown} | tokens generated {sample.work.generated}, computed {sample.work.computed}, "
-        f"engine steps {sample.work.steps}",
+        f"engine steps {sample.work.steps} | CPU s "
+        + ", ".join(f"{k} {v:.2f}" for k, v in sample.cpu.items()),
         file=sys.stderr,
         flush=True,
     )

@@ -98,13 +98,18 @@ def _run_group(
     sides = [Side("baseline", "requests", tuple(urls)), parrot]
     if options.front:
         sides.append(Side("front", "requests", (serve,)))
-    results.main += asyncio.run(measure(workload, configs, sides, options.rtts_ms, options.runs, doc, urls))
+    probes = {"ServeCore": lambda: stack.cpu_seconds("serve")}
+    if not options.engine_urls:
+        probes["engine"] = lambda: stack.cpu_seconds("engine")
+    results.main += asyncio.run(
+        measure(workload, configs, sides, options.rtts_ms, options.runs, doc, urls, probes)
+    )
     if options.ablations:
         variants = stack.serves(urls, {f"no {p}": [f"--no-{p}"] for p in POLICIES}, options.capacity)
         off = [Side(name, "parrot", (url,)) for name, url in variants.items()]
         rtt = (results.ablation_rtt_ms,)
         results.ablations += asyncio.run(
-            measure(workload, configs, [parrot, *off], rtt, options.runs, doc, urls)
+            measure(workload, configs, [parrot, *off], rtt, options.runs, doc, urls, probes)
         )
         stack.stop(list(variants.values()))
     stack.stop([serve])
