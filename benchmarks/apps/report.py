@@ -51,11 +51,13 @@ def _value(metric: Metric, value: float) -> str:
     return f"{value * metric.scale:.2f}" if value * metric.scale < 100 else f"{value * metric.scale:.0f}"
 
 
-def _settings(results: Results) -> str:
+def _settings(results: Results, samples: Sequence[Sample]) -> str:
     o = results.options
     engines = "; ".join(f"{n} engine(s): {what}" for n, what in sorted(results.setups.items()))
+    loads = [s.load for s in samples] or [float("nan")]
     return (
-        f"Machine: {machine()}. {engines}; ServeCore `parrot serve` with its defaults. Greedy, "
+        f"Machine: {machine()}; load average (1 min) after the runs {min(loads):.1f} to "
+        f"{max(loads):.1f}. {engines}; ServeCore `parrot serve` with its defaults. Greedy, "
         f"`ignore_eos`, fixed output lengths; simulated round trip before every request on both "
         f"sides; median of {o.runs} run(s), sides interleaved; fresh text every run. Size: {o.size}."
     )
@@ -94,7 +96,7 @@ def main_table(results: Results) -> str:
         "seconds of the run in that order). Speed-up: baseline time / Parrot time (or Parrot rate / "
         "baseline rate): above 1, Parrot is faster."
     )
-    return "\n".join([_settings(results), "", legend, "", *_markdown(head, rows)])
+    return "\n".join([_settings(results, results.main), "", legend, "", *_markdown(head, rows)])
 
 
 def ablation_table(results: Results) -> str:
@@ -117,7 +119,7 @@ def ablation_table(results: Results) -> str:
         f"Round trip {results.ablation_rtt_ms} ms. Policy buys: the time with the policy off / with "
         "all on (rates the other way round): above 1, the policy helps."
     )
-    return "\n".join([_settings(results), "", legend, "", *_markdown(head, rows)])
+    return "\n".join([_settings(results, results.ablations), "", legend, "", *_markdown(head, rows)])
 
 
 def _markdown(head: list[str], rows: list[list[str]]) -> list[str]:

@@ -12,6 +12,7 @@ of a shared machine hit them alike. A side is a way to run the workload: ``basel
 from __future__ import annotations
 
 import asyncio
+import os
 import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -60,6 +61,7 @@ class Sample:
     metrics: Metrics
     work: Work
     cpu: dict[str, float]  # CPU seconds of the run: "client" (this process) and each probe's
+    load: float  # the machine's 1-minute load average at the end of the run
 
 
 async def settled_work(http: httpx.AsyncClient, engine_urls: Sequence[str]) -> Work:
@@ -117,7 +119,8 @@ async def measure(
                         metrics = await run_side(workload, side, scenario, rtt / 1000)
                         work = await settled_work(http, engine_urls) - before
                         used = {k: v - cpu[k] for k, v in _cpu(probes).items()}
-                        sample = Sample(config.label, rtt, side.name, run, metrics, work, used)
+                        load = os.getloadavg()[0]
+                        sample = Sample(config.label, rtt, side.name, run, metrics, work, used, load)
                         samples.append(sample)
                         log(workload, sample)
     return samples
