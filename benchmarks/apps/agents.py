@@ -126,7 +126,7 @@ class Agents:
         return {
             "smoke": [AgentsConfig(1, 4)],
             "quick": [AgentsConfig(4, 16)],
-            "full": [AgentsConfig(8, 32), AgentsConfig(16, 32)],
+            "full": [AgentsConfig(16, 32)],
         }[size]
 
     def scenario(self, config: AgentsConfig, doc: Document, rng: random.Random, tag: str) -> AgentsScenario:
