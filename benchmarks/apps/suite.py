@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import os
 import sys
 import tempfile
 from collections.abc import Sequence
@@ -20,6 +21,7 @@ from benchmarks.apps.text import Document
 from benchmarks.apps.workload import Size, Workload
 
 POLICIES = ("app-fifo", "task-groups", "context-affinity", "criteria")  # parrot serve --no-...
+OPENMP = ("OMP_WAIT_POLICY", "OMP_NUM_THREADS")  # inherited by the engines: named in the tables
 
 
 @dataclass(frozen=True)
@@ -56,7 +58,8 @@ def engine_flags(count: int, options: Options) -> list[str]:
 def describe_setup(count: int, options: Options) -> str:
     if options.engine_urls:
         return f"{count} running engine(s) given with --engine"
-    engines = f"{count} x `parrot engine {' '.join(engine_flags(count, options))}`"
+    env = " ".join(f"{k}={os.environ[k]}" for k in OPENMP if k in os.environ)
+    engines = f"{count} x `{env + ' ' if env else ''}parrot engine {' '.join(engine_flags(count, options))}`"
     if options.capacity is not None:
         engines += f", registered with capacity {options.capacity}"
     return engines
