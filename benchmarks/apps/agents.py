@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from benchmarks.apps.clients import WAIT_S, ParrotClient, RequestClient, fixed_output
 from benchmarks.apps.text import Document
 from benchmarks.apps.workload import Metric, Metrics, Size, prompt_of
-from parrot.sdk.api import Input, Output, semantic_function
+from parrot.sdk import Input, Output, semantic_function
 
 TEAM = (
     "Team {tag}. You are one of three agents of a small software team that writes Python "
@@ -137,7 +137,7 @@ class Agents:
         roles = (CODER.format(tag=tag), TESTER.format(tag=tag), REVIEWER.format(tag=tag))
         return AgentsScenario(*roles, tasks, config.output_tokens)
 
-    async def run_parrot(self, parrot: ParrotClient, front: RequestClient, s: AgentsScenario) -> Metrics:
+    async def run_parrot(self, parrot: ParrotClient, s: AgentsScenario) -> Metrics:
         async def app(task: str) -> float:
             start = time.perf_counter()
             out = fixed_output(s.output_tokens)

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from benchmarks.apps.clients import WAIT_S, ParrotClient, RequestClient, fixed_output
 from benchmarks.apps.text import Document
 from benchmarks.apps.workload import Metric, Metrics, Size, prompt_of
-from parrot.sdk.api import Input, Output, semantic_function
+from parrot.sdk import Input, Output, semantic_function
 
 SYSTEM = "Editor desk {tag}. You write short, plain summaries of old books for modern readers."
 
@@ -85,7 +85,7 @@ class Chain:
         parts = doc.passages(rng, config.steps, config.chunk_tokens)
         return ChainScenario(SYSTEM.format(tag=tag), parts, config.output_tokens)
 
-    async def run_parrot(self, parrot: ParrotClient, front: RequestClient, s: ChainScenario) -> Metrics:
+    async def run_parrot(self, parrot: ParrotClient, s: ChainScenario) -> Metrics:
         start = time.perf_counter()
         out = fixed_output(s.output_tokens)
         async with parrot.session():

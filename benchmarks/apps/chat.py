@@ -11,7 +11,7 @@ from __future__ import annotations
 import httpx
 
 from benchmarks.apps.workload import prompt_of
-from parrot.sdk.api import Input, Output, semantic_function
+from parrot.sdk import Input, Output, semantic_function
 
 
 @semantic_function

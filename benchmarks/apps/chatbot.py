@@ -82,7 +82,7 @@ class Chatbot:
         questions = [QUESTION.format(word=w) for w in doc.words(rng, config.users)]
         return ChatbotScenario(SYSTEM.format(tag=tag, entries=entries), questions, config.output_tokens)
 
-    async def run_parrot(self, parrot: ParrotClient, front: RequestClient, s: ChatbotScenario) -> Metrics:
+    async def run_parrot(self, parrot: ParrotClient, s: ChatbotScenario) -> Metrics:
         async def user(question: str) -> float:
             start = time.perf_counter()
             async with parrot.session():

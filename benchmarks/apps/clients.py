@@ -4,7 +4,8 @@ A request is one HTTP call to a server; before each, the client sleeps ``rtt_s``
 a request and its answer would spend on a network between a client and a server that are
 far apart (both sides of a benchmark pay it alike).
 
-- :class:`ParrotClient`: the SDK's ``AsyncClient`` (semantic functions, variables).
+- :class:`ParrotClient`: the SDK's ``AsyncClient`` (semantic functions, variables, and
+  streamed chats through Parrot's OpenAI front).
 - :class:`RequestClient`: a request-level client of OpenAI-compatible servers (the
   engine's own ``/v1``, or Parrot's OpenAI front): one request per LLM call, greedy with a
   fixed number of output tokens; round-robin over several servers (a plain load balancer).
@@ -17,14 +18,14 @@ import functools
 import itertools
 import json
 import time
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import httpx
 
-from parrot.sdk.api import AsyncClient, Output
-from parrot.sdk.http import AsyncTransport, Op
+from parrot.sdk import AsyncClient, Output
+from parrot.sdk.http import AsyncTransport, Op, StreamOp
 
 T = TypeVar("T")
 TIMEOUT_S = 1800.0
@@ -53,6 +54,12 @@ class DelayedTransport(AsyncTransport):
             await asyncio.sleep(self.rtt_s)
         return await super().send(op)
 
+    async def stream(self, op: StreamOp[T]) -> AsyncIterator[T]:
+        if self.rtt_s:
+            await asyncio.sleep(self.rtt_s)
+        async for item in super().stream(op):
+            yield item
+
 
 class ParrotClient(AsyncClient):
     """The SDK's ``AsyncClient`` with a simulated round trip before every request."""
@@ -69,6 +76,22 @@ class Streamed:
     text: str
     ttft_s: float
     tpot_s: float
+
+
+async def timed_stream(texts: AsyncIterator[str], tokens: int) -> Streamed:
+    """Read a stream of text pieces of ``tokens`` tokens, timed from this call on (before
+    the request's round trip, which the stream pays on its first read)."""
+    start = time.perf_counter()
+    first = last = None
+    parts = []
+    async for text in texts:
+        if text:
+            last = time.perf_counter()
+            first = first or last
+            parts.append(text)
+    if first is None or last is None:
+        raise RuntimeError("the stream had no text")
+    return Streamed("".join(parts), first - start, (last - first) / max(1, tokens - 1))
 
 
 class RequestClient:
@@ -99,26 +122,20 @@ class RequestClient:
         return answer["choices"][0]["message"]["content"]
 
     async def chat_stream(self, messages: list[dict[str, str]], tokens: int) -> Streamed:
-        """``/v1/chat/completions`` streamed; times from before the round trip."""
-        start = time.perf_counter()
+        """``/v1/chat/completions`` streamed."""
+        return await timed_stream(self._chat_pieces(messages, tokens), tokens)
+
+    async def _chat_pieces(self, messages: list[dict[str, str]], tokens: int) -> AsyncIterator[str]:
         if self.rtt_s:
             await asyncio.sleep(self.rtt_s)
         body = {"messages": messages, "stream": True, **sampling(tokens)}
-        first = last = None
-        parts = []
         async with self._http.stream("POST", next(self._urls) + "/chat/completions", json=body) as response:
             response.raise_for_status()
             async for line in response.aiter_lines():
                 if not line.startswith("data: ") or line == "data: [DONE]":
                     continue
                 for choice in json.loads(line[6:]).get("choices", []):
-                    if text := choice.get("delta", {}).get("content"):
-                        last = time.perf_counter()
-                        first = first or last
-                        parts.append(text)
-        if first is None or last is None:
-            raise RuntimeError("the stream had no text")
-        return Streamed("".join(parts), first - start, (last - first) / max(1, tokens - 1))
+                    yield choice.get("delta", {}).get("content") or ""
 
     async def close(self) -> None:
         await self._http.aclose()

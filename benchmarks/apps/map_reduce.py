@@ -99,7 +99,7 @@ class MapReduce:
     def scenario(self, config: MapReduceConfig, doc: Document, rng: random.Random, tag: str):
         return map_reduce_scenario(config, doc, rng, tag)
 
-    async def run_parrot(self, parrot: ParrotClient, front: RequestClient, s: MapReduceScenario) -> Metrics:
+    async def run_parrot(self, parrot: ParrotClient, s: MapReduceScenario) -> Metrics:
         return {"seconds": await parrot_app(parrot, s)}
 
     async def run_requests(self, client: RequestClient, s: MapReduceScenario) -> Metrics:

@@ -3,11 +3,11 @@
 The chat users are latency-critical (a person reads the stream), the map-reduce
 applications throughput-bound. Everything starts together: every chat user asks a few
 questions one after another (each once the previous answer has streamed to its end)
-while the applications run. Parrot: the applications with the SDK, the chat users through
-Parrot's OpenAI front (``/v1/chat/completions``, streamed). Baseline: the applications and
-the chat users on the engines' own ``/v1`` (round-robin over two engines). Measured: the
-chat users' time to first token and time per output token after it (means over all their
-answers), and the mean completion time of the applications.
+while the applications run. Parrot: the applications with the SDK's semantic functions,
+the chat users with its ``stream_chat`` (Parrot's OpenAI front, streamed). Baseline: the
+applications and the chat users on the engines' own ``/v1`` (round-robin over two
+engines). Measured: the chat users' time to first token and time per output token after
+it (means over all their answers), and the mean completion time of the applications.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 from benchmarks.apps.chat import messages
 from benchmarks.apps.chatbot import QUESTION
-from benchmarks.apps.clients import ParrotClient, RequestClient, Streamed
+from benchmarks.apps.clients import ParrotClient, RequestClient, Streamed, sampling, timed_stream
 from benchmarks.apps.map_reduce import (
     MapReduceConfig,
     MapReduceScenario,
@@ -75,6 +75,14 @@ async def _chat_user(client: RequestClient, s: MixedScenario, questions: list[st
     return [await client.chat_stream(messages(s.system, q), s.chat_tokens) for q in questions]
 
 
+async def _parrot_chat_user(parrot: ParrotClient, s: MixedScenario, questions: list[str]) -> list[Streamed]:
+    answers = []
+    for question in questions:
+        deltas = parrot.stream_chat(messages(s.system, question), **sampling(s.chat_tokens))
+        answers.append(await timed_stream((d.text async for d in deltas), s.chat_tokens))
+    return answers
+
+
 class Mixed:
     name = "mixed"
     title = "Mixed: streaming chat beside map-reduce"
@@ -108,9 +116,9 @@ class Mixed:
         apps = [map_reduce_scenario(config.maps, doc, rng, tag) for _ in range(config.apps)]
         return MixedScenario(CHAT_SYSTEM.format(tag=tag), chats, config.chat_tokens, apps)
 
-    async def run_parrot(self, parrot: ParrotClient, front: RequestClient, s: MixedScenario) -> Metrics:
+    async def run_parrot(self, parrot: ParrotClient, s: MixedScenario) -> Metrics:
         apps = asyncio.gather(*(parrot_app(parrot, app) for app in s.apps))
-        chats = asyncio.gather(*(_chat_user(front, s, questions) for questions in s.chats))
+        chats = asyncio.gather(*(_parrot_chat_user(parrot, s, questions) for questions in s.chats))
         app_seconds, streamed = await asyncio.gather(apps, chats)
         return _metrics(streamed, app_seconds)
 

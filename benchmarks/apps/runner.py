@@ -80,8 +80,8 @@ async def run_side(workload: Workload, side: Side, scenario: Any, rtt_s: float) 
     if side.kind == "requests":
         async with RequestClient(side.urls, rtt_s) as client:
             return await workload.run_requests(client, scenario)
-    async with ParrotClient(side.urls[0], rtt_s) as parrot, RequestClient(side.urls[:1], rtt_s) as front:
-        return await workload.run_parrot(parrot, front, scenario)
+    async with ParrotClient(side.urls[0], rtt_s) as parrot:
+        return await workload.run_parrot(parrot, scenario)
 
 
 async def warm_up(workload: Workload, sides: Sequence[Side], doc: Document) -> None:

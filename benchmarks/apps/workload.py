@@ -4,7 +4,7 @@ A workload runs one *scenario* (the fresh prompts of one run) two ways:
 
 - ``run_parrot``: as its user writes it with the SDK (semantic functions, variables), all
   calls of an application submitted before anything is read where the application allows
-  it; streaming chat users go through Parrot's OpenAI front (``front``);
+  it; streaming chat users use the SDK's streams (Parrot's OpenAI front);
 - ``run_requests``: the same prompts (the same rendered text) through a request-level
   client that waits for each answer before it sends what depends on it, and sends
   independent calls concurrently.
@@ -64,7 +64,7 @@ class Workload(Protocol):
 
     def scenario(self, config: Any, doc: Document, rng: random.Random, tag: str) -> Any: ...
 
-    async def run_parrot(self, parrot: ParrotClient, front: RequestClient, scenario: Any) -> Metrics: ...
+    async def run_parrot(self, parrot: ParrotClient, scenario: Any) -> Metrics: ...
 
     async def run_requests(self, client: RequestClient, scenario: Any) -> Metrics: ...
 
