@@ -102,11 +102,13 @@ async def measure(
     doc: Document,
     engine_urls: Sequence[str],
     probes: Mapping[str, Callable[[], float]],
+    warm: bool = True,
 ) -> list[Sample]:
     """Every configuration, round trip and run on every side (see the module docstring).
     ``probes`` read CPU seconds used so far by the servers (by kind: engine, ServeCore)."""
     samples = []
-    await warm_up(workload, sides, doc)
+    if warm:
+        await warm_up(workload, sides, doc)
     async with httpx.AsyncClient(timeout=60) as http:
         for config in configs:
             for rtt in rtts_ms:

@@ -34,6 +34,7 @@ class Options:
     engine_urls: tuple[str, ...] = ()  # running engines to use instead of starting them
     kv_cache: str = "2GiB"  # --kv-cache-memory of each engine started
     capacity: int | None = None  # tasks at once per engine on a ServeCore (None: its default)
+    warm_up: bool = True  # run the smallest scenario on every side first (one-time costs)
 
 
 @dataclass
@@ -105,14 +106,14 @@ def _run_group(
     if not options.engine_urls:
         probes["engine"] = lambda: stack.cpu_seconds("engine")
     results.main += asyncio.run(
-        measure(workload, configs, sides, options.rtts_ms, options.runs, doc, urls, probes)
+        measure(workload, configs, sides, options.rtts_ms, options.runs, doc, urls, probes, options.warm_up)
     )
     if options.ablations:
         variants = stack.serves(urls, {f"no {p}": [f"--no-{p}"] for p in POLICIES}, options.capacity)
         off = [Side(name, "parrot", (url,)) for name, url in variants.items()]
         rtt = (results.ablation_rtt_ms,)
         results.ablations += asyncio.run(
-            measure(workload, configs, [parrot, *off], rtt, options.runs, doc, urls, probes)
+            measure(workload, configs, [parrot, *off], rtt, options.runs, doc, urls, probes, options.warm_up)
         )
         stack.stop(list(variants.values()))
     stack.stop([serve])

@@ -10,7 +10,7 @@ from benchmarks.apps.suite import Options, run_workload
 
 
 def test_map_reduce_runs_and_both_sides_generate_the_same_tokens(engine_server):
-    options = Options(size="smoke", rtts_ms=(20,), runs=1, engine_urls=(engine_server.url,))
+    options = Options(size="smoke", rtts_ms=(20,), runs=1, engine_urls=(engine_server.url,), warm_up=False)
     results = run_workload(WORKLOAD, options)
 
     config = WORKLOAD.configs("smoke")[0]
