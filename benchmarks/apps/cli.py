@@ -10,6 +10,7 @@ import importlib
 import time
 import traceback
 from collections.abc import Sequence
+from pathlib import Path
 
 WORKLOADS = {  # name: module in benchmarks.apps
     "chain": "chain",
@@ -71,6 +72,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="register the engines on the ServeCores with N tasks at once (default: parrot serve's)",
     )
     parser.add_argument(
+        "--engine-arg",
+        action="append",
+        default=[],
+        metavar="FLAG",
+        help="one more flag for every engine started (repeatable; --engine-arg=--latency-max-batch=4)",
+    )
+    parser.add_argument(
+        "--logs",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help="keep the servers' logs in DIR at debug level (the engines trace every step)",
+    )
+    parser.add_argument(
         "--docs",
         action=argparse.BooleanOptionalAction,
         default=None,
@@ -91,6 +106,8 @@ def run(args: argparse.Namespace) -> None:
         engine_urls=tuple(args.engine),
         kv_cache=args.kv_cache_memory,
         capacity=args.engine_capacity,
+        engine_args=tuple(args.engine_arg),
+        logs=args.logs,
     )
     write = not args.quick if args.docs is None else args.docs
     names = list(WORKLOADS) if args.workload == "all" else [args.workload]

@@ -1,7 +1,8 @@
 """Mixed: streaming chat users beside map-reduce applications, on one engine and on two.
 
 The chat users are latency-critical (a person reads the stream), the map-reduce
-applications throughput-bound. Everything starts together: every chat user asks a few
+applications throughput-bound (on Parrot their final ``get`` says so:
+``criteria="throughput"``). Everything starts together: every chat user asks a few
 questions one after another (each once the previous answer has streamed to its end)
 while the applications run. Parrot: the applications with the SDK's semantic functions,
 the chat users with its ``stream_chat`` (Parrot's OpenAI front, streamed). Baseline: the
@@ -117,7 +118,7 @@ class Mixed:
         return MixedScenario(CHAT_SYSTEM.format(tag=tag), chats, config.chat_tokens, apps)
 
     async def run_parrot(self, parrot: ParrotClient, s: MixedScenario) -> Metrics:
-        apps = asyncio.gather(*(parrot_app(parrot, app) for app in s.apps))
+        apps = asyncio.gather(*(parrot_app(parrot, app, "throughput") for app in s.apps))
         chats = asyncio.gather(*(_parrot_chat_user(parrot, s, questions) for questions in s.chats))
         app_seconds, streamed = await asyncio.gather(apps, chats)
         return _metrics(streamed, app_seconds)

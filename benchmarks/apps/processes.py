@@ -76,15 +76,16 @@ class Stack:
     ``workdir`` holds their logs and the ServeCores' SQLite files.
     """
 
-    def __init__(self, workdir: Path) -> None:
+    def __init__(self, workdir: Path, log_level: str = "warning") -> None:
         self.workdir = workdir
+        self.log_level = log_level
         self.servers: list[Server] = []
 
     def _start(self, name: str, args: Sequence[str]) -> Server:
         port = free_port()
         log = self.workdir / f"{name}.log"
         env = {**os.environ, "PARROT_ADMIN_TOKEN": ADMIN_TOKEN, "PARROT_DATA_DIR": str(self.workdir)}
-        cmd = [sys.executable, "-m", "parrot.platform.cli.main", "--log-level", "warning", *args]
+        cmd = [sys.executable, "-m", "parrot.platform.cli.main", "--log-level", self.log_level, *args]
         with log.open("w") as out:
             proc = subprocess.Popen(
                 [*cmd, "--port", str(port)], env=env, stdout=out, stderr=subprocess.STDOUT

@@ -35,6 +35,8 @@ class Options:
     kv_cache: str = "2GiB"  # --kv-cache-memory of each engine started
     capacity: int | None = None  # tasks at once per engine on a ServeCore (None: its default)
     warm_up: bool = True  # run the smallest scenario on every side first (one-time costs)
+    engine_args: tuple[str, ...] = ()  # more flags for every engine started
+    logs: Path | None = None  # keep the servers' debug logs (engine step traces) here
 
 
 @dataclass
@@ -52,7 +54,7 @@ class Results:
 
 def engine_flags(count: int, options: Options) -> list[str]:
     """One engine uses both cores; two engines on this machine get one core each."""
-    flags = ["--kv-cache-memory", options.kv_cache]
+    flags = ["--kv-cache-memory", options.kv_cache, *options.engine_args]
     return [*flags, "--threads", "1"] if count > 1 else flags
 
 
@@ -71,7 +73,9 @@ def run_workload(workload: Workload, options: Options) -> Results:
     results = Results(workload, options)
     configs = workload.configs(options.size)
     by_engines = itertools.groupby(sorted(configs, key=lambda c: c.engines), key=lambda c: c.engines)
-    with tempfile.TemporaryDirectory(prefix="parrot-bench-") as tmp, Stack(Path(tmp)) as stack:
+    with tempfile.TemporaryDirectory(prefix="parrot-bench-") as tmp, Stack(
+        options.logs or Path(tmp), "debug" if options.logs else "warning"
+    ) as stack:
         for count, group in by_engines:
             if options.engine_urls and len(options.engine_urls) < count:
                 print(
