@@ -104,17 +104,6 @@ def _stream_request(op: StreamOp, timeout: float) -> dict[str, Any]:
 SSE_HEADERS = {"Accept": "text/event-stream", "Cache-Control": "no-store"}
 
 
-class _EventSource(EventSource):
-    """httpx-sse's reader, also for a stream labelled ``application/json``: Litestar gives a
-    streamed response the media type of its handler (JSON, for routes that answer either
-    way), so Parrot's OpenAI-compatible routes send their event streams with that label."""
-
-    def _check_content_type(self) -> None:
-        content_type = self.response.headers.get("content-type", "").partition(";")[0]
-        if content_type.strip() != "application/json":
-            super()._check_content_type()
-
-
 def _event(op: StreamOp[T], data: str) -> tuple[bool, T | None]:
     """(done, decoded) for one event's data."""
     return (True, None) if data == "[DONE]" else (False, op.decode(data))
@@ -144,7 +133,7 @@ class SyncTransport:
                 if not response.is_success:
                     response.read()
                     raise _error(response)
-                for event in _EventSource(response).iter_sse():
+                for event in EventSource(response).iter_sse():
                     done, item = _event(op, event.data)
                     if done:
                         return
@@ -177,7 +166,7 @@ class AsyncTransport:
                 if not response.is_success:
                     await response.aread()
                     raise _error(response)
-                async for event in _EventSource(response).aiter_sse():
+                async for event in EventSource(response).aiter_sse():
                     done, item = _event(op, event.data)
                     if done:
                         return

@@ -18,6 +18,7 @@ WORKLOADS = {  # name: module in benchmarks.apps
     "chatbot": "chatbot",
     "agents": "agents",
     "mixed": "mixed",
+    "single-call": "single_call",
 }
 
 

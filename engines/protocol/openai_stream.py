@@ -12,6 +12,7 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 
 import msgspec
+from litestar.response import Stream
 
 from parrot.engines.protocol.errors import BadRequestError
 from parrot.engines.protocol.openai_schemas import (
@@ -172,3 +173,15 @@ async def chat_stream(
     if final_usage is not None:
         yield chunk([], final_usage(completion_tokens))
     yield sse("[DONE]")
+
+
+class EventStream(Stream):
+    """A ``text/event-stream`` response. Litestar gives a returned ``Stream`` the media type
+    of its handler when it has one (JSON, for routes that answer either way); this one
+    keeps its own, so clients that check the content type (httpx-sse) accept it."""
+
+    def __init__(self, content) -> None:
+        super().__init__(content, media_type="text/event-stream")
+
+    def to_asgi_response(self, *args, **kwargs):
+        return super().to_asgi_response(*args, **{**kwargs, "media_type": self.media_type})

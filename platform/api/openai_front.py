@@ -29,6 +29,7 @@ from parrot.engines.protocol.openai_schemas import (
     ModelList,
 )
 from parrot.engines.protocol.openai_stream import (
+    EventStream,
     chat_response,
     chat_stream,
     completion_response,
@@ -105,7 +106,7 @@ async def completions(
             rid, created, model, answers, run.usage(sum(a.completion_tokens for a in answers))
         )
     body = completion_stream(run.events(), rid, created, model, _final_usage(data, run))
-    return Stream(body, media_type="text/event-stream")
+    return EventStream(body)
 
 
 @post("/chat/completions", status_code=200)
@@ -128,7 +129,7 @@ async def chat_completions(
             rid, created, model, answers, run.usage(sum(a.completion_tokens for a in answers))
         )
     body = chat_stream(run.events(), data.n, rid, created, model, _final_usage(data, run))
-    return Stream(body, media_type="text/event-stream")
+    return EventStream(body)
 
 
 @get("/models")

@@ -162,3 +162,21 @@ def test_api_keys_guard_the_front_when_configured(engine_server):
         assert httpx.get(f"{server.url}/v1/models").status_code == 401
         # The Parrot API itself does not take these keys: sessions have their own auth.
         assert httpx.post(f"{server.url}/v1/session").status_code == 201
+
+
+def test_streams_are_labelled_event_streams(front, oai):
+    server, _ = front
+    bodies = {
+        "/v1/completions": {"model": model_name(oai), "prompt": "Hi", "max_tokens": 2, "stream": True},
+        "/v1/chat/completions": {
+            "model": model_name(oai),
+            "messages": [{"role": "user", "content": "Hi"}],
+            "max_tokens": 2,
+            "stream": True,
+        },
+    }
+    for path, body in bodies.items():
+        with httpx.stream("POST", f"{server.url}{path}", json=body, timeout=120) as response:
+            assert response.status_code == 200
+            assert response.headers["content-type"].startswith("text/event-stream"), path
+            assert [line for line in response.iter_lines() if line][-1] == "data: [DONE]"

@@ -35,6 +35,7 @@ from parrot.engines.protocol.openai_schemas import (
 from parrot.engines.protocol.openai_stream import (
     Answer,
     Delta,
+    EventStream,
     Finish,
     chat_response,
     chat_stream,
@@ -178,7 +179,7 @@ def openai_router() -> Router:
         first = await anext(events)  # errors before the first token still get a 4xx
         final_usage = run.usage if data.stream_options and data.stream_options.include_usage else None
         body = completion_stream(run.deltas(first, events), rid, created, model, final_usage)
-        return Stream(body, media_type="text/event-stream")
+        return EventStream(body)
 
     @post("/chat/completions", status_code=200)
     async def chat_completions(
@@ -206,7 +207,7 @@ def openai_router() -> Router:
         first = await anext(events)
         final_usage = run.usage if data.stream_options and data.stream_options.include_usage else None
         body = chat_stream(run.deltas(first, events), data.n, rid, created, model, final_usage)
-        return Stream(body, media_type="text/event-stream")
+        return EventStream(body)
 
     @get("/models")
     async def models(state: State) -> ModelList:
