@@ -17,7 +17,7 @@ from litestar.datastructures import State
 from litestar.enums import RequestEncodingType
 from litestar.exceptions import HTTPException
 from litestar.handlers import HTTPRouteHandler
-from litestar.params import Body
+from litestar.params import Body, FromPath, FromQuery
 from litestar.response import Redirect, ServerSentEvent
 from litestar.static_files import create_static_files_router
 
@@ -91,7 +91,7 @@ def dashboard_routes(config: DashboardConfig) -> list[HTTPRouteHandler | Router]
 
     @get("/sessions/{session_id:str}", **common)
     async def session_page(
-        request: Request, state: State, session_id: str, node: str | None = None
+        request: Request, state: State, session_id: FromPath[str], node: FromQuery[str | None] = None
     ) -> Response[str]:
         auth.require_read(request, config)
         model = views.session_page(core(state), session_id, node)
@@ -130,13 +130,13 @@ def dashboard_routes(config: DashboardConfig) -> list[HTTPRouteHandler | Router]
         return html("engines.html", request, status, rows=views.engine_rows(core(state)), form=form)
 
     @post("/engines/{engine_id:str}/remove", status_code=303, **common)
-    async def remove_engine(request: Request, state: State, engine_id: str) -> Redirect:
+    async def remove_engine(request: Request, state: State, engine_id: FromPath[str]) -> Redirect:
         auth.require_admin(request)
         await core(state).remove_engine(engine_id)
         return Redirect("/engines", status_code=303)
 
     @get("/login", **common)
-    async def login_page(request: Request, next: str | None = None) -> Response[str]:
+    async def login_page(request: Request, next: FromQuery[str | None] = None) -> Response[str]:
         return html("login.html", request, next=auth.safe_next(next), error=None)
 
     @post("/login", status_code=303, **common)
@@ -153,7 +153,7 @@ def dashboard_routes(config: DashboardConfig) -> list[HTTPRouteHandler | Router]
 
     # -- live parts (SSE) -------------------------------------------------------------
     @get("/live/{page:str}", **common)
-    async def live_page(request: Request, state: State, page: str) -> ServerSentEvent:
+    async def live_page(request: Request, state: State, page: FromPath[str]) -> ServerSentEvent:
         auth.require_read(request, config)
         the_core = core(state)
         renders = {
@@ -174,7 +174,7 @@ def dashboard_routes(config: DashboardConfig) -> list[HTTPRouteHandler | Router]
 
     @get("/live/sessions/{session_id:str}", **common)
     async def live_session(
-        request: Request, state: State, session_id: str, node: str | None = None
+        request: Request, state: State, session_id: FromPath[str], node: FromQuery[str | None] = None
     ) -> ServerSentEvent:
         auth.require_read(request, config)
         the_core = core(state)

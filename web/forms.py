@@ -40,6 +40,7 @@ def _url_error(value: str) -> str | None:
 def parse(form: Mapping[str, str]) -> EngineForm:
     """Check the submitted fields; ``spec`` is set only when there is no error."""
     values = {name: str(form.get(name, "")).strip() for name in FIELDS}
+    values["api"] = values["api"] or "chat"
     key = str(form.get("api_key", ""))
     errors: dict[str, str] = {}
     kind = values["kind"]

@@ -43,9 +43,25 @@ def sparkline(values: Sequence[float], label: str, width: int = 260, height: int
     )
 
 
-def gantt(calls: Sequence[DagCall], width: int = 720, lane: int = 26) -> Markup:
-    """The calls of a session on a time axis, one lane per engine: a thin line while a call
-    waited (submitted → started), a bar while it ran (started → finished, or now)."""
+def _pack(calls: Sequence[DagCall], now: float) -> dict[str, int]:
+    """Sub-rows within an engine's lane, so calls that ran at once do not overlap."""
+    ends: list[float] = []  # per sub-row: when its last call ended
+    row_of = {}
+    for call in sorted(calls, key=lambda c: c.timings["submitted_at"]):
+        start = call.timings["submitted_at"]
+        end = call.timings.get("finished_at", now)
+        row = next((i for i, last in enumerate(ends) if last <= start), len(ends))
+        if row == len(ends):
+            ends.append(end)
+        ends[row] = end
+        row_of[call.call_id] = row
+    return row_of
+
+
+def gantt(calls: Sequence[DagCall], width: int = 720, bar: int = 14) -> Markup:
+    """The calls of a session on a time axis, one lane per engine (calls that ran at once
+    on separate rows of it): a dashed line while a call waited (submitted → started), a
+    bar while it ran (started → finished, or now)."""
     now = time.time()
     runs = [c for c in calls if "submitted_at" in c.timings]
     if not runs:
@@ -56,7 +72,13 @@ def gantt(calls: Sequence[DagCall], width: int = 720, lane: int = 26) -> Markup:
         t1 = max(t1, now)
     span = max(t1 - t0, 1e-3)
     engines = sorted({c.engine or "(not placed)" for c in runs})
-    left, height = 110, lane * len(engines) + 22
+    lanes = {e: [c for c in runs if (c.engine or "(not placed)") == e] for e in engines}
+    rows = {e: _pack(lanes[e], now) for e in engines}
+    tops, y = {}, 0
+    for engine in engines:
+        tops[engine] = y
+        y += (max(rows[engine].values()) + 1) * bar + 8
+    left, height = 110, y + 18
     scale = (width - left - 8) / span
 
     def x(t: float) -> str:
@@ -66,28 +88,30 @@ def gantt(calls: Sequence[DagCall], width: int = 720, lane: int = 26) -> Markup:
         f'<svg class="gantt" viewBox="0 0 {width} {height}" width="{width}" height="{height}" role="img" '
         f'aria-label="timeline of the calls per engine">'
     ]
-    for i, engine in enumerate(engines):
-        y = i * lane
+    for engine in engines:
+        top = tops[engine]
+        bottom = top + (max(rows[engine].values()) + 1) * bar + 8
         out.append(
-            f'<text class="lane" x="4" y="{y + lane / 2 + 4}">{text(engine, 16)}</text>'
-            f'<line class="lane-line" x1="{left}" x2="{width - 4}" y1="{y + lane}" y2="{y + lane}"/>'
+            f'<text class="lane" x="4" y="{top + bar}">{text(engine, 16)}</text>'
+            f'<line class="lane-line" x1="{left}" x2="{width - 4}" y1="{bottom}" y2="{bottom}"/>'
         )
-    for call in runs:
-        y = engines.index(call.engine or "(not placed)") * lane
-        start = call.timings.get("started_at")
-        end = call.timings.get("finished_at", now)
-        submitted = call.timings["submitted_at"]
-        out.append(
-            f'<line class="wait" x1="{x(submitted)}" x2="{x(start if start else end)}" '
-            f'y1="{y + lane / 2}" y2="{y + lane / 2}"/>'
-        )
-        if start is not None:
-            w = max((end - start) * scale, 2)
+        for call in lanes[engine]:
+            y0 = top + 4 + rows[engine][call.call_id] * bar
+            start = call.timings.get("started_at")
+            end = call.timings.get("finished_at", now)
+            submitted = call.timings["submitted_at"]
             out.append(
-                f'<rect class="run state-{text(call.state)}" x="{x(start)}" y="{y + 5}" width="{num(w)}" '
-                f'height="{lane - 10}" rx="2"><title>{text(f"#{call.seq} {call.state}: {end - start:.2f} s")}'
-                f"</title></rect>"
+                f'<line class="wait" x1="{x(submitted)}" x2="{x(start if start else end)}" '
+                f'y1="{y0 + bar / 2 - 1}" y2="{y0 + bar / 2 - 1}"/>'
             )
+            if start is not None:
+                w = max((end - start) * scale, 2)
+                tip = f"#{call.seq} {call.state}: {end - start:.2f} s"
+                out.append(
+                    f'<rect class="run state-{text(call.state)}" x="{x(start)}" y="{y0}" width="{num(w)}" '
+                    f'height="{bar - 3}" rx="2"><title>{text(tip)}</title></rect>'
+                    f'<text class="bar-label" x="{x(start)}" dx="3" y="{y0 + bar - 5}">#{call.seq}</text>'
+                )
     out.append(
         f'<text class="axis" x="{left}" y="{height - 4}">0 s</text>'
         f'<text class="axis" x="{width - 4}" y="{height - 4}" text-anchor="end">{span:.1f} s</text></svg>'
