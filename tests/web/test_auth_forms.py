@@ -159,3 +159,17 @@ def test_form_parsing():
     assert forms.parse({"kind": "builtin", "url": "ftp://h"}).errors["url"]
     assert forms.parse({"kind": "openai", "base_url": "http://h", "model": "m", "api": "x"}).errors["api"]
     assert forms.parse({"kind": "builtin", "url": "http://h", "capacity": "many"}).errors["capacity"]
+
+
+def test_live_parts_stream_html_fragments(browser_like):
+    with browser_like.stream("GET", "/live/overview") as stream:
+        assert stream.headers["content-type"].startswith("text/event-stream")
+        lines = []
+        for line in stream.iter_lines():
+            lines.append(line)
+            if line == "" and len(lines) > 1:
+                break
+    assert lines[0] == "event: update"
+    assert any('data-stat="sessions"' in line for line in lines if line.startswith("data: "))
+    assert browser_like.get("/live/nothing").status_code == 404
+    assert browser_like.get("/live/sessions/nope").status_code == 404

@@ -10,7 +10,8 @@ import httpx
 from playwright.sync_api import Page, expect
 
 from parrot.sdk import Client, Output
-from tests.web.conftest import ADMIN, WIDTHS
+
+from .conftest import ADMIN, WIDTHS
 
 SYSTEM = (
     "<|im_start|>system\nYou summarize the logs of a lighthouse for the harbour master. "
