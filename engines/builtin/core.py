@@ -7,6 +7,7 @@ iteration and hands results back through each job's sink.
 
 from __future__ import annotations
 
+import logging
 import time
 from collections import deque
 from collections.abc import Sequence
@@ -38,6 +39,8 @@ from parrot.engines.protocol.errors import (
     UnknownContextError,
 )
 from parrot.engines.protocol.sampling import SamplingParams
+
+log = logging.getLogger(__name__)
 
 _RATE_WINDOW_S = 10.0
 
@@ -375,6 +378,7 @@ class EngineCore:
         if not items:
             return False
         jobs = {id(job.context): job for job in self.scheduler.running}
+        started = time.perf_counter()
         logits = self.runner.run(items)
         for item in items:  # prompts computed now: their checkpoints fork them before sampling
             job = jobs[id(item.context)]
@@ -390,6 +394,12 @@ class EngineCore:
             if job.kind is JobKind.FILL and item.context.num_pending == 0:
                 self._finish_fill(job)
         self._record(len(items), computed, len(tokens))
+        if log.isEnabledFor(logging.DEBUG):  # a step trace, for profiling a workload
+            log.debug(
+                "step %d: %d items, %d tokens (%d prefill items), %d sampled, %.1f ms",
+                self.steps, len(items), computed, sum(item.num_tokens > 1 for item in items),
+                len(tokens), 1000 * (time.perf_counter() - started),
+            )
         return True
 
     def _on_token(self, job: Job, token: int) -> None:

@@ -8,6 +8,7 @@ from typing import Annotated
 
 from litestar import Litestar, Request, delete, get, post, put
 from litestar.datastructures import State
+from litestar.logging.config import LoggingConfig
 from litestar.params import FromPath, FromQuery, JSONBody, QueryParameter
 
 from parrot.engines.protocol.http import exception_handlers
@@ -270,6 +271,8 @@ def create_app(
         await core.stop()
 
     return Litestar(
+        # the process's logging is the CLI's (--log-level); Litestar would reset the root to INFO
+        logging_config=LoggingConfig(configure_root_logger=False),
         route_handlers=[
             create_session,
             session_info,

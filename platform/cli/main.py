@@ -1,5 +1,6 @@
 """The ``parrot`` command: ``parrot serve`` runs the ServeCore, ``parrot engine`` one engine,
-``parrot run APP.py`` a Parrot application against a server."""
+``parrot run APP.py`` a Parrot application against a server, ``parrot bench`` the
+application benchmarks."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import logging
 import sys
 from collections.abc import Sequence
 
-from parrot.platform.cli import engine_cmd, serve_cmd
+from parrot.platform.cli import bench_cmd, engine_cmd, serve_cmd
 from parrot.sdk import run as run_cmd
 
 
@@ -19,6 +20,7 @@ def build_parser() -> argparse.ArgumentParser:
     engine_cmd.add_parser(commands)
     serve_cmd.add_parser(commands)
     run_cmd.add_parser(commands)
+    bench_cmd.add_parser(commands)
     return parser
 
 

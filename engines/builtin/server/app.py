@@ -5,6 +5,7 @@ from __future__ import annotations
 import msgspec
 from litestar import Litestar, Request, Response, get, post
 from litestar.datastructures import State
+from litestar.logging.config import LoggingConfig
 from litestar.params import JSONBody
 from litestar.response import ServerSentEvent
 
@@ -189,6 +190,8 @@ def create_app(engine: BuiltinEngine, manage_engine: bool = True) -> Litestar:
     from parrot.engines.builtin.server.openai_api import openai_router
 
     return Litestar(
+        # the process's logging is the CLI's (--log-level); Litestar would reset the root to INFO
+        logging_config=LoggingConfig(configure_root_logger=False),
         route_handlers=[
             fill,
             generate,

@@ -1,0 +1,253 @@
+"""Tables (markdown, printed and written into ``docs/benchmarks.md`` between markers of
+each workload's own) and PNG plots (``docs/img/``) of a workload's results: medians over
+the runs, speed-ups of Parrot over the baseline, engine token counters per side."""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from benchmarks._report import DOC, machine, write_section
+from benchmarks.apps.runner import Sample, Work
+from benchmarks.apps.suite import Results
+from benchmarks.apps.workload import Metric
+
+IMAGES = DOC.parent / "img"
+SIDE_NAMES = {"baseline": "baseline", "parrot": "Parrot", "front": "OpenAI front"}
+
+
+def median_of(samples: Sequence[Sample], key: str) -> float:
+    values = [s.metrics[key] for s in samples if key in s.metrics]
+    return statistics.median(values) if values else float("nan")
+
+
+def median_work(samples: Sequence[Sample]) -> Work:
+    return Work(
+        round(statistics.median(s.work.generated for s in samples)),
+        round(statistics.median(s.work.computed for s in samples)),
+        round(statistics.median(s.work.steps for s in samples)),
+    )
+
+
+CPU_ORDER = ("engine", "ServeCore", "client")
+
+
+def median_cpu(samples: Sequence[Sample]) -> str:
+    """Median CPU seconds of a side's runs, ``engine+ServeCore+client``."""
+    keys = [k for k in CPU_ORDER if all(k in s.cpu for s in samples)]
+    return "+".join(f"{statistics.median(s.cpu[k] for s in samples):.1f}" for k in keys)
+
+
+def group(samples: Sequence[Sample]) -> dict[tuple[str, int], dict[str, list[Sample]]]:
+    """Samples by (configuration, round trip), then by side, in the order measured."""
+    found: dict[tuple[str, int], dict[str, list[Sample]]] = {}
+    for s in samples:
+        found.setdefault((s.config, s.rtt_ms), {}).setdefault(s.side, []).append(s)
+    return found
+
+
+def _value(metric: Metric, value: float) -> str:
+    return f"{value * metric.scale:.2f}" if value * metric.scale < 100 else f"{value * metric.scale:.0f}"
+
+
+def _settings(results: Results, samples: Sequence[Sample]) -> str:
+    o = results.options
+    engines = "; ".join(f"{n} engine(s): {what}" for n, what in sorted(results.setups.items()))
+    loads = [s.load for s in samples] or [float("nan")]
+    return (
+        f"Machine: {machine()}; load average (1 min) after the runs {min(loads):.1f} to "
+        f"{max(loads):.1f}. {engines}; ServeCore `parrot serve` with its defaults. Greedy, "
+        f"`ignore_eos`, fixed output lengths; simulated round trip before every request on both "
+        f"sides; median of {o.runs} run(s), sides interleaved; fresh text every run. Size: {o.size}."
+    )
+
+
+def main_table(results: Results) -> str:
+    """Baseline, Parrot (and front) for every metric, with speed-ups; token counters."""
+    w = results.workload
+    sides = [s for s in SIDE_NAMES if any(x.side == s for x in results.main)]
+    others = [s for s in sides if s != "baseline"]
+    head = ["configuration", "RTT ms"]
+    for m in w.metrics:
+        head += [f"baseline {m.label}"]
+        for side in others:
+            head += [f"{SIDE_NAMES[side]} {m.label}", f"{SIDE_NAMES[side]} speed-up"]
+    cpu = "+".join(k for k in CPU_ORDER if all(k in x.cpu for x in results.main))
+    head += ["tokens generated", "tokens computed", "engine steps", f"CPU s {cpu}"]
+    rows = []
+    for (config, rtt), by_side in group(results.main).items():
+        row = [config, str(rtt)]
+        for m in w.metrics:
+            base = median_of(by_side.get("baseline", []), m.key)
+            row.append(_value(m, base))
+            for side in others:
+                value = median_of(by_side.get(side, []), m.key)
+                row += [_value(m, value), f"{m.speedup(base, value):.2f}x"]
+        works = [median_work(by_side[s]) for s in sides if s in by_side]
+        same = len({x.generated for x in works}) == 1
+        row.append(" / ".join(str(x.generated) for x in works) + ("" if same else " (differ!)"))
+        row.append(" / ".join(str(x.computed) for x in works))
+        row.append(" / ".join(str(x.steps) for x in works))
+        row.append(" / ".join(median_cpu(by_side[s]) for s in sides if s in by_side))
+        rows.append(row)
+    legend = (
+        f"Sides: {', '.join(SIDE_NAMES[s] for s in sides)} (token counters, engine steps and CPU "
+        "seconds of the run in that order). Speed-up: baseline time / Parrot time (or Parrot rate / "
+        "baseline rate): above 1, Parrot is faster."
+    )
+    return "\n".join([_settings(results, results.main), "", legend, "", *_markdown(head, rows)])
+
+
+def ablation_table(results: Results) -> str:
+    """Parrot with all policies on against each one off: what each policy buys."""
+    w = results.workload
+    head = ["configuration", "ServeCore"]
+    for m in w.metrics:
+        head += [m.label, f"policy buys ({m.label})"]
+    rows = []
+    for (config, _rtt), by_side in group(results.ablations).items():
+        on = by_side.get("parrot", [])
+        for side, samples in by_side.items():
+            row = [config, "all policies on" if side == "parrot" else f"`--{side.replace(' ', '-')}`"]
+            for m in w.metrics:
+                value = median_of(samples, m.key)
+                buys = "" if side == "parrot" else f"{m.speedup(value, median_of(on, m.key)):.2f}x"
+                row += [_value(m, value), buys]
+            rows.append(row)
+    legend = (
+        f"Round trip {results.ablation_rtt_ms} ms. Policy buys: the time with the policy off / with "
+        "all on (rates the other way round): above 1, the policy helps."
+    )
+    return "\n".join([_settings(results, results.ablations), "", legend, "", *_markdown(head, rows)])
+
+
+def _markdown(head: list[str], rows: list[list[str]]) -> list[str]:
+    lines = [
+        "| " + " | ".join(head) + " |",
+        "| " + " | ".join(["---"] * 2 + ["---:"] * (len(head) - 2)) + " |",
+    ]
+    return lines + ["| " + " | ".join(row) + " |" for row in rows]
+
+
+def _bar_panels(
+    title: str,
+    metrics: Sequence[Metric],
+    configs: Sequence[str],
+    categories: Sequence[str],
+    value: Callable[[str, str, Metric], float],
+    axis: tuple[str, str],
+    path: Path,
+) -> None:
+    """A panel per metric: a bar per category and configuration, a line at 1."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(metrics), figsize=(4.5 * len(metrics), 3.2), squeeze=False)
+    width = 0.8 / max(1, len(configs))
+    ticks = [i + width * (len(configs) - 1) / 2 for i in range(len(categories))]
+    for ax, m in zip(axes[0], metrics, strict=True):
+        for n, config in enumerate(configs):
+            bars = [value(config, category, m) for category in categories]
+            ax.bar([i + n * width for i in range(len(categories))], bars, width, label=config)
+        ax.axhline(1.0, color="black", linewidth=0.8)
+        ax.set_xticks(ticks, categories, fontsize=8, rotation=15)
+        ax.set_xlabel(axis[0])
+        ax.set_ylabel(f"{axis[1]} ({m.label})")
+    handles, labels = axes[0][0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="upper center", bbox_to_anchor=(0.5, 0.0), fontsize=8, frameon=False)
+    fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=100, bbox_inches="tight")
+    plt.close(fig)
+
+
+def plot_main(results: Results, path: Path) -> None:
+    """Parrot's speed-up over the baseline against the round trip, a panel per metric."""
+    grouped = group(results.main)
+
+    def speedup(config: str, rtt: str, m: Metric) -> float:
+        by_side = grouped.get((config, int(rtt.split()[0])), {})
+        return m.speedup(
+            median_of(by_side.get("baseline", []), m.key), median_of(by_side.get("parrot", []), m.key)
+        )
+
+    w = results.workload
+    configs = list(dict.fromkeys(c for c, _ in grouped))
+    rtts = [f"{r} ms" for r in dict.fromkeys(r for _, r in grouped)]
+    axis = ("simulated round trip per request", "Parrot speed-up")
+    _bar_panels(f"{w.title}: Parrot vs request-level baseline", w.metrics, configs, rtts, speedup, axis, path)
+
+
+def plot_ablations(results: Results, path: Path) -> None:
+    """What each scheduling policy buys, a panel per metric."""
+    grouped = group(results.ablations)
+
+    def buys(config: str, policy: str, m: Metric) -> float:
+        by_side = next(v for (c, _), v in grouped.items() if c == config)
+        return m.speedup(
+            median_of(by_side.get(policy, []), m.key), median_of(by_side.get("parrot", []), m.key)
+        )
+
+    w = results.workload
+    configs = list(dict.fromkeys(c for c, _ in grouped))
+    policies = list(dict.fromkeys(s.side for s in results.ablations if s.side != "parrot"))
+    axis = ("scheduling policy off", "policy buys")
+    _bar_panels(f"{w.title}: each scheduling policy off", w.metrics, configs, policies, buys, axis, path)
+
+
+def report(results: Results, write: bool) -> str:
+    """The tables as markdown (returned); with ``write``, also into docs/benchmarks.md
+    and the plots into docs/img/."""
+    w = results.workload
+    name = f"apps-{w.name}"
+    text = f"### {w.title} (`parrot bench {w.name}`)\n\n{w.about}\n\n{main_table(results)}"
+    if write:
+        plot_main(results, IMAGES / f"{name}.png")
+        text += f"\n\n![{w.title}: speed-ups](img/{name}.png)"
+    parts = [text]
+    if results.ablations:
+        ablations = f"#### {w.title}: ablations\n\n{ablation_table(results)}"
+        if write:
+            plot_ablations(results, IMAGES / f"{name}-ablations.png")
+            ablations += f"\n\n![{w.title}: ablations](img/{name}-ablations.png)"
+        parts.append(ablations)
+    if write:
+        write_section(name, parts[0])
+        if len(parts) > 1:
+            write_section(f"{name}-ablations", parts[1])
+    return "\n\n".join(parts)
+
+
+def summary(everything: Sequence[Results], write: bool) -> str:
+    """The headline speed-up of every workload and configuration at every round trip."""
+    rtts = list(dict.fromkeys(r for res in everything for r in res.options.rtts_ms))
+    head = ["workload", "configuration", "headline", *[f"{r} ms" for r in rtts]]
+    rows = []
+    for res in everything:
+        m = res.workload.metrics[0]
+        grouped = group(res.main)
+        for config in dict.fromkeys(c for c, _ in grouped):
+            row = [res.workload.title, config, m.label]
+            for rtt in rtts:
+                by_side = grouped.get((config, rtt), {})
+                base, ours = (
+                    median_of(by_side.get("baseline", []), m.key),
+                    median_of(by_side.get("parrot", []), m.key),
+                )
+                row.append(f"{m.speedup(base, ours):.2f}x")
+            rows.append(row)
+    text = "\n".join(
+        [
+            "Parrot's speed-up over the request-level baseline (headline metric of each workload, "
+            "median of the runs) at each simulated round trip; above 1, Parrot is faster.",
+            "",
+            *_markdown(head, rows),
+        ]
+    )
+    if write:
+        write_section("apps-summary", "### Summary\n\n" + text)
+    return text

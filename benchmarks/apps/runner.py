@@ -1,0 +1,148 @@
+"""Measuring a workload: its configurations x round trips x runs, every side of a run
+one after the other on the same engines, with the engines' token counters read around
+each side's run.
+
+Sides are interleaved (baseline, Parrot, ...; reversed on every other run) so that drifts
+of a shared machine hit them alike. A side is a way to run the workload: ``baseline``
+(request-level client on the engines' own ``/v1``), ``parrot`` (the SDK on a ServeCore),
+``front`` (request-level client on Parrot's OpenAI front), and for the ablations
+``parrot`` next to ServeCores with one scheduling policy off each.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import sys
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import httpx
+
+from benchmarks.apps.clients import ParrotClient, RequestClient
+from benchmarks.apps.text import Document, new_tag, run_rng
+from benchmarks.apps.workload import Metrics, Workload
+
+SETTLE_TIMEOUT_S = 120.0
+
+
+@dataclass(frozen=True)
+class Side:
+    """``parrot``: the SDK (and OpenAI front) of the ServeCore at ``urls[0]``;
+    ``requests``: a request-level client of the OpenAI-compatible servers ``urls``."""
+
+    name: str
+    kind: Literal["parrot", "requests"]
+    urls: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Work:
+    """Engine token counters (``GET /ping``), summed over the engines."""
+
+    generated: int
+    computed: int
+    steps: int  # engine iterations (one batch each)
+
+    def __sub__(self, other: Work) -> Work:
+        return Work(
+            self.generated - other.generated, self.computed - other.computed, self.steps - other.steps
+        )
+
+
+@dataclass(frozen=True)
+class Sample:
+    config: str
+    rtt_ms: int
+    side: str
+    run: int
+    metrics: Metrics
+    work: Work
+    cpu: dict[str, float]  # CPU seconds of the run: "client" (this process) and each probe's
+    load: float  # the machine's 1-minute load average at the end of the run
+
+
+async def settled_work(http: httpx.AsyncClient, engine_urls: Sequence[str]) -> Work:
+    """The engines' counters once nothing runs or waits on them (the work of a run is
+    all counted, and the next run starts on idle engines)."""
+    deadline = time.monotonic() + SETTLE_TIMEOUT_S
+    while True:
+        stats = [(await http.get(f"{url}/ping")).json() for url in engine_urls]
+        busy = sum(s["num_running"] + s["num_waiting"] for s in stats)
+        if not busy or time.monotonic() > deadline:
+            return Work(*(sum(s[k] for s in stats) for k in ("tokens_generated", "tokens_computed", "steps")))
+        await asyncio.sleep(0.1)
+
+
+async def run_side(workload: Workload, side: Side, scenario: Any, rtt_s: float) -> Metrics:
+    if side.kind == "requests":
+        async with RequestClient(side.urls, rtt_s) as client:
+            return await workload.run_requests(client, scenario)
+    async with ParrotClient(side.urls[0], rtt_s) as parrot:
+        return await workload.run_parrot(parrot, scenario)
+
+
+async def warm_up(workload: Workload, sides: Sequence[Side], doc: Document) -> None:
+    """The smallest scenario once on every side: first requests pay one-time costs."""
+    config = workload.configs("smoke")[0]
+    for side in sides:
+        await run_side(
+            workload, side, workload.scenario(config, doc, run_rng("warm-up", "", 0), new_tag()), 0
+        )
+
+
+async def measure(
+    workload: Workload,
+    configs: Sequence[Any],
+    sides: Sequence[Side],
+    rtts_ms: Sequence[int],
+    runs: int,
+    doc: Document,
+    engine_urls: Sequence[str],
+    probes: Mapping[str, Callable[[], float]],
+    warm: bool = True,
+) -> list[Sample]:
+    """Every configuration, round trip and run on every side (see the module docstring).
+    ``probes`` read CPU seconds used so far by the servers (by kind: engine, ServeCore)."""
+    samples = []
+    if warm:
+        await warm_up(workload, sides, doc)
+    async with httpx.AsyncClient(timeout=60) as http:
+        for config in configs:
+            for rtt in rtts_ms:
+                for run in range(runs):
+                    for side in sides if run % 2 == 0 else list(reversed(sides)):
+                        rng = run_rng(workload.name, f"{config.label}/{rtt}", run)
+                        scenario = workload.scenario(config, doc, rng, new_tag())
+                        before = await settled_work(http, engine_urls)
+                        cpu = _cpu(probes)
+                        metrics = await run_side(workload, side, scenario, rtt / 1000)
+                        work = await settled_work(http, engine_urls) - before
+                        used = {k: v - cpu[k] for k, v in _cpu(probes).items()}
+                        load = os.getloadavg()[0]
+                        sample = Sample(config.label, rtt, side.name, run, metrics, work, used, load)
+                        samples.append(sample)
+                        log(workload, sample)
+    return samples
+
+
+def _cpu(probes: Mapping[str, Callable[[], float]]) -> dict[str, float]:
+    return {"client": time.process_time(), **{name: probe() for name, probe in probes.items()}}
+
+
+def log(workload: Workload, sample: Sample) -> None:
+    shown = ", ".join(
+        f"{m.label} {sample.metrics[m.key] * m.scale:.3g}"
+        for m in workload.metrics
+        if m.key in sample.metrics
+    )
+    print(
+        f"{workload.name} | {sample.config} | rtt {sample.rtt_ms} ms | run {sample.run} | {sample.side}: "
+        f"{shown} | tokens generated {sample.work.generated}, computed {sample.work.computed}, "
+        f"engine steps {sample.work.steps} | CPU s "
+        + ", ".join(f"{k} {v:.2f}" for k, v in sample.cpu.items()),
+        file=sys.stderr,
+        flush=True,
+    )
