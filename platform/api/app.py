@@ -28,6 +28,9 @@ from parrot.platform.api.schemas import CreateVar, RegisterEngine, SetVar, Submi
 from parrot.platform.serve.core import EngineView, ServeCore, Session
 from parrot.platform.serve.errors import ForbiddenError, UnauthorizedError
 from parrot.platform.serve.graph import RequestChain, SemanticVariable
+from parrot.platform.serve.observe import ContextTreeView, SessionDag
+from parrot.web.app import dashboard_routes
+from parrot.web.config import DashboardConfig
 
 MAX_WAIT_S = 3600.0
 
@@ -81,6 +84,14 @@ async def session_info(session_id: FromPath[str], request: Request, state: State
         vars=[_var_info(v, with_value=False) for v in session.vars.values()],
         calls=[_call_info(c) for c in session.calls.values()],
     )
+
+
+@get("/v1/session/{session_id:str}/dag")
+async def session_dag(session_id: FromPath[str], request: Request, state: State) -> SessionDag:
+    """The session's calls and variables as a DAG (values cut to a preview), with each
+    call's state, engine, timings and filled-in template. Needs the session's auth."""
+    _session(request, state, session_id)
+    return _core(state).session_dag(session_id)
 
 
 @delete("/v1/session/{session_id:str}", status_code=204)
@@ -182,6 +193,14 @@ async def remove_engine(engine_id: FromPath[str], request: Request, state: State
     await _core(state).remove_engine(engine_id)
 
 
+@get("/v1/engines/{engine_id:str}/contexts")
+async def engine_contexts(engine_id: FromPath[str], request: Request, state: State) -> ContextTreeView:
+    """The prefix tree of the contexts held on an engine, with the sessions holding each
+    node. Needs the admin token (it shows every session's use of the engine)."""
+    _require_admin(request, state)
+    return _core(state).context_tree(engine_id)
+
+
 @get("/metrics", media_type="text/plain; version=0.0.4")
 async def metrics(state: State) -> str:
     """Prometheus text format."""
@@ -237,9 +256,13 @@ def create_app(
     engine_urls: tuple[str, ...] = (),
     admin_token: str | None = None,
     openai_api_keys: tuple[str, ...] = (),
+    dashboard: DashboardConfig | None = None,
 ) -> Litestar:
     """The API app; on start it starts the core (restoring what its store holds) and
-    registers the given engines."""
+    registers the given engines. The dashboard's pages (``parrot.web``) are served by it
+    too, unless ``dashboard.enabled`` is False."""
+    dashboard = dashboard or DashboardConfig()
+    pages = dashboard_routes(dashboard) if dashboard.enabled else []
 
     async def start() -> None:
         await core.start(engine_urls)
@@ -253,6 +276,7 @@ def create_app(
         route_handlers=[
             create_session,
             session_info,
+            session_dag,
             delete_session,
             create_var,
             set_var,
@@ -264,9 +288,11 @@ def create_app(
             list_engines,
             register_engine,
             remove_engine,
+            engine_contexts,
             metrics,
             openai_front(),
             adapter_routes(),
+            *pages,
         ],
         # Without a configured token nobody is admin: a random one no client can know.
         state=State(

@@ -52,6 +52,14 @@ def add_parser(commands) -> None:
         "default: $PARROT_OPENAI_API_KEYS, comma-separated; none: open)",
     )
     p.add_argument(
+        "--dashboard-auth",
+        action="store_true",
+        default=os.environ.get("PARROT_DASHBOARD_AUTH", "") not in ("", "0"),
+        help="the dashboard's read-only pages need signing in too (default: open to loopback "
+        "clients; $PARROT_DASHBOARD_AUTH=1)",
+    )
+    p.add_argument("--no-dashboard", action="store_true", help="serve the API only, no dashboard pages")
+    p.add_argument(
         "--db",
         default=os.environ.get("PARROT_DB"),
         metavar="URL",
@@ -112,6 +120,7 @@ def run(args: argparse.Namespace) -> None:
     from parrot.platform.serve.core import ServeCore
     from parrot.platform.serve.scheduler.policy import SchedulingPolicy
     from parrot.platform.store.store import Store, sqlite_url
+    from parrot.web.config import DashboardConfig
 
     token = args.admin_token or os.environ.get("PARROT_ADMIN_TOKEN")
     if not token:
@@ -124,7 +133,8 @@ def run(args: argparse.Namespace) -> None:
         urls = (url,)
     try:
         print(
-            f"parrot serve: Parrot API on http://{args.host}:{args.port} with engines {list(urls)}",
+            f"parrot serve: Parrot API on http://{args.host}:{args.port} with engines {list(urls)}"
+            + ("" if args.no_dashboard else f"; dashboard on http://{args.host}:{args.port}/"),
             flush=True,
         )
         store = Store(args.db or sqlite_url(data_dir(args.data_dir)))
@@ -136,8 +146,10 @@ def run(args: argparse.Namespace) -> None:
         )
         core = ServeCore(args.session_timeout, store, policy)
         keys = tuple(args.openai_api_key)
-        app = create_app(core, engine_urls=urls, admin_token=token, openai_api_keys=keys)
-        uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
+        dashboard = DashboardConfig(enabled=not args.no_dashboard, require_sign_in=args.dashboard_auth)
+        app = create_app(core, engine_urls=urls, admin_token=token, openai_api_keys=keys, dashboard=dashboard)
+        # Open live streams (the dashboard's SSE) must not hold a shutdown up.
+        uvicorn.run(app, host=args.host, port=args.port, log_level="warning", timeout_graceful_shutdown=5)
     finally:
         if child is not None:
             child.send_signal(signal.SIGINT)

@@ -15,6 +15,7 @@ import itertools
 import logging
 import secrets
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -22,7 +23,7 @@ import msgspec
 
 from parrot.engines.protocol.errors import BadRequestError, EngineUnavailableError, NotFoundError, ParrotError
 from parrot.engines.protocol.sampling import SamplingParams
-from parrot.platform.serve import transforms
+from parrot.platform.serve import observe, transforms
 from parrot.platform.serve.contexts import MemoryPressure, context_ids
 from parrot.platform.serve.engine_registry import BUILTIN, EngineRegistry, EngineSpec
 from parrot.platform.serve.errors import (
@@ -34,7 +35,9 @@ from parrot.platform.serve.errors import (
 )
 from parrot.platform.serve.graph import Graph, RequestChain, SemanticVariable
 from parrot.platform.serve.graph_executor import GraphExecutor
+from parrot.platform.serve.history import LoadHistory, LoadSample
 from parrot.platform.serve.journal import Journal
+from parrot.platform.serve.observe import ContextTreeView, SessionDag, SessionSummary
 from parrot.platform.serve.prompt import PromptBuilder
 from parrot.platform.serve.recovery import rebuild_call
 from parrot.platform.serve.scheduler.global_scheduler import GlobalScheduler
@@ -50,6 +53,7 @@ from parrot.platform.store.store import Snapshot, Store
 
 log = logging.getLogger(__name__)
 TOUCH_EVERY_S = 30.0  # how stale a session's stored last-activity time may get
+RECENT_SESSIONS = 20  # closed sessions whose DAG the dashboard still shows
 
 CRITERIA = (LATENCY, THROUGHPUT)
 
@@ -94,6 +98,13 @@ class EngineView:
     capacity: int  # tasks at once
     contexts: int  # contexts the ServeCore holds on it
     info: dict  # its last ping
+    missed_pings: int = 0  # in a row (down after a few)
+    # From its last ping (None: the engine does not say, e.g. an OpenAI endpoint).
+    jobs_running: int | None = None
+    jobs_waiting: int | None = None
+    kv_blocks_used: int | None = None
+    kv_blocks_total: int | None = None
+    tokens_per_s: float | None = None
 
 
 @dataclass(frozen=True)
@@ -134,6 +145,7 @@ class ServeCore:
         policy: SchedulingPolicy | None = None,
         pressure: MemoryPressure | None = None,
         health: HealthSettings | None = None,
+        history: LoadHistory | None = None,
     ) -> None:
         if session_timeout_s <= 0:
             raise ValueError("session_timeout_s must be positive")
@@ -150,6 +162,10 @@ class ServeCore:
         self.sessions: dict[str, Session] = {}
         self._task_seq = itertools.count()  # task arrival order
         self._call_seq = itertools.count(1)  # call submission order, kept across restarts
+        self.history = history or LoadHistory()
+        self._sample_task: asyncio.Task | None = None
+        # Closed sessions, newest last, as they were when they closed (for the dashboard).
+        self._recent: deque[tuple[SessionSummary, SessionDag]] = deque(maxlen=RECENT_SESSIONS)
 
     async def start(self, engine_urls: tuple[str, ...] = ()) -> None:
         """Bring the store to the newest schema, restore what it holds, register engines."""
@@ -164,10 +180,12 @@ class ServeCore:
         if snapshot is not None:
             self._restore(snapshot)
         self._expiry_task = asyncio.create_task(self._expire_loop())
+        self._sample_task = asyncio.create_task(self._sample_loop())
 
     async def stop(self) -> None:
-        if self._expiry_task is not None:
-            self._expiry_task.cancel()
+        for task in (self._expiry_task, self._sample_task):
+            if task is not None:
+                task.cancel()
         await self.scheduler.stop()
         await self.engines.close()
         await self.journal.stop()
@@ -208,6 +226,12 @@ class ServeCore:
                     capacity=slot.task_limit,
                     contexts=len(slot.contexts),
                     info=dict(slot.info),
+                    missed_pings=slot.missed_pings,
+                    jobs_running=slot.info.get("num_running"),
+                    jobs_waiting=slot.info.get("num_waiting"),
+                    kv_blocks_used=slot.info.get("kv_blocks_used"),
+                    kv_blocks_total=slot.info.get("kv_blocks_total"),
+                    tokens_per_s=slot.info.get("tokens_per_s"),
                 )
             )
         return views
@@ -238,6 +262,57 @@ class ServeCore:
             store_failures=self.journal.failures,
             engines=self.engine_views(),
         )
+
+    # -- what operators see (the dashboard, the DAG and context-tree routes) ---------------
+    def sample_load(self) -> LoadSample:
+        """Record the load now in the history (the ServeCore does so every interval)."""
+        engines = [s for s in self.scheduler.engines.values() if s.up]
+        sample = LoadSample(
+            at=time.time(),
+            tokens_per_s=float(sum(s.info.get("tokens_per_s") or 0.0 for s in engines)),
+            queued=len(self.scheduler.queue),
+            running=sum(len(s.running) for s in self.scheduler.engines.values()),
+        )
+        self.history.add(sample)
+        return sample
+
+    async def _sample_loop(self) -> None:
+        while True:
+            self.sample_load()
+            await asyncio.sleep(self.history.interval_s)
+
+    def load_history(self) -> list[LoadSample]:
+        """Load samples of the last minutes, oldest first."""
+        return self.history.samples()
+
+    def session_summaries(self) -> list[SessionSummary]:
+        """Live sessions (newest first), then recently closed ones (newest first). One-shot
+        sessions of the OpenAI front are not listed."""
+        live = [
+            observe.summarize(s.session_id, s.calls.values(), live=True)
+            for s in self.sessions.values()
+            if s.stored
+        ]
+        live.sort(key=lambda s: s.started_at or 0.0, reverse=True)
+        return live + [summary for summary, _ in reversed(self._recent)]
+
+    def session_dag(self, session_id: str) -> SessionDag:
+        """The DAG of a live session, or of a recently closed one as it was when it closed.
+        No auth check: the caller checks who may see it."""
+        session = self.sessions.get(session_id)
+        if session is not None:
+            return observe.session_dag(session_id, session.calls.values(), session.vars.values(), True)
+        for summary, dag in self._recent:
+            if summary.session_id == session_id:
+                return dag
+        raise NotFoundError(f"session {session_id!r} does not exist")
+
+    def context_tree(self, engine_id: str) -> ContextTreeView:
+        """The contexts this ServeCore holds on an engine, as their prefix tree."""
+        slot = self.scheduler.engines.get(engine_id)
+        if slot is None:
+            raise NotFoundError(f"engine {engine_id!r} is not registered")
+        return observe.context_tree(engine_id, slot.model, slot.contexts, dict(slot.info))
 
     def models(self) -> list[str]:
         return sorted({s.model for s in self.scheduler.engines.values() if s.model})
@@ -312,6 +387,14 @@ class ServeCore:
             return
         session.closed = True
         self.sessions.pop(session.session_id, None)
+        if session.stored:
+            sid, calls = session.session_id, session.calls.values()
+            self._recent.append(
+                (
+                    observe.summarize(sid, calls, live=False, closed_at=time.time()),
+                    observe.session_dag(sid, calls, session.vars.values(), live=False),
+                )
+            )
         session.executor.cancel()
         await self.scheduler.drop_session(session.session_id)
         self.variables.close(session.vars.values(), f"session {session.session_id} was deleted")

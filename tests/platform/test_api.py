@@ -464,3 +464,82 @@ def test_outputs_are_keyed_by_placeholder_and_empty_inputs_fill_nothing(api):
     assert r.status_code == 200 and r.json()["ready"], r.text
     info = api.get(f"/v1/semantic_call/{call['call_id']}", params={"session_id": sid}, headers=auth).json()
     assert info["outputs"] == {"out": target["var_id"]} and info["state"] == "done"
+
+
+def test_session_dag_and_engine_context_tree_routes(api):
+    """GET /v1/session/{id}/dag (session auth): calls go from waiting to done, the maps are
+    a task group, templates are filled in. GET /v1/engines/{id}/contexts (admin): the
+    shared system prompt is held once, by both sessions."""
+    system = "You are the lighthouse keeper's log summarizer. Reply in a few words. " * 3
+    sid, auth = new_session(api)
+    doc = api.post("/v1/semantic_var", json={"session_id": sid, "name": "doc"}, headers=auth).json()
+    maps = []
+    for i in range(2):
+        call = api.post(
+            "/v1/semantic_call",
+            headers=auth,
+            json={
+                "session_id": sid,
+                "template": system + f"Part {i} of {{{{doc}}}}: {{{{s}}}}",
+                "parameters": [{"name": "doc", "var_id": doc["var_id"]}, out("s", 3)],
+            },
+        ).json()
+        maps.append(call)
+    reduce = api.post(
+        "/v1/semantic_call",
+        headers=auth,
+        json={
+            "session_id": sid,
+            "template": "Join {{a}} and {{b}}: {{total}}",
+            "parameters": [
+                {"name": "a", "var_id": maps[0]["outputs"]["s"]},
+                {"name": "b", "var_id": maps[1]["outputs"]["s"]},
+                out("total", 3),
+            ],
+        },
+    ).json()
+    assert api.get(f"/v1/session/{sid}/dag").status_code == 401
+    other_sid, other_auth = new_session(api)
+    assert api.get(f"/v1/session/{sid}/dag", headers=other_auth).status_code == 403
+    dag = api.get(f"/v1/session/{sid}/dag", headers=auth).json()
+    assert [c["state"] for c in dag["calls"]] == ["waiting"] * 3
+    assert {c["group"] for c in dag["calls"][:2]} == {f"group-{dag['calls'][2]['seq']}"}
+    assert {"source": doc["var_id"], "target": maps[0]["call_id"]} in dag["edges"]
+    assert {"source": reduce["call_id"], "target": reduce["outputs"]["total"]} in dag["edges"]
+    assert (
+        api.put(
+            f"/v1/semantic_var/{doc['var_id']}",
+            json={"session_id": sid, "value": "the lamp was lit at dusk"},
+            headers=auth,
+        ).status_code
+        == 200
+    )
+    total = reduce["outputs"]["total"]
+    assert api.get(f"/v1/semantic_var/{total}", params={"session_id": sid}, headers=auth).json()["ready"]
+    dag = api.get(f"/v1/session/{sid}/dag", headers=auth).json()
+    assert [c["state"] for c in dag["calls"]] == ["done"] * 3
+    first = dag["calls"][0]
+    assert first["engine"] and first["timings"]["finished_at"] >= first["timings"]["started_at"]
+    assert first["sampling"]["s"]["max_tokens"] == 3
+    parts = {p["kind"]: p for p in first["template"]}
+    assert parts["input"]["text"] == "the lamp was lit at dusk" and parts["output"]["text"] is not None
+    # A second session with the same system prompt shares its context on the engine.
+    call = api.post(
+        "/v1/semantic_call",
+        headers=other_auth,
+        json={"session_id": other_sid, "template": system + "Again: {{s}}", "parameters": [out("s", 2)]},
+    ).json()
+    api.get(f"/v1/semantic_var/{call['outputs']['s']}", params={"session_id": other_sid}, headers=other_auth)
+    engine_id = first["engine"]
+    assert api.get(f"/v1/engines/{engine_id}/contexts").status_code == 401
+    admin = {"Authorization": f"Bearer {ADMIN}"}
+    assert api.get("/v1/engines/engine-404/contexts", headers=admin).status_code == 404
+    tree = api.get(f"/v1/engines/{engine_id}/contexts", headers=admin).json()
+    assert tree["contexts"] > 0 and tree["nodes"]
+    assert any({sid, other_sid} <= set(n["sessions"]) and n["shared"] for n in tree["nodes"])
+    for n in tree["nodes"]:
+        assert n["subtree_tokens"] >= n["tokens"] > 0
+    for s, a in ((sid, auth), (other_sid, other_auth)):
+        assert api.delete(f"/v1/session/{s}", headers=a).status_code == 204
+    # A closed session's DAG stays visible to the dashboard (as it was), not to the API.
+    assert api.get(f"/v1/session/{sid}/dag", headers=auth).status_code == 404

@@ -1,0 +1,160 @@
+"""What each page shows, built from ServeCore methods only (never the scheduler's parts)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from markupsafe import Markup
+
+from parrot.platform.serve.core import EngineView, ServeCore
+from parrot.platform.serve.observe import (
+    ContextTreeView,
+    DagCall,
+    DagVar,
+    SessionDag,
+    SessionSummary,
+)
+from parrot.web.svg import charts, dag, tree
+
+CALL_STATES = ("waiting", "queued", "running", "done", "failed")
+
+
+@dataclass(frozen=True)
+class EngineRow:
+    view: EngineView
+    health: str  # "up", "missing pings", "down"
+    tasks_bar: Markup  # tasks placed on it / capacity
+    kv_bar: Markup  # KV blocks used / total
+    jobs_bar: Markup  # the engine's own running + waiting jobs / its running-job limit
+
+
+def engine_rows(core: ServeCore) -> list[EngineRow]:
+    rows = []
+    for v in core.engine_views():
+        health = "down" if not v.up else "missing pings" if v.missed_pings else "up"
+        jobs = (v.jobs_running or 0) + (v.jobs_waiting or 0)
+        rows.append(
+            EngineRow(
+                v,
+                health,
+                charts.load_bar(v.running, v.capacity),
+                charts.load_bar(v.kv_blocks_used, v.kv_blocks_total),
+                charts.load_bar(jobs if v.jobs_running is not None else None, v.info.get("max_running")),
+            )
+        )
+    return rows
+
+
+@dataclass(frozen=True)
+class Overview:
+    engines: list[EngineRow]
+    live_sessions: int
+    queued: int
+    running: int
+    done: int
+    failed: int
+    hit_rate: float | None  # prompt tokens forked from cached contexts / all prompt tokens
+    tokens_per_s: float
+    throughput: Markup
+    queue: Markup
+    minutes: float  # what the sparklines cover
+    sessions: list[SessionSummary]
+
+
+def overview(core: ServeCore) -> Overview:
+    st = core.stats()
+    history = core.load_history()
+    engines = engine_rows(core)
+    span = (history[-1].at - history[0].at) / 60 if len(history) > 1 else 0.0
+    return Overview(
+        engines=engines,
+        live_sessions=st.sessions,
+        queued=st.queued,
+        running=sum(e.view.running for e in engines),
+        done=st.done,
+        failed=st.failed,
+        hit_rate=st.reused_tokens / st.prompt_tokens if st.prompt_tokens else None,
+        tokens_per_s=history[-1].tokens_per_s if history else 0.0,
+        throughput=charts.sparkline([s.tokens_per_s for s in history], "tokens per second"),
+        queue=charts.sparkline([float(s.queued) for s in history], "queued tasks"),
+        minutes=span,
+        sessions=core.session_summaries()[:8],
+    )
+
+
+@dataclass(frozen=True)
+class SessionList:
+    sessions: list[SessionSummary]
+    totals: dict[str, int]  # call state -> calls, over the listed sessions
+    live: int
+    recent: int
+
+
+def session_list(core: ServeCore) -> SessionList:
+    sessions = core.session_summaries()
+    totals = {state: 0 for state in CALL_STATES}
+    for s in sessions:
+        for state, n in s.states.items():
+            totals[state] = totals.get(state, 0) + n
+    live = sum(s.live for s in sessions)
+    return SessionList(sessions, totals, live, len(sessions) - live)
+
+
+@dataclass(frozen=True)
+class NodeDetail:
+    call: DagCall | None = None
+    var: DagVar | None = None
+    names: dict[str, str] = field(default_factory=dict)  # var id -> name
+
+
+@dataclass(frozen=True)
+class SessionPage:
+    dag: SessionDag
+    svg: Markup
+    gantt: Markup
+    states: dict[str, int]
+    detail: NodeDetail | None
+    selected: str | None
+
+
+def node_link(session_id: str, node_id: str) -> str:
+    return f"/sessions/{session_id}?node={node_id}#detail"
+
+
+def session_page(core: ServeCore, session_id: str, selected: str | None = None) -> SessionPage:
+    graph = core.session_dag(session_id)
+    states = {state: 0 for state in CALL_STATES}
+    for call in graph.calls:
+        states[call.state] = states.get(call.state, 0) + 1
+    names = {v.var_id: v.name for v in graph.vars}
+    detail = None
+    if selected:
+        call = next((c for c in graph.calls if c.call_id == selected), None)
+        var = next((v for v in graph.vars if v.var_id == selected), None)
+        if call is not None or var is not None:
+            detail = NodeDetail(call, var, names)
+    return SessionPage(
+        graph,
+        dag.render(graph, lambda node: node_link(session_id, node), selected),
+        charts.gantt(graph.calls),
+        states,
+        detail,
+        selected if detail is not None else None,
+    )
+
+
+@dataclass(frozen=True)
+class EngineTree:
+    view: ContextTreeView
+    svg: Markup
+    shared_nodes: int
+    sessions: list[str]  # sessions holding contexts on the engine
+
+
+def context_trees(core: ServeCore) -> list[EngineTree]:
+    out = []
+    for engine in core.engine_views():
+        view = core.context_tree(engine.engine_id)
+        sessions = sorted({s for n in view.nodes for s in n.sessions})
+        out.append(EngineTree(view, tree.render(view), sum(n.shared for n in view.nodes), sessions))
+    return out
