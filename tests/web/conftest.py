@@ -41,8 +41,10 @@ def chromium() -> str:
     return path
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def browser(chromium):
+    """Per module: Playwright's sync API keeps an event loop running on this thread while it
+    is open, which would break every asyncio test that runs after it."""
     from playwright.sync_api import sync_playwright
 
     with sync_playwright() as playwright:
