@@ -76,6 +76,7 @@ class Streamed:
     text: str
     ttft_s: float
     tpot_s: float
+    total_s: float  # from the request to the last token: what the reader waits for the answer
 
 
 async def timed_stream(texts: AsyncIterator[str], tokens: int) -> Streamed:
@@ -91,7 +92,7 @@ async def timed_stream(texts: AsyncIterator[str], tokens: int) -> Streamed:
             parts.append(text)
     if first is None or last is None:
         raise RuntimeError("the stream had no text")
-    return Streamed("".join(parts), first - start, (last - first) / max(1, tokens - 1))
+    return Streamed("".join(parts), first - start, (last - first) / max(1, tokens - 1), last - start)
 
 
 class RequestClient:

@@ -8,7 +8,8 @@ while the applications run. Parrot: the applications with the SDK's semantic fun
 the chat users with its ``stream_chat`` (Parrot's OpenAI front, streamed). Baseline: the
 applications and the chat users on the engines' own ``/v1`` (round-robin over two
 engines). Measured: the chat users' time to first token and time per output token after
-it (means over all their answers), and the mean completion time of the applications.
+it, and the whole answer (request to last token; means over all their answers), and the
+mean completion time of the applications.
 """
 
 from __future__ import annotations
@@ -68,6 +69,7 @@ def _metrics(chats: list[list[Streamed]], app_seconds: list[float]) -> Metrics:
     return {
         "tpot_s": sum(a.tpot_s for a in answers) / len(answers),
         "ttft_s": sum(a.ttft_s for a in answers) / len(answers),
+        "answer_s": sum(a.total_s for a in answers) / len(answers),
         "app_s": sum(app_seconds) / len(app_seconds),
     }
 
@@ -97,6 +99,7 @@ class Mixed:
     metrics = (
         Metric("tpot_s", "chat ms/token", scale=1000),
         Metric("ttft_s", "chat TTFT s"),
+        Metric("answer_s", "chat answer s"),
         Metric("app_s", "map-reduce s"),
     )
 

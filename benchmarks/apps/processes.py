@@ -79,6 +79,7 @@ class Stack:
     def __init__(self, workdir: Path, log_level: str = "warning") -> None:
         self.workdir = workdir
         self.log_level = log_level
+        self.databases = 0
         self.servers: list[Server] = []
 
     def _start(self, name: str, args: Sequence[str]) -> Server:
@@ -111,7 +112,10 @@ class Stack:
         started = {}
         for name, flags in variants.items():
             file = "".join(c if c.isalnum() else "-" for c in name)
-            args = ["serve", "--db", f"sqlite+aiosqlite:///{self.workdir / file}.db", *flags]
+            # A database of its own: a ServeCore restores the engines an earlier one registered.
+            self.databases += 1
+            db = self.workdir / f"{file}-{self.databases}.db"
+            args = ["serve", "--db", f"sqlite+aiosqlite:///{db}", *flags]
             if capacity is None:
                 for url in engine_urls:
                     args += ["--engine", url]

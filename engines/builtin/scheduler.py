@@ -6,8 +6,10 @@ waiting ones within a level (decodes cost one token, unfinished fills a chunk), 
 budget, sequence slots and KV blocks last:
 
 - latency-critical jobs always get the step's full limits;
-- while any runs, the other levels only fill the step up to ``latency_max_batch`` sequences
-  and ``latency_max_batched_tokens`` tokens, so its tokens come quickly;
+- while any runs, the other levels only fill the step up to ``latency_max_batch`` sequences,
+  with at most ``latency_max_prefill_tokens`` of their prompts' tokens: their decodes (one
+  token each, cheap in a batch) go on, their prefill (the costly part of a step) waits, so
+  the latency-critical tokens come quickly;
 - a background fill takes at most ``background_max_batched_tokens`` of a step others use
   (a few prefill tokens ride along a memory-bound decode step almost for free), all of it
   when nothing else runs.
@@ -34,9 +36,11 @@ URGENT, NORMAL, BACKGROUND = 0, 1, 2  # job levels, first served first
 class SchedulerConfig:
     max_batched_tokens: int = 1024
     max_running: int = 64
-    # While a latency-critical job runs, other jobs fill its steps up to these (None: no cap).
+    # While a latency-critical job runs, other jobs fill its steps up to these (None: no cap):
+    # sequences in the step, and tokens of their prompts (prefill).
+    # 32 prompt tokens add ~a decode step's time on a CPU; a 1,024-token chunk adds 25 times it.
     latency_max_batch: int | None = None
-    latency_max_batched_tokens: int | None = None
+    latency_max_prefill_tokens: int | None = 32
     # A background fill's tokens in a step that other jobs use.
     background_max_batched_tokens: int = 32
 
@@ -45,12 +49,12 @@ class SchedulerConfig:
             "max_batched_tokens",
             "max_running",
             "latency_max_batch",
-            "latency_max_batched_tokens",
+            "latency_max_prefill_tokens",
             "background_max_batched_tokens",
         )
         for name in names:
             value = getattr(self, name)
-            if value is not None and value < 1:
+            if value is not None and value < (0 if name == "latency_max_prefill_tokens" else 1):
                 raise ValueError(f"{name} must be positive, got {value}")
 
 
@@ -75,6 +79,7 @@ class LocalScheduler:
         self.running: list[Job] = []
         self.num_preemptions = 0
         self._admit_counter = 0
+        self._prefill_left: int | None = None  # prompt tokens the step may still take (None: any)
         self.step_counter = 0
 
     def add(self, job: Job) -> None:
@@ -104,19 +109,28 @@ class LocalScheduler:
         urgent = any(level(j) == URGENT for j in (*self.running, *self.waiting))
         items: list[StepItem] = []
         budget = cfg.max_batched_tokens
+        self._prefill_left = None
         for lvl in (URGENT, NORMAL, BACKGROUND):
             max_seqs, allowance = cfg.max_running, budget
-            if urgent and lvl != URGENT:  # beside latency-critical work the step stays small
+            if urgent and lvl == NORMAL:  # beside latency-critical work the step stays small
                 max_seqs = cfg.latency_max_batch or max_seqs
-                used = cfg.max_batched_tokens - budget
-                cap = cfg.latency_max_batched_tokens or cfg.max_batched_tokens
-                allowance = min(budget, max(0, cap - used))
+                self._prefill_left = cfg.latency_max_prefill_tokens
             if lvl == BACKGROUND and items:
                 allowance = min(allowance, cfg.background_max_batched_tokens)
             left = self._continue(items, allowance, max_seqs, lvl)
             left = self._admit(items, left, max_seqs, lvl)
             budget -= allowance - left
         return items
+
+    def _take(self, job: Job, pending: int, budget: int) -> int:
+        """Tokens of ``job`` to compute now: within the budget and, for a prompt (not a
+        decode's one token) beside latency-critical work, within the prefill allowance."""
+        n = min(pending, budget)
+        decode = job.kind is JobKind.GENERATE and pending == 1
+        if self._prefill_left is not None and not decode:
+            n = min(n, self._prefill_left)
+            self._prefill_left -= n
+        return n
 
     def _continue(self, items: list[StepItem], budget: int, max_seqs: int, lvl: int) -> int:
         """Steps of running jobs of one level (oldest first); returns the budget left."""
@@ -132,7 +146,7 @@ class LocalScheduler:
                 if job.kind is JobKind.GENERATE:
                     items.append(StepItem(ctx, ctx.num_computed, 0, sample=True))
                 continue
-            n = min(pending, budget)
+            n = self._take(job, pending, budget)
             if n <= 0:
                 continue
             if not self._make_room(ctx, ctx.num_computed + n, job):
@@ -188,7 +202,9 @@ class LocalScheduler:
             if job.admitted_seq < 0:
                 job.cached_tokens += reused
             pending = ctx.num_pending
-            n = min(pending, budget)
+            n = self._take(job, pending, budget)
+            if n <= 0 and pending:
+                return budget  # its prompt must wait for a step without latency-critical work
             need = self.pool.blocks_needed(ctx, ctx.num_computed + n)
             if need > self.pool.blocks.num_free:
                 if self.running or items:

@@ -248,7 +248,11 @@ async def metrics(state: State) -> str:
 
 @get("/healthz")
 async def healthz(state: State) -> Health:
-    return Health(status="ok", engines=len(_core(state).engine_views()))
+    """Liveness (always 200 while the server answers) and whether it can serve calls."""
+    views = _core(state).engine_views()
+    up = sum(view.up for view in views)
+    reason = None if up else ("no engine is up" if views else "no engine is registered")
+    return Health(status="degraded" if reason else "ok", engines=len(views), engines_up=up, reason=reason)
 
 
 def create_app(

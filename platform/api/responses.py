@@ -74,5 +74,7 @@ class EngineInfo(msgspec.Struct, kw_only=True, frozen=True):
 
 
 class Health(msgspec.Struct, kw_only=True, frozen=True):
-    status: str
-    engines: int
+    status: str  # "ok", or "degraded" when no engine can take work (see ``reason``)
+    engines: int  # registered
+    engines_up: int = 0
+    reason: str | None = None

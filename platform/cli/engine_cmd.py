@@ -51,10 +51,11 @@ def add_parser(commands) -> None:
         help="tokens of a background fill (a ServeCore's fill-ahead) in a step other jobs use",
     )
     p.add_argument(
-        "--latency-max-batched-tokens",
+        "--latency-max-prefill-tokens",
         type=int,
-        default=None,
-        help="while a latency-critical job runs, tokens per step at most (default: no cap)",
+        default=32,
+        help="while a latency-critical job runs, prompt tokens of other jobs per step at most "
+        "(their decodes go on; default 32; --max-batched-tokens for no cap)",
     )
     p.add_argument("--attention-backend", default=None, choices=available_backends())
     p.add_argument("--no-shared-prefix", action="store_true", help="disable shared-prefix attention")
@@ -84,7 +85,7 @@ def config_from_args(args: argparse.Namespace) -> EngineConfig:
             max_batched_tokens=args.max_batched_tokens,
             max_running=args.max_running,
             latency_max_batch=args.latency_max_batch,
-            latency_max_batched_tokens=args.latency_max_batched_tokens,
+            latency_max_prefill_tokens=args.latency_max_prefill_tokens,
             background_max_batched_tokens=args.background_max_batched_tokens,
         ),
         shared_prefix=SharedPrefixPolicy(

@@ -6,6 +6,7 @@ import argparse
 import os
 import secrets
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -73,8 +74,30 @@ def add_parser(commands) -> None:
     p.set_defaults(run=run)
 
 
+def _port_in_use(port: int) -> bool:
+    with socket.socket() as sock:
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return True
+    return False
+
+
+def _die_with_parent() -> None:
+    """In the child, before exec: Linux sends it SIGTERM when ``parrot serve`` dies, even by
+    SIGKILL, so an engine is never left running (and holding its port) without its server."""
+    import ctypes
+
+    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+
+
 def start_engine(args: argparse.Namespace) -> tuple[subprocess.Popen, str]:
     """A ``parrot engine`` child process; returns it once it answers ``/ping``."""
+    if _port_in_use(args.engine_port):  # else another engine there would answer our pings
+        raise SystemExit(
+            f"parrot serve: port {args.engine_port} for the builtin engine is in use "
+            "(another engine? pass --engine URL to use it, or --engine-port)"
+        )
     cmd = [
         sys.executable,
         "-m",
@@ -87,7 +110,7 @@ def start_engine(args: argparse.Namespace) -> tuple[subprocess.Popen, str]:
     ]
     if args.model:
         cmd += ["--model", args.model]
-    proc = subprocess.Popen(cmd)
+    proc = subprocess.Popen(cmd, preexec_fn=_die_with_parent if sys.platform == "linux" else None)
     url = f"http://127.0.0.1:{args.engine_port}"
     deadline = time.monotonic() + 600  # the first start converts the model
     while True:
@@ -126,6 +149,9 @@ def run(args: argparse.Namespace) -> None:
     if not token:
         token = secrets.token_urlsafe(24)
         print(f"parrot serve: admin token (shown once): {token}", flush=True)
+    # SIGTERM stops the server as SIGINT does (uvicorn handles both while it runs; this
+    # covers the start), so the engine child is always stopped below.
+    signal.signal(signal.SIGTERM, signal.getsignal(signal.SIGINT))
     child = None
     urls = tuple(args.engine)
     if not urls and not args.no_engine:

@@ -151,3 +151,36 @@ async def test_a_stored_engine_that_does_not_answer_comes_back_marked_down(tmp_p
             )
     finally:
         await core.stop()
+
+
+def test_healthz_is_degraded_with_its_reason_while_no_engine_is_up(tmp_path, engine_server):
+    import asyncio
+
+    from conftest import ServerThread
+
+    from parrot.platform.api.app import create_app
+    from parrot.platform.serve.core import ServeCore
+    from parrot.platform.store.store import Store, sqlite_url
+
+    (tmp_path / "none").mkdir()
+    (tmp_path / "gone").mkdir()
+    with ServerThread(create_app(ServeCore(store=Store(sqlite_url(tmp_path / "none"))))) as server:
+        health = httpx.get(f"{server.url}/healthz").json()
+        assert health["status"] == "degraded" and health["reason"] == "no engine is registered"
+        assert (health["engines"], health["engines_up"]) == (0, 0)
+
+    async def store_a_gone_engine() -> None:
+        store = Store(sqlite_url(tmp_path / "gone"))
+        await store.migrate()
+        gone = f"http://127.0.0.1:{free_port()}"
+        await store.save_engine("engine-1", "builtin", gone, "m", {"capacity": 2})
+        await store.close()
+
+    asyncio.run(store_a_gone_engine())
+    with ServerThread(create_app(ServeCore(store=Store(sqlite_url(tmp_path / "gone"))))) as server:
+        health = httpx.get(f"{server.url}/healthz").json()
+        assert (health["status"], health["engines"], health["reason"]) == ("degraded", 1, "no engine is up")
+    app = create_app(ServeCore(store=Store(sqlite_url(tmp_path / "gone"))), engine_urls=(engine_server.url,))
+    with ServerThread(app) as server:
+        health = httpx.get(f"{server.url}/healthz").json()
+        assert health == {"status": "ok", "engines": 2, "engines_up": 1, "reason": None}

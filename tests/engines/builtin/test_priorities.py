@@ -50,7 +50,7 @@ def computed(items) -> dict[int, int]:
 
 def test_a_latency_job_runs_in_small_steps_beside_bulk_work():
     config = SchedulerConfig(
-        max_batched_tokens=64, max_running=16, latency_max_batch=3, latency_max_batched_tokens=8
+        max_batched_tokens=64, max_running=16, latency_max_batch=3, latency_max_prefill_tokens=8
     )
     contexts = pool()
     sched = scheduler(config, contexts)
@@ -59,20 +59,37 @@ def test_a_latency_job_runs_in_small_steps_beside_bulk_work():
     assert sum(computed(sched.schedule()).values()) == 64  # bulk alone: the full budget
     sched.add(job(99, priority=1, prompt=5))
     step = computed(sched.schedule())
-    # The urgent job is in the step, first; the step holds at most 3 sequences and 8 tokens.
-    assert 99 in step and len(step) <= 3 and sum(step.values()) <= 8
+    # The urgent job is in the step, first; at most 3 sequences, 8 prompt tokens of others.
+    assert 99 in step and len(step) <= 3 and sum(step.values()) - step[99] <= 8
     assert step[99] == 5  # its own prefill is not cut for the others
     for _ in range(3):  # while it runs, every step stays small and includes it
         step = computed(sched.schedule())
-        assert 99 in step and len(step) <= 3 and sum(step.values()) <= 8
+        assert 99 in step and len(step) <= 3 and sum(step.values()) - step[99] <= 8
     urgent = next(j for j in sched.running if j.seq == 99)
     sched.remove(urgent)  # it finished: the cap is lifted
     step = computed(sched.schedule())
     assert len(step) > 3 and sum(step.values()) > 8
 
 
+def test_beside_a_latency_job_other_decodes_go_on_and_only_prefill_waits():
+    config = SchedulerConfig(max_batched_tokens=64, max_running=16, latency_max_prefill_tokens=0)
+    contexts = pool()
+    sched = scheduler(config, contexts)
+    decoding = [job(seq, priority=0, prompt=4) for seq in range(3)]
+    for j in decoding:
+        sched.add(j)
+    computed(sched.schedule())  # their prompts
+    sched.add(job(99, priority=1, prompt=5))
+    sched.add(job(50, priority=0, prompt=20))  # a new prompt: it waits
+    for j in decoding:
+        j.context.token_ids.append(1)  # each sampled a token: one to compute
+    step = computed(sched.schedule())
+    assert step == {0: 1, 1: 1, 2: 1, 99: 5}
+
+
 def test_without_a_cap_latency_jobs_only_go_first():
-    sched = scheduler(SchedulerConfig(max_batched_tokens=64, max_running=16), pool())
+    config = SchedulerConfig(max_batched_tokens=64, max_running=16, latency_max_prefill_tokens=None)
+    sched = scheduler(config, pool())
     for seq in range(4):
         sched.add(job(seq, priority=0, prompt=20))
     sched.add(job(9, priority=1, prompt=20))
@@ -99,7 +116,7 @@ def test_when_blocks_run_out_the_lowest_priority_newest_job_gives_way():
 
 def test_latency_jobs_are_never_held_back_by_the_caps_only_the_work_beside_them():
     config = SchedulerConfig(
-        max_batched_tokens=64, max_running=16, latency_max_batch=2, latency_max_batched_tokens=8
+        max_batched_tokens=64, max_running=16, latency_max_batch=2, latency_max_prefill_tokens=8
     )
     sched = scheduler(config, pool())
     for seq in range(5):
