@@ -33,6 +33,26 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def assert_event_streams(base_url: str, model: str | None = None) -> None:
+    """The OpenAI-compatible stream routes at ``base_url`` answer ``text/event-stream`` that
+    ends with ``data: [DONE]``."""
+    named = {"model": model} if model else {}
+    bodies = {
+        "/v1/completions": {**named, "prompt": "Hi", "max_tokens": 2, "stream": True},
+        "/v1/chat/completions": {
+            **named,
+            "messages": [{"role": "user", "content": "Hi"}],
+            "max_tokens": 2,
+            "stream": True,
+        },
+    }
+    for path, body in bodies.items():
+        with httpx.stream("POST", f"{base_url}{path}", json=body, timeout=120) as response:
+            assert response.status_code == 200
+            assert response.headers["content-type"].startswith("text/event-stream"), path
+            assert [line for line in response.iter_lines() if line][-1] == "data: [DONE]"
+
+
 class ServerThread:
     """A real uvicorn server on 127.0.0.1 in a background thread."""
 

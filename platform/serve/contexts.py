@@ -51,6 +51,7 @@ class EngineContext:
     node: RadixNode | None = None  # where its path ends in the tree (None once gone)
     refs: int = 0  # tasks using it (to fork from, or generating into it)
     state: str = PENDING  # READY once the engine has computed it
+    doomed: bool = False  # its session ended while others used it: it goes with its last user
     last_used: float = field(default_factory=time.monotonic)
 
     def __hash__(self) -> int:
@@ -117,6 +118,11 @@ class ContextTree:
         self.tree.release(ctx.node, ctx)
         ctx.node = None
         return own
+
+    def unref(self, ctx: EngineContext) -> bool:
+        """One user less; True when the context must now be freed (it is doomed)."""
+        ctx.refs -= 1
+        return ctx.refs == 0 and ctx.doomed and ctx.context_id in self.contexts
 
     def touch(self, ctx: EngineContext) -> None:
         ctx.last_used = time.monotonic()

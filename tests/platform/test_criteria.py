@@ -158,20 +158,19 @@ async def test_groups_sort_by_their_application_not_by_arrival():
     assert [t.session_id for t in ordered] == ["a", "b"]
 
 
-async def test_placement_prefers_the_cached_prefix_then_load_by_criteria():
+async def test_placement_goes_where_the_least_work_is_ahead():
     policy = SchedulingPolicy()
     latency, bulk = task("l", 1, 1, criteria=LATENCY), task("t", 2, 2)
-    # Engines as (matched prefix, load): the longest cached prefix wins for both...
-    engines = {"cached": (100, 9), "idle": (0, 0), "busy": (0, 5)}
+    # Engines as (matched prefix, load) for a 300-token prompt: a cached prefix is work saved.
+    engines = {"cached": (250, 100), "idle": (0, 0), "busy": (0, 500)}
 
     def best(t, **kw) -> str:
         p = SchedulingPolicy(**kw) if kw else policy
-        return min(engines, key=lambda e: p.placement(t, *engines[e]))
+        return min(engines, key=lambda e: p.placement(t, *engines[e], 300))
 
-    assert best(latency) == best(bulk) == "cached"
-    # ...without affinity, latency goes to the least loaded, throughput fills the fullest.
-    assert best(latency, context_affinity=False) == "idle"
-    assert best(bulk, context_affinity=False) == "cached"
-    assert best(bulk, context_affinity=False, criteria=False) == "idle"
+    assert best(latency) == best(bulk) == "cached"  # 150 tokens of work vs 300 and 800
+    assert best(latency, context_affinity=False) == best(bulk, context_affinity=False) == "idle"
+    engines["cached"] = (250, 400)  # its load now outweighs what its cache saves
+    assert best(latency) == best(bulk) == "idle"
     assert policy.priority(latency) == 1 and policy.priority(bulk) == 0
     assert SchedulingPolicy(criteria=False).priority(latency) == 0

@@ -8,7 +8,7 @@ import asyncio
 import httpx
 import openai
 import pytest
-from conftest import ServerThread
+from conftest import ServerThread, assert_event_streams
 
 from parrot.platform.api.app import create_app
 from parrot.platform.serve.core import ServeCore
@@ -165,18 +165,4 @@ def test_api_keys_guard_the_front_when_configured(engine_server):
 
 
 def test_streams_are_labelled_event_streams(front, oai):
-    server, _ = front
-    bodies = {
-        "/v1/completions": {"model": model_name(oai), "prompt": "Hi", "max_tokens": 2, "stream": True},
-        "/v1/chat/completions": {
-            "model": model_name(oai),
-            "messages": [{"role": "user", "content": "Hi"}],
-            "max_tokens": 2,
-            "stream": True,
-        },
-    }
-    for path, body in bodies.items():
-        with httpx.stream("POST", f"{server.url}{path}", json=body, timeout=120) as response:
-            assert response.status_code == 200
-            assert response.headers["content-type"].startswith("text/event-stream"), path
-            assert [line for line in response.iter_lines() if line][-1] == "data: [DONE]"
+    assert_event_streams(front[0].url, model_name(oai))

@@ -3,6 +3,7 @@ per task, fill-ahead of known prefixes, task groups, priorities, failure propaga
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 
 import pytest
@@ -191,3 +192,46 @@ async def test_a_failed_producer_fails_its_consumers_with_the_reason(core):
     with pytest.raises(ProducerFailedError, match="input 'x' failed"):
         await core.get_var(session, consumer["y"], "latency", 30)
     assert consumer["request"].state == "failed" and spy(core).count("generate") == 0
+
+
+async def test_a_context_another_session_forks_from_outlives_its_session_until_the_fork(core):
+    """Session B's call forks deep into session A's context; A is deleted before B's request
+    reaches the engine: A's context stays until B is done with it (then it is freed), so B
+    runs once, without a "parent does not exist" retry."""
+    prompt = "You keep the tide tables of the harbour and answer in a few words. " * 8 + "Q: {{q}}\nA: {{a}}"
+    first, _ = await core.create_session()
+    a = await call(core, first, prompt, q={"value": "When is high water?"}, a=out("a", 4))
+    value = (await core.get_var(first, a["a"], "latency", 120)).value
+    engine = spy(core)
+    gate, held_calls = asyncio.Event(), []
+    generate = engine.generate
+
+    async def held(*args, **kwargs):  # B's request waits here, placed but not yet sent
+        held_calls.append(args)
+        await gate.wait()
+        return await generate(*args, **kwargs)
+
+    engine.generate = held
+    second, _ = await core.create_session()
+    asked = prompt.replace("{{q}}", "When is high water?")
+    continued = asked.replace("{{a}}", value + " And low water? {{b}}")
+    b = await call(core, second, continued, b=out("b", 4))
+    for _ in range(2000):
+        if held_calls:
+            break
+        await asyncio.sleep(0.01)
+    ((_, _, forked_from),) = held_calls
+    assert forked_from == next(kw for n, kw in engine.calls if n == "generate")["args"][0]  # A's context
+    await core.delete_session(first)
+    assert forked_from in core.engine_slots()[0].contexts.contexts  # kept for B
+    gate.set()
+    assert (await core.get_var(second, b["b"], "latency", 120)).value
+    assert len(held_calls) == 1 and engine.count("generate") == 2  # B ran once
+    for _ in range(100):  # freed in the background once B was done with it
+        if forked_from not in core.engine_slots()[0].contexts.contexts:
+            break
+        await asyncio.sleep(0.05)
+    assert forked_from not in core.engine_slots()[0].contexts.contexts
+    freed = [i for n, kw in engine.calls if n == "abort" for i in kw["args"][0]]
+    freed += [kw["args"][0] for n, kw in engine.calls if n == "free_context"]
+    assert forked_from in freed

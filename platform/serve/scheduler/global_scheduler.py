@@ -149,9 +149,14 @@ class GlobalScheduler:
             self.release_ahead(key)
         for slot, gone in doomed.items():
             gone += slot.contexts.of_session(session_id)  # made while the jobs stopped
-            for ctx in gone:
-                slot.contexts.remove(ctx)
-            await free_on_engine(slot.client, sorted({c.context_id for c in gone}))
+            for ctx in set(gone):
+                if ctx.refs > 0 and ctx.state == READY:
+                    # Another session's task forks from it (its request may not have reached
+                    # the engine yet): it is freed when the last such task is done with it.
+                    ctx.doomed = True
+                else:
+                    slot.contexts.remove(ctx)
+            await free_on_engine(slot.client, sorted({c.context_id for c in gone if not c.doomed}))
 
     # -- dispatch ---------------------------------------------------------------------------
     async def _dispatch_loop(self) -> None:
@@ -194,10 +199,9 @@ class GlobalScheduler:
         if not free:
             return None
 
-        def key(slot: EngineSlot) -> tuple:
-            return self.policy.placement(
-                task, slot.contexts.matched(task.prompts[slot.model].symbols), slot.load
-            )
+        def key(slot: EngineSlot) -> int:
+            symbols = task.prompts[slot.model].symbols
+            return self.policy.placement(task, slot.contexts.matched(symbols), slot.load, len(symbols))
 
         return min(free, key=key)
 
@@ -351,8 +355,8 @@ class GlobalScheduler:
             self._free(slot, [ctx, *checkpoints])
             return
         finally:
-            if parent is not None:
-                parent.refs -= 1
+            if parent is not None and tree.unref(parent):
+                self._free(slot, [parent])
         ctx.state = READY
         for mark in checkpoints:
             mark.state = READY
@@ -362,8 +366,9 @@ class GlobalScheduler:
         """The chain runs (or never will): the contexts filled ahead for it are plain cached
         contexts from now on."""
         ahead = self._ahead.pop(key, None)
-        for _, ctx in ahead.held if ahead is not None else ():
-            ctx.refs -= 1
+        for slot, ctx in ahead.held if ahead is not None else ():
+            if slot.contexts.unref(ctx):
+                self._free(slot, [ctx])
 
     def background(self, work: Coroutine) -> None:
         task = asyncio.create_task(work)

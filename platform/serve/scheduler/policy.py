@@ -3,13 +3,19 @@
 Each policy is on by default and can be switched off (``parrot serve --no-...``):
 
 - ``criteria``: latency-critical tasks (a latency ``get`` downstream, or ``latency``
-  output criteria) go first, the deepest upstream first, to the least loaded engine, with a
-  higher priority in the engine's own queue; throughput tasks fill engines up.
+  output criteria) go first, the deepest upstream first, with a higher priority in the
+  engine's own queue.
 - ``task_groups``: the tasks one consumer waits on together are ordered and placed together,
   groups by their application's start.
 - ``app_fifo``: the tasks of applications that started first go first.
-- ``context_affinity``: the engine holding the longest prefix of the prompt wins, and queued
-  tasks that share a prefix with a task just placed follow it to its engine.
+- ``context_affinity``: an engine's cached prefix of the prompt counts as work it need not
+  do, and queued tasks that share a prefix with a task just placed follow it to its engine.
+
+A task goes to the engine with the least work ahead of it: the tokens its running tasks may
+still add, plus the prompt tokens it would have to compute. (The paper packs throughput
+tasks onto the fullest engine that fits, which pays where a larger batch costs nothing;
+on engines whose step time grows with the batch, as on a CPU, packing left the other
+engines idle: 0.49x the baseline on two engines in the mixed benchmark.)
 """
 
 from __future__ import annotations
@@ -41,10 +47,8 @@ class SchedulingPolicy:
         """The engine-side priority of the task's jobs."""
         return 1 if self.criteria and task.latency else 0
 
-    def placement(self, task: CompletionTask, matched: int, load: int) -> tuple:
-        """Sort key of candidate engines (smallest wins): the longest cached prefix, then the
-        least loaded for latency, the most loaded that still fits for throughput."""
-        affinity = -matched if self.context_affinity else 0
-        if self.criteria and not task.latency:
-            return (affinity, -load)
-        return (affinity, load)
+    def placement(self, task: CompletionTask, matched: int, load: int, prompt: int) -> int:
+        """Sort key of candidate engines (smallest wins): the work ahead of the task there,
+        in tokens (``load``: what its running tasks may add; ``prompt``: the task's prompt,
+        of which ``matched`` is cached there)."""
+        return load + prompt - (matched if self.context_affinity else 0)

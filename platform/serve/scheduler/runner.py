@@ -121,8 +121,8 @@ class TaskRunner:
             raise
         finally:
             for held in (placed.parent, placed.context):
-                if held is not None:
-                    held.refs -= 1
+                if held is not None and slot.contexts.unref(held):
+                    self.free(slot, [held])
         self._settle(placed, result)
         self.stats.done += 1
         self.stats.task_seconds += time.monotonic() - started

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-import httpx
 import openai
 import pytest
+from conftest import assert_event_streams
 
 SYSTEM = "You are a terse assistant for the lighthouse museum. " * 12
 
@@ -100,16 +100,4 @@ def test_openai_errors_are_4xx_with_messages(oai):
 
 
 def test_streams_are_labelled_event_streams(engine_server):
-    bodies = {
-        "/v1/completions": {"prompt": "Hi", "max_tokens": 2, "stream": True},
-        "/v1/chat/completions": {
-            "messages": [{"role": "user", "content": "Hi"}],
-            "max_tokens": 2,
-            "stream": True,
-        },
-    }
-    for path, body in bodies.items():
-        with httpx.stream("POST", f"{engine_server.url}{path}", json=body, timeout=120) as response:
-            assert response.status_code == 200
-            assert response.headers["content-type"].startswith("text/event-stream"), path
-            assert [line for line in response.iter_lines() if line][-1] == "data: [DONE]"
+    assert_event_streams(engine_server.url)
