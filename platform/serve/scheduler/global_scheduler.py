@@ -174,7 +174,7 @@ class GlobalScheduler:
                 continue
             self._start(task, slot)
             for other in self._companions(task, slot):
-                if slot.fits(other.need(slot.model)):
+                if slot.fits(self._need(other, slot)):
                     self._start(other, slot)
 
     def _pick(self, task: CompletionTask) -> EngineSlot | None:
@@ -195,7 +195,7 @@ class GlobalScheduler:
         if not ready:  # an engine of a model its prompt was not made for: make it first
             self._prepare_prompt(task, candidates[0])
             return None
-        free = [s for s in ready if s.fits(task.need(s.model))]
+        free = [s for s in ready if s.fits(self._need(task, s))]
         if not free:
             return None
 
@@ -204,6 +204,15 @@ class GlobalScheduler:
             return self.policy.placement(task, slot.contexts.matched(symbols), slot.load, len(symbols))
 
         return min(free, key=key)
+
+    @staticmethod
+    def _need(task: CompletionTask, slot: EngineSlot) -> int:
+        """KV tokens the task may add on ``slot``: its output and the part of its prompt the
+        engine does not hold (or is not computing) already. Counting the whole prompt made
+        64 users of one 2,048-token system prompt look like 134k tokens on a 46k-token
+        engine: they ran in three waves."""
+        symbols = task.prompts[slot.model].symbols
+        return task.need(slot.model) - slot.contexts.matched(symbols)
 
     def _companions(self, task: CompletionTask, slot: EngineSlot) -> list[CompletionTask]:
         """Queued tasks that should go where ``task`` went: its task group, and (context
@@ -224,8 +233,8 @@ class GlobalScheduler:
     def _start(self, task: CompletionTask, slot: EngineSlot) -> None:
         self.queue.remove(task)
         self.release_ahead(task.key)
+        need = self._need(task, slot)  # before placing: the task's own context joins the tree
         placed = self.runner.place(task, slot, task.prompts[slot.model])
-        need = task.need(slot.model)
         slot.running[task.key] = task
         slot.load += need
         task.engine_id = slot.engine_id
