@@ -28,6 +28,7 @@ from parrot.platform.api.schemas import CreateVar, RegisterEngine, SetVar, Submi
 from parrot.platform.serve.core import EngineView, ServeCore, Session
 from parrot.platform.serve.errors import ForbiddenError, UnauthorizedError
 from parrot.platform.serve.graph import RequestChain, SemanticVariable
+from parrot.platform.serve.metrics import CONTENT_TYPE
 from parrot.platform.serve.observe import ContextTreeView, SessionDag
 from parrot.web.app import dashboard_routes
 from parrot.web.config import DashboardConfig
@@ -201,49 +202,10 @@ async def engine_contexts(engine_id: FromPath[str], request: Request, state: Sta
     return _core(state).context_tree(engine_id)
 
 
-@get("/metrics", media_type="text/plain; version=0.0.4")
-async def metrics(state: State) -> str:
-    """Prometheus text format."""
-    st = _core(state).stats()
-    lines = [
-        "# TYPE parrot_sessions gauge",
-        f"parrot_sessions {st.sessions}",
-        "# TYPE parrot_queue_tasks gauge",
-        f"parrot_queue_tasks {st.queued}",
-        "# TYPE parrot_tasks_total counter",
-        f'parrot_tasks_total{{state="done"}} {st.done}',
-        f'parrot_tasks_total{{state="failed"}} {st.failed}',
-        f'parrot_tasks_total{{state="requeued"}} {st.requeued}',
-        "# TYPE parrot_task_seconds summary",
-        f"parrot_task_seconds_sum {st.task_seconds:.6f}",
-        f"parrot_task_seconds_count {st.done}",
-        "# TYPE parrot_prompt_tokens_total counter",
-        f'parrot_prompt_tokens_total{{source="forked"}} {st.reused_tokens}',
-        f'parrot_prompt_tokens_total{{source="computed"}} {st.prompt_tokens - st.reused_tokens}',
-        "# TYPE parrot_filled_ahead_tokens_total counter",
-        f"parrot_filled_ahead_tokens_total {st.filled_ahead}",
-        "# TYPE parrot_contexts_evicted_total counter",
-        f"parrot_contexts_evicted_total {st.evicted}",
-        "# TYPE parrot_tokenizer_cache_total counter",
-        f'parrot_tokenizer_cache_total{{result="hit"}} {st.tokenizer_hits}',
-        f'parrot_tokenizer_cache_total{{result="miss"}} {st.tokenizer_misses}',
-        "# TYPE parrot_sv_wait_seconds summary",
-        f"parrot_sv_wait_seconds_sum {st.sv_wait_seconds:.6f}",
-        f"parrot_sv_wait_seconds_count {st.sv_waits}",
-        "# TYPE parrot_store_write_failures_total counter",
-        f"parrot_store_write_failures_total {st.store_failures}",
-        "# TYPE parrot_engine_up gauge",
-        "# TYPE parrot_engine_running gauge",
-        "# TYPE parrot_engine_contexts gauge",
-    ]
-    for view in st.engines:
-        label = f'{{engine="{view.engine_id}",model="{view.model}"}}'
-        lines += [
-            f"parrot_engine_up{label} {int(view.up)}",
-            f"parrot_engine_running{label} {view.running}",
-            f"parrot_engine_contexts{label} {view.contexts}",
-        ]
-    return "\n".join(lines) + "\n"
+@get("/metrics", media_type=CONTENT_TYPE)
+async def metrics(state: State) -> bytes:
+    """Prometheus text format (``prometheus_client``)."""
+    return _core(state).metrics.render()
 
 
 @get("/healthz")

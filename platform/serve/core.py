@@ -37,6 +37,7 @@ from parrot.platform.serve.graph import Graph, RequestChain, SemanticVariable
 from parrot.platform.serve.graph_executor import GraphExecutor
 from parrot.platform.serve.history import LoadHistory, LoadSample
 from parrot.platform.serve.journal import Journal
+from parrot.platform.serve.metrics import ServeMetrics
 from parrot.platform.serve.observe import ContextTreeView, SessionDag, SessionSummary
 from parrot.platform.serve.prompt import PromptBuilder
 from parrot.platform.serve.recovery import rebuild_call
@@ -116,15 +117,12 @@ class CoreStats:
     done: int
     failed: int
     requeued: int
-    task_seconds: float
     prompt_tokens: int
     reused_tokens: int
     filled_ahead: int
     evicted: int
     tokenizer_hits: int
     tokenizer_misses: int
-    sv_waits: int
-    sv_wait_seconds: float
     store_failures: int
     engines: list[EngineView]
 
@@ -152,10 +150,12 @@ class ServeCore:
         self.session_timeout_s = session_timeout_s
         self._expiry_task: asyncio.Task | None = None
         self.journal = Journal(store)
-        self.variables = Variables(on_change=self._var_changed)
+        self.metrics = ServeMetrics()
+        self.metrics.watch(self.stats)
+        self.variables = Variables(on_change=self._var_changed, on_wait=self.metrics.observe_wait)
         self.tokenizers = TokenizerManager()
         self.scheduler = GlobalScheduler(
-            self.variables, PromptBuilder(self.tokenizers), policy, pressure, health
+            self.variables, PromptBuilder(self.tokenizers), policy, pressure, health, self.metrics
         )
         self.scheduler.on_start = self._task_started
         self.engines = EngineRegistry(self.scheduler, self.journal, context_ids(), self.tokenizers)
@@ -250,15 +250,12 @@ class ServeCore:
             done=st.done,
             failed=st.failed,
             requeued=st.requeued,
-            task_seconds=st.task_seconds,
             prompt_tokens=st.prompt_tokens,
             reused_tokens=st.reused_tokens,
             filled_ahead=st.filled_ahead,
             evicted=self.scheduler.monitor.evicted,
             tokenizer_hits=self.tokenizers.hits,
             tokenizer_misses=self.tokenizers.misses,
-            sv_waits=self.variables.waits,
-            sv_wait_seconds=self.variables.wait_seconds,
             store_failures=self.journal.failures,
             engines=self.engine_views(),
         )

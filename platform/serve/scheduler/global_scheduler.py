@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from parrot.engines.protocol.errors import ParrotError
 from parrot.platform.serve.contexts import READY, EngineContext, MemoryPressure, free_on_engine
 from parrot.platform.serve.graph import CompletionChain
+from parrot.platform.serve.metrics import ServeMetrics
 from parrot.platform.serve.prompt import PromptBuilder
 from parrot.platform.serve.radix import common_prefix
 from parrot.platform.serve.scheduler.health import EngineMonitor, HealthSettings
@@ -54,15 +55,17 @@ class GlobalScheduler:
         policy: SchedulingPolicy | None = None,
         pressure: MemoryPressure | None = None,
         health: HealthSettings | None = None,
+        metrics: ServeMetrics | None = None,
     ) -> None:
         self.variables = variables
+        self.metrics = metrics or ServeMetrics()
         self.prompts = prompts
         self.policy = policy or SchedulingPolicy()
         self.queue = TaskQueue(self.policy)
         self.engines: dict[str, EngineSlot] = {}
         self.fixed_limits: dict[str, int] = {}  # engines with a configured task limit
         self.stats = SchedulerStats()
-        self.runner = TaskRunner(prompts, self.policy, self.stats, self._free)
+        self.runner = TaskRunner(prompts, self.policy, self.stats, self._free, self.metrics)
         self.health = health or HealthSettings()
         self.monitor = EngineMonitor(
             self.health,

@@ -7,6 +7,7 @@ import json
 import time
 
 import httpx
+from prometheus_client.parser import text_string_to_metric_families
 
 PROMPT = "<|im_start|>user\nWrite a short poem about the sea.<|im_end|>\n<|im_start|>assistant\n"
 
@@ -217,6 +218,31 @@ def test_ping_reports_engine_state(client):
     ):
         assert key in stats
     assert stats["block_size"] == 16 and stats["kv_blocks_total"] > 0
+
+
+def test_metrics_are_prometheus_text(client, ids):
+    """``/metrics`` parses with prometheus_client's parser: vLLM-style names, latency
+    histograms observed per generation, the engine's state as gauges and counters."""
+
+    def scrape() -> dict[str, float]:
+        r = client.get("/metrics")
+        assert r.status_code == 200 and r.headers["content-type"].startswith("text/plain; version=0.0.4")
+        families = {f.name: f for f in text_string_to_metric_families(r.text)}
+        for name in ("e2e_request_latency", "time_to_first_token", "time_per_output_token"):
+            assert families[f"parrot:{name}_seconds"].type == "histogram"
+        assert families["parrot:generation_tokens"].type == "counter"
+        return {s.name: s.value for f in families.values() for s in f.samples}
+
+    before = scrape()
+    cid = next(ids)
+    r = client.post("/generate", json={"context_id": cid, "text": PROMPT, "sampling": greedy(6)})
+    assert r.status_code == 200, r.text
+    client.post("/free_context", json={"context_id": cid})
+    after = scrape()
+    e2e, tpot = "parrot:e2e_request_latency_seconds_count", "parrot:time_per_output_token_seconds_sum"
+    assert after[e2e] >= before[e2e] + 1 and after[tpot] > before[tpot]
+    assert after["parrot:generation_tokens_total"] >= before["parrot:generation_tokens_total"] + 6
+    assert after["parrot:kv_blocks_total"] > 0 and 0 <= after["parrot:kv_cache_usage_perc"] <= 1
 
 
 def test_long_fill_is_chunked_and_decodes_keep_running(client, ids, engine_config):
