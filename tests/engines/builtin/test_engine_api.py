@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import asyncio
-import json
 import time
 
 import httpx
+from httpx_sse import connect_sse
 from prometheus_client.parser import text_string_to_metric_families
 
 PROMPT = "<|im_start|>user\nWrite a short poem about the sea.<|im_end|>\n<|im_start|>assistant\n"
@@ -45,16 +45,11 @@ def test_generate_stream_matches_generate(client, ids):
     for cid in (a, b):
         assert client.post("/fill", json={"context_id": cid, "text": PROMPT}).status_code == 200
     full = client.post("/generate", json={"context_id": a, "sampling": greedy(20)}).json()
-    events = []
-    with client.stream("POST", "/generate_stream", json={"context_id": b, "sampling": greedy(20)}) as r:
-        assert r.status_code == 200
-        assert r.headers["content-type"].startswith("text/event-stream")
-        kind = None
-        for line in r.iter_lines():
-            if line.startswith("event:"):
-                kind = line.split(":", 1)[1].strip()
-            elif line.startswith("data:"):
-                events.append((kind, json.loads(line.split(":", 1)[1])))
+    body = {"context_id": b, "sampling": greedy(20)}
+    with connect_sse(client, "POST", "/generate_stream", json=body) as source:
+        assert source.response.status_code == 200
+        assert source.response.headers["content-type"].startswith("text/event-stream")
+        events = [(event.event, event.json()) for event in source.iter_sse()]
     tokens = [e for k, e in events if k == "token"]
     end = [e for k, e in events if k == "end"]
     assert len(tokens) == 20 and len(end) == 1
@@ -275,12 +270,10 @@ def test_long_fill_is_chunked_and_decodes_keep_running(client, ids, engine_confi
 def test_closing_a_stream_stops_its_generation(client, ids):
     cid = next(ids)
     client.post("/fill", json={"context_id": cid, "text": PROMPT})
-    with client.stream("POST", "/generate_stream", json={"context_id": cid, "sampling": greedy(2000)}) as r:
-        got = []
-        for line in r.iter_lines():
-            if line.startswith("data:"):
-                got.append(line)
-            if len(got) == 3:
+    body = {"context_id": cid, "sampling": greedy(2000)}
+    with connect_sse(client, "POST", "/generate_stream", json=body) as source:
+        for got, _ in enumerate(source.iter_sse(), 1):
+            if got == 3:
                 break
     deadline = time.monotonic() + 30
     while ping(client)["num_running"] and time.monotonic() < deadline:

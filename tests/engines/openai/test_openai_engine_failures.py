@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 
 import pytest
 from conftest import ServerThread, free_port
+from litestar.response.sse import ServerSentEventMessage
 
 from parrot.engines.openai.config import OpenAIEngineConfig
 from parrot.engines.openai.engine import OpenAIEngine
@@ -66,6 +67,10 @@ def ok_body(path: str, text: str = "ok") -> dict:
     }
 
 
+def sse(data: str) -> bytes:
+    return ServerSentEventMessage(data=data, sep="\n").encode()
+
+
 def stream_chunks(path: str, words: list[str]) -> list[bytes]:
     chat = path.endswith("/chat/completions")
     chunks = []
@@ -78,11 +83,11 @@ def stream_chunks(path: str, words: list[str]) -> list[bytes]:
             choice = {"index": 0, "text": word, "finish_reason": finish, "logprobs": None}
             obj = "text_completion"
         data = {"id": "s1", "object": obj, "created": 0, "model": MODEL, "choices": [choice]}
-        chunks.append(f"data: {json.dumps(data)}\n\n".encode())
+        chunks.append(sse(json.dumps(data)))
     usage = {"prompt_tokens": 5, "completion_tokens": len(words), "total_tokens": 5 + len(words)}
     final = {"id": "s1", "object": "x", "created": 0, "model": MODEL, "choices": [], "usage": usage}
-    chunks.append(f"data: {json.dumps(final)}\n\n".encode())
-    chunks.append(b"data: [DONE]\n\n")
+    chunks.append(sse(json.dumps(final)))
+    chunks.append(sse("[DONE]"))
     return chunks
 
 
