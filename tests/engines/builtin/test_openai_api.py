@@ -112,4 +112,7 @@ def test_streams_are_labelled_event_streams(engine_server):
         with httpx.stream("POST", f"{engine_server.url}{path}", json=body, timeout=120) as response:
             assert response.status_code == 200
             assert response.headers["content-type"].startswith("text/event-stream"), path
-            assert [line for line in response.iter_lines() if line][-1] == "data: [DONE]"
+            # OpenAI's wire format exactly: "data: <json>" events, "\n\n" apart, then [DONE]
+            events = response.read().decode().split("\n\n")
+            assert events[-2:] == ["data: [DONE]", ""] and len(events) > 3, events
+            assert all(e.startswith("data: {") and "\n" not in e for e in events[:-2]), events
