@@ -4,21 +4,22 @@ from __future__ import annotations
 
 import httpx
 import pytest
-from conftest import ServerThread
+from conftest import DATABASES, ServerThread, database_url
 from prometheus_client.parser import text_string_to_metric_families
 
 from parrot.engines.protocol.sampling import SamplingParams
 from parrot.platform.api.app import create_app
 from parrot.platform.serve.core import CallParameter, ServeCore
-from parrot.platform.store.store import Store, sqlite_url
+from parrot.platform.store.store import Store
 from parrot.sdk.results import parse_metrics
 
 ADMIN = "admin-token"
 
 
-@pytest.fixture(scope="module")
-def api(engine_server, tmp_path_factory):
-    store = Store(sqlite_url(tmp_path_factory.mktemp("api-db")))
+@pytest.fixture(scope="module", params=DATABASES)
+def api(request, engine_server, tmp_path_factory):
+    """The API on a real server, its store on SQLite and on PostgreSQL (the PostgreSQL tier)."""
+    store = Store(database_url(request, request.param, tmp_path_factory.mktemp("api-db")))
     app = create_app(ServeCore(store=store), engine_urls=(engine_server.url,), admin_token=ADMIN)
     with ServerThread(app) as server, httpx.Client(base_url=server.url, timeout=120) as client:
         yield client
