@@ -14,12 +14,11 @@ from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
-from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4
 
 if TYPE_CHECKING:
     from parrot.platform.serve.core import CoreStats
 
-CONTENT_TYPE = CONTENT_TYPE_PLAIN_0_0_4
+CONTENT_TYPE = "text/plain; version=0.0.4"  # the format of generate_latest (Litestar adds the charset)
 # Seconds: a task or a wait runs from milliseconds (a cached prefix, a ready SV) to minutes.
 LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 80.0, 160.0, 320.0)
 TOKEN_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1.0, 2.5)
