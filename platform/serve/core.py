@@ -24,6 +24,7 @@ import msgspec
 from parrot.engines.protocol.errors import BadRequestError, EngineUnavailableError, NotFoundError, ParrotError
 from parrot.engines.protocol.sampling import SamplingParams
 from parrot.platform.serve import observe, transforms
+from parrot.platform.serve.activity import ActivityLog
 from parrot.platform.serve.contexts import MemoryPressure, context_ids
 from parrot.platform.serve.engine_registry import BUILTIN, EngineRegistry, EngineSpec
 from parrot.platform.serve.errors import (
@@ -144,6 +145,7 @@ class ServeCore:
         pressure: MemoryPressure | None = None,
         health: HealthSettings | None = None,
         history: LoadHistory | None = None,
+        activity: ActivityLog | None = None,
     ) -> None:
         if session_timeout_s <= 0:
             raise ValueError("session_timeout_s must be positive")
@@ -164,6 +166,8 @@ class ServeCore:
         self._call_seq = itertools.count(1)  # call submission order, kept across restarts
         self.history = history or LoadHistory()
         self._sample_task: asyncio.Task | None = None
+        self.activity = activity or ActivityLog()
+        self._activity_task: asyncio.Task | None = None
         # Closed sessions, newest last, as they were when they closed (for the dashboard).
         self._recent: deque[tuple[SessionSummary, SessionDag]] = deque(maxlen=RECENT_SESSIONS)
 
@@ -181,9 +185,10 @@ class ServeCore:
             self._restore(snapshot)
         self._expiry_task = asyncio.create_task(self._expire_loop())
         self._sample_task = asyncio.create_task(self._sample_loop())
+        self._activity_task = asyncio.create_task(self._activity_loop())
 
     async def stop(self) -> None:
-        for task in (self._expiry_task, self._sample_task):
+        for task in (self._expiry_task, self._sample_task, self._activity_task):
             if task is not None:
                 task.cancel()
         await self.scheduler.stop()
@@ -277,6 +282,11 @@ class ServeCore:
         while True:
             self.sample_load()
             await asyncio.sleep(self.history.interval_s)
+
+    async def _activity_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.activity.interval_s)
+            self.activity.summarize(len(self.sessions), len(self.scheduler.queue))
 
     def load_history(self) -> list[LoadSample]:
         """Load samples of the last minutes, oldest first."""
@@ -654,6 +664,8 @@ class ServeCore:
         if state not in ("done", "failed") or "finished_at" in request.timings:
             return
         request.timings["finished_at"] = time.time()
+        took = request.timings["finished_at"] - request.timings.get("submitted_at", 0.0)
+        self.activity.call_finished(request.call_id, state, took, request.engine_id, request.error)
         if not request.stored:
             return
         self.journal.record(

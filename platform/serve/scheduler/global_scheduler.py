@@ -27,7 +27,7 @@ from parrot.platform.serve.radix import common_prefix
 from parrot.platform.serve.scheduler.health import EngineMonitor, HealthSettings
 from parrot.platform.serve.scheduler.policy import SchedulingPolicy
 from parrot.platform.serve.scheduler.queue import TaskQueue
-from parrot.platform.serve.scheduler.runner import PARENT_WAIT_MS, Requeue, SchedulerStats, TaskRunner
+from parrot.platform.serve.scheduler.runner import Requeue, SchedulerStats, TaskRunner
 from parrot.platform.serve.scheduler.slot import EngineSlot
 from parrot.platform.serve.scheduler.task import CompletionTask
 from parrot.platform.serve.variables import Variables
@@ -65,8 +65,9 @@ class GlobalScheduler:
         self.engines: dict[str, EngineSlot] = {}
         self.fixed_limits: dict[str, int] = {}  # engines with a configured task limit
         self.stats = SchedulerStats()
-        self.runner = TaskRunner(prompts, self.policy, self.stats, self._free, self.metrics)
         self.health = health or HealthSettings()
+        parent_wait_ms = round(1000 * self.health.parent_wait_s)
+        self.runner = TaskRunner(prompts, self.policy, self.stats, self._free, self.metrics, parent_wait_ms)
         self.monitor = EngineMonitor(
             self.health,
             pressure or MemoryPressure(),
@@ -337,6 +338,7 @@ class GlobalScheduler:
         ]
         checkpoints = [tree.add(symbols[:n], owner=None) for n in marks]
         tail = symbols[point.length :]
+        pending = parent is not None and parent.state != READY
         try:
             await slot.client.fill(
                 ctx.context_id,
@@ -345,7 +347,7 @@ class GlobalScheduler:
                 parent_len=point.length if parent is not None else None,
                 priority=1 if latency and self.policy.criteria else 0,
                 checkpoints=[(c.context_id, c.length) for c in checkpoints],
-                parent_timeout_ms=PARENT_WAIT_MS if parent is not None and parent.state != READY else 0,
+                parent_timeout_ms=self.runner.parent_wait_ms if pending else 0,
                 background=not latency,  # rides along the steps running work leaves room in
             )
         except ParrotError as error:

@@ -28,7 +28,6 @@ from parrot.platform.serve.scheduler.task import CompletionTask
 
 log = logging.getLogger(__name__)
 Result = GenerateResponse | StreamEnd
-PARENT_WAIT_MS = 10_000  # a fork of a context whose request is in flight waits this long for it
 
 
 class Requeue(Exception):
@@ -73,11 +72,13 @@ class TaskRunner:
         stats: SchedulerStats,
         free: Callable[[EngineSlot, list[EngineContext]], None],
         metrics: ServeMetrics,
+        parent_wait_ms: int,
     ) -> None:
         self.prompts = prompts
         self.policy = policy
         self.stats = stats
         self.metrics = metrics
+        self.parent_wait_ms = parent_wait_ms  # a fork of a context whose request is in flight waits
         self.free = free  # forget contexts and free them on their engine, off the critical path
 
     async def prompt(self, task: CompletionTask, slot: EngineSlot) -> Prompt:
@@ -156,7 +157,7 @@ class TaskRunner:
         args = {
             "parent_len": placed.length if placed.parent is not None else None,
             # Its parent's own request may still be on its way to the engine.
-            "parent_timeout_ms": PARENT_WAIT_MS if pending else 0,
+            "parent_timeout_ms": self.parent_wait_ms if pending else 0,
             "priority": self.policy.priority(task),
             "checkpoints": [(c.context_id, c.length) for c in placed.checkpoints],
             **({"text": tail} if slot.text else {"token_ids": list(tail)}),
