@@ -6,11 +6,13 @@ import argparse
 import dataclasses
 import json
 import logging
+import os
 import subprocess
 import sys
 
+import httpx
 import pytest
-from conftest import REPO_ROOT
+from conftest import REPO_ROOT, free_port, parrot_process
 
 from parrot.platform.cli.settings import ServeSettings, add_serve_arguments
 from parrot.platform.serve.activity import ActivityLog
@@ -104,3 +106,22 @@ def test_log_json_writes_json_lines(tmp_path):
     assert len(lines) == 1  # Alembic's chatter is kept to warnings
     (line,) = lines
     assert (line["message"], line["level"], line["name"]) == ("hello there", "INFO", "parrot.x")
+
+
+def test_serve_starts_quietly_and_logs_json(tmp_path):
+    """``parrot --log-json --log-level debug serve``: every log line is JSON, and Alembic's
+    plugin and migration chatter stays out of the log (a real start, migrations included)."""
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PARROT_")}
+    args = ["--log-json", "--log-level", "debug", "serve", "--no-engine", "--port", str(port)]
+    args += ["--data-dir", str(tmp_path), "--admin-token", "t"]
+    with parrot_process(args, env, lambda: httpx.get(f"{url}/healthz", timeout=2).is_success, "serve") as out:
+        assert httpx.get(f"{url}/v1/engines", timeout=5).json() == []
+    lines = [line for line in out[0].splitlines() if line.strip()]
+    logged = [json.loads(line) for line in lines if line.startswith("{")]
+    printed = [line for line in lines if not line.startswith("{")]
+    assert printed == [f"parrot serve: Parrot API on {url} with engines []; dashboard on {url}/"]
+    assert all({"time", "level", "name", "message"} <= record.keys() for record in logged)
+    assert not [r for r in logged if r["name"].startswith("alembic")]
+    assert (tmp_path / "parrot.db").exists()  # migrated
