@@ -15,7 +15,7 @@ from litestar.params import FromPath, FromQuery, JSONBody
 
 from parrot.engines.protocol.errors import NotFoundError
 from parrot.platform.api.adapter_bodies import CallUsage, RenderChat, RenderedChat, SessionUsage
-from parrot.platform.api.auth import SessionAccess
+from parrot.platform.api.auth import Sessions
 from parrot.platform.api.openai_front import models_served
 from parrot.platform.serve.core import ServeCore
 from parrot.platform.serve.graph import RequestChain
@@ -53,7 +53,7 @@ def _call_usage(request: RequestChain) -> CallUsage:
 @get("/session/{session_id:str}/usage")
 async def session_usage(
     session_id: FromPath[str],
-    sessions: SessionAccess,
+    sessions: Sessions,
     state: State,
     call_id: FromQuery[list[str] | None] = None,
 ) -> SessionUsage:

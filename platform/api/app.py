@@ -12,7 +12,7 @@ from litestar.params import FromPath, FromQuery, JSONBody, QueryParameter
 
 from parrot.engines.protocol.http import exception_handlers
 from parrot.platform.api.adapter_routes import adapter_routes
-from parrot.platform.api.auth import SESSIONS, SessionAccess, admin_guard
+from parrot.platform.api.auth import SESSIONS, Sessions, admin_guard
 from parrot.platform.api.openai_front import openai_front
 from parrot.platform.api.responses import (
     CallInfo,
@@ -67,7 +67,7 @@ async def create_session(state: State) -> SessionCreated:
 
 
 @get("/v1/session/{session_id:str}")
-async def session_info(session_id: FromPath[str], sessions: SessionAccess, state: State) -> SessionInfo:
+async def session_info(session_id: FromPath[str], sessions: Sessions, state: State) -> SessionInfo:
     session = sessions(session_id)
     return SessionInfo(
         session_id=session_id,
@@ -77,7 +77,7 @@ async def session_info(session_id: FromPath[str], sessions: SessionAccess, state
 
 
 @get("/v1/session/{session_id:str}/dag")
-async def session_dag(session_id: FromPath[str], sessions: SessionAccess, state: State) -> SessionDag:
+async def session_dag(session_id: FromPath[str], sessions: Sessions, state: State) -> SessionDag:
     """The session's calls and variables as a DAG (values cut to a preview), with each
     call's state, engine, timings and filled-in template. Needs the session's auth."""
     sessions(session_id)
@@ -85,19 +85,19 @@ async def session_dag(session_id: FromPath[str], sessions: SessionAccess, state:
 
 
 @delete("/v1/session/{session_id:str}", status_code=204)
-async def delete_session(session_id: FromPath[str], sessions: SessionAccess, state: State) -> None:
+async def delete_session(session_id: FromPath[str], sessions: Sessions, state: State) -> None:
     await _core(state).delete_session(sessions(session_id))
 
 
 @post("/v1/semantic_var", status_code=201)
-async def create_var(data: JSONBody[CreateVar], sessions: SessionAccess, state: State) -> VarInfo:
+async def create_var(data: JSONBody[CreateVar], sessions: Sessions, state: State) -> VarInfo:
     session = sessions(data.session_id)
     return _var_info(await _core(state).create_var(session, data.name, data.value), with_value=False)
 
 
 @put("/v1/semantic_var/{var_id:str}")
 async def set_var(
-    var_id: FromPath[str], data: JSONBody[SetVar], sessions: SessionAccess, state: State
+    var_id: FromPath[str], data: JSONBody[SetVar], sessions: Sessions, state: State
 ) -> VarInfo:
     session = sessions(data.session_id)
     return _var_info(await _core(state).set_var(session, var_id, data.value), with_value=False)
@@ -106,7 +106,7 @@ async def set_var(
 @get("/v1/semantic_var/{var_id:str}")
 async def get_var(
     var_id: FromPath[str],
-    sessions: SessionAccess,
+    sessions: Sessions,
     state: State,
     session_id: FromQuery[str],
     criteria: FromQuery[str] = "latency",
@@ -117,7 +117,7 @@ async def get_var(
 
 
 @post("/v1/semantic_call", status_code=201)
-async def submit_call(data: JSONBody[SubmitCall], sessions: SessionAccess, state: State) -> CallSubmitted:
+async def submit_call(data: JSONBody[SubmitCall], sessions: Sessions, state: State) -> CallSubmitted:
     session = sessions(data.session_id)
     call, outputs = await _core(state).submit_call(
         session, data.template, data.parameters, data.models, data.output_criteria
@@ -131,7 +131,7 @@ async def submit_call(data: JSONBody[SubmitCall], sessions: SessionAccess, state
 
 @post("/v1/semantic_transform", status_code=201)
 async def submit_transform(
-    data: JSONBody[SubmitTransform], sessions: SessionAccess, state: State
+    data: JSONBody[SubmitTransform], sessions: Sessions, state: State
 ) -> CallSubmitted:
     session = sessions(data.session_id)
     call, outputs = await _core(state).submit_transform(session, data.inputs, data.steps, data.output)
@@ -142,7 +142,7 @@ async def submit_transform(
 
 @get("/v1/semantic_call/{call_id:str}")
 async def call_info(
-    call_id: FromPath[str], sessions: SessionAccess, state: State, session_id: FromQuery[str]
+    call_id: FromPath[str], sessions: Sessions, state: State, session_id: FromQuery[str]
 ) -> CallInfo:
     session = sessions(session_id)
     return _call_info(_core(state).call(session, call_id))

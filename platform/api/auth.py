@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from litestar import Request
 from litestar.connection import ASGIConnection
 from litestar.datastructures import State
-from litestar.di import Provide
+from litestar.di import NamedDependency, Provide
 from litestar.handlers.base import BaseRouteHandler
 
 from parrot.platform.serve.core import ServeCore, Session
@@ -64,3 +64,4 @@ def _session_access(request: Request, state: State) -> SessionAccess:
 
 
 SESSIONS = {"sessions": Provide(_session_access, sync_to_thread=False)}
+Sessions = NamedDependency[SessionAccess]  # a handler's ``sessions`` parameter
