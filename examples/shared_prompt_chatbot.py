@@ -84,7 +84,7 @@ async def converse(client: AsyncClient, question: str, follow_up: str) -> dict:
 
 
 async def chat(server_url: str, users: int) -> dict:
-    prefix_hits = 'parrot_prompt_tokens_total{source="forked"}'  # prompt tokens found on the engine
+    prefix_hits = 'parrot:prompt_tokens_total{source="forked"}'  # prompt tokens found on the engine
     async with AsyncClient(server_url) as client:
         before = (await client.metrics()).get(prefix_hits, 0.0)
         conversations = await asyncio.gather(

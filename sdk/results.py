@@ -4,6 +4,8 @@ from its JSON."""
 
 from __future__ import annotations
 
+from prometheus_client.parser import text_string_to_metric_families
+
 from parrot.platform.api.adapter_bodies import (  # noqa: F401 (re-exported)
     CallUsage,
     RenderedChat,
@@ -22,10 +24,11 @@ from parrot.platform.api.responses import (  # noqa: F401 (re-exported)
 
 
 def parse_metrics(text: str) -> dict[str, float]:
-    """Prometheus text -> {``name{labels}``: value}; comment lines are skipped."""
+    """Prometheus text -> {``name{labels}``: value} (labels as the server wrote them),
+    parsed by ``prometheus_client``."""
     samples = {}
-    for line in text.splitlines():
-        if line and not line.startswith("#"):
-            name, _, value = line.rpartition(" ")
-            samples[name] = float(value)
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            labels = ",".join(f'{k}="{v}"' for k, v in sample.labels.items())
+            samples[f"{sample.name}{{{labels}}}" if labels else sample.name] = float(sample.value)
     return samples

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import itertools
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -18,6 +19,7 @@ from pathlib import Path
 import httpx
 import pytest
 import uvicorn
+from pg_cluster import PostgresCluster
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
@@ -34,8 +36,8 @@ def free_port() -> int:
 
 
 def assert_event_streams(base_url: str, model: str | None = None) -> None:
-    """The OpenAI-compatible stream routes at ``base_url`` answer ``text/event-stream`` that
-    ends with ``data: [DONE]``."""
+    """The OpenAI-compatible stream routes at ``base_url`` answer ``text/event-stream`` in
+    OpenAI's wire format, ending with ``data: [DONE]``."""
     named = {"model": model} if model else {}
     bodies = {
         "/v1/completions": {**named, "prompt": "Hi", "max_tokens": 2, "stream": True},
@@ -50,7 +52,10 @@ def assert_event_streams(base_url: str, model: str | None = None) -> None:
         with httpx.stream("POST", f"{base_url}{path}", json=body, timeout=120) as response:
             assert response.status_code == 200
             assert response.headers["content-type"].startswith("text/event-stream"), path
-            assert [line for line in response.iter_lines() if line][-1] == "data: [DONE]"
+            # OpenAI's wire format exactly: "data: <json>" events, "\n\n" apart, then [DONE]
+            events = response.read().decode().split("\n\n")
+            assert events[-2:] == ["data: [DONE]", ""] and len(events) > 3, events
+            assert all(re.fullmatch(r"data: \{[^\n]*\}", e) for e in events[:-2]), events
 
 
 class ServerThread:
@@ -220,6 +225,46 @@ def parrot(parrot_url):
 
     with Client(parrot_url, admin_token=ADMIN_TOKEN, timeout=120) as client:
         yield client
+
+
+# -- the PostgreSQL tier: store, restart and API tests run on SQLite and on PostgreSQL ------
+DATABASES = [
+    pytest.param("sqlite", id="sqlite"),
+    pytest.param("postgresql", id="postgresql", marks=pytest.mark.postgresql),
+]
+
+
+@pytest.fixture(scope="session")
+def postgres() -> Iterator[PostgresCluster]:
+    """A throwaway PostgreSQL cluster (started when a test of the tier first needs it). Missing
+    server binaries fail the tier's tests: ``make test`` installs them."""
+    cluster = PostgresCluster(free_port()).start()
+    try:
+        yield cluster
+    finally:
+        cluster.stop()
+
+
+def database_url(request: pytest.FixtureRequest, kind: str, folder: Path) -> str:
+    """A new, empty database of ``kind`` (a DATABASES id): its SQLAlchemy URL."""
+    if kind == "postgresql":
+        return request.getfixturevalue("postgres").create_database()
+    return f"sqlite+aiosqlite:///{folder / 'parrot.db'}"
+
+
+@pytest.fixture(params=DATABASES)
+def db_url(request, tmp_path) -> str:
+    return database_url(request, request.param, tmp_path)
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config) -> None:
+    reports = [r for key in ("passed", "failed", "error") for r in terminalreporter.stats.get(key, [])]
+    tier = [r for r in reports if "[postgresql" in r.nodeid and (r.when == "call" or r.failed)]
+    if tier:
+        failed = sum(r.failed for r in tier)
+        terminalreporter.write_line(
+            f"PostgreSQL tier: {len(tier)} tests ran on a throwaway PostgreSQL cluster ({failed} failed)"
+        )
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

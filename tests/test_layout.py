@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from conftest import REPO_ROOT
@@ -74,3 +76,30 @@ def test_parrot_console_script_has_engine_command():
         check=True,
     )
     assert "--kv-cache-memory" in out.stdout and "--port" in out.stdout
+
+
+# Wire formats are the libraries' (prometheus_client, Litestar's ServerSentEvent, httpx-sse):
+# none of these may come back in the code (this file is the one place that names them).
+HAND_WRITTEN = re.compile(
+    "|".join(
+        (
+            r"[\"']# (TYPE|HELP) ",  # Prometheus exposition lines
+            r"f[\"']data: ",  # SSE events formatted by hand
+            r"startswith\([\"'](data|event):",  # SSE lines parsed by hand
+            r"\.a?iter_lines\(",  # streams read line by line
+        )
+    )
+)
+
+
+def test_no_hand_written_prometheus_text_or_sse_lines():
+    here = Path(__file__).resolve()
+    found = []
+    for folder in (*CODE_FOLDERS, "tests", "benchmarks", "examples"):
+        for path in sorted((REPO_ROOT / folder).rglob("*.py")):
+            if path == here:
+                continue
+            for number, line in enumerate(path.read_text().splitlines(), 1):
+                if HAND_WRITTEN.search(line):
+                    found.append(f"{path.relative_to(REPO_ROOT)}:{number}: {line.strip()}")
+    assert not found, "\n".join(found)

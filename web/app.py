@@ -78,40 +78,36 @@ def dashboard_routes(config: DashboardConfig) -> list[HTTPRouteHandler | Router]
         "include_in_schema": False,
     }
 
+    read = auth.read_guard(config)
+
     # -- pages ------------------------------------------------------------------------
-    @get("/", **common)
+    @get("/", **common, guards=[read])
     async def overview_page(request: Request, state: State) -> Response[str]:
-        auth.require_read(request, config)
         return html("overview.html", request, model=views.overview(core(state)))
 
-    @get("/sessions", **common)
+    @get("/sessions", **common, guards=[read])
     async def sessions_page(request: Request, state: State) -> Response[str]:
-        auth.require_read(request, config)
         return html("sessions.html", request, model=views.session_list(core(state)))
 
-    @get("/sessions/{session_id:str}", **common)
+    @get("/sessions/{session_id:str}", **common, guards=[read])
     async def session_page(
         request: Request, state: State, session_id: FromPath[str], node: FromQuery[str | None] = None
     ) -> Response[str]:
-        auth.require_read(request, config)
         model = views.session_page(core(state), session_id, node)
         live_url = f"/live/sessions/{quote(session_id)}" + (f"?node={quote(node)}" if node else "")
         return html("session.html", request, model=model, live_url=live_url)
 
-    @get("/contexts", **common)
+    @get("/contexts", **common, guards=[read])
     async def contexts_page(request: Request, state: State) -> Response[str]:
-        auth.require_read(request, config)
         return html("contexts.html", request, trees=views.context_trees(core(state)))
 
-    @get("/engines", **common)
+    @get("/engines", **common, guards=[read])
     async def engines_page(request: Request, state: State) -> Response[str]:
-        auth.require_read(request, config)
         return html("engines.html", request, rows=views.engine_rows(core(state)), form=forms.EngineForm())
 
     # -- admin ------------------------------------------------------------------------
-    @post("/engines", status_code=303, **common)
+    @post("/engines", status_code=303, **common, guards=[auth.admin_guard])
     async def register_engine(request: Request, state: State, data: Form) -> Response[str] | Redirect:
-        auth.require_admin(request)
         form = forms.parse(data)
         if form.spec is not None:
             try:
@@ -129,9 +125,8 @@ def dashboard_routes(config: DashboardConfig) -> list[HTTPRouteHandler | Router]
     def _engines_with(request: Request, state: State, form: forms.EngineForm, status: int) -> Response[str]:
         return html("engines.html", request, status, rows=views.engine_rows(core(state)), form=form)
 
-    @post("/engines/{engine_id:str}/remove", status_code=303, **common)
-    async def remove_engine(request: Request, state: State, engine_id: FromPath[str]) -> Redirect:
-        auth.require_admin(request)
+    @post("/engines/{engine_id:str}/remove", status_code=303, **common, guards=[auth.admin_guard])
+    async def remove_engine(state: State, engine_id: FromPath[str]) -> Redirect:
         await core(state).remove_engine(engine_id)
         return Redirect("/engines", status_code=303)
 
@@ -152,9 +147,8 @@ def dashboard_routes(config: DashboardConfig) -> list[HTTPRouteHandler | Router]
         return Redirect("/", status_code=303)
 
     # -- live parts (SSE) -------------------------------------------------------------
-    @get("/live/{page:str}", **common)
+    @get("/live/{page:str}", **common, guards=[read])
     async def live_page(request: Request, state: State, page: FromPath[str]) -> ServerSentEvent:
-        auth.require_read(request, config)
         the_core = core(state)
         renders = {
             "overview": lambda: fragment("live/overview.html", model=views.overview(the_core)),
@@ -172,11 +166,10 @@ def dashboard_routes(config: DashboardConfig) -> list[HTTPRouteHandler | Router]
             raise HTTPException(status_code=404, detail=f"no live page {page!r}")
         return live.stream(renders[page], config)
 
-    @get("/live/sessions/{session_id:str}", **common)
+    @get("/live/sessions/{session_id:str}", **common, guards=[read])
     async def live_session(
-        request: Request, state: State, session_id: FromPath[str], node: FromQuery[str | None] = None
+        state: State, session_id: FromPath[str], node: FromQuery[str | None] = None
     ) -> ServerSentEvent:
-        auth.require_read(request, config)
         the_core = core(state)
         the_core.session_dag(session_id)  # 404 now, rather than an empty stream
 

@@ -19,9 +19,12 @@ import secrets
 
 from litestar import Request
 from litestar.config.csrf import CSRFConfig
+from litestar.connection import ASGIConnection
+from litestar.handlers.base import BaseRouteHandler
 from litestar.middleware import DefineMiddleware
 from litestar.middleware.csrf import CSRFMiddleware
 from litestar.middleware.session.client_side import CookieBackendConfig
+from litestar.types import Guard
 from litestar.utils.scope.state import ScopeState
 
 from parrot.web.config import DashboardConfig
@@ -56,7 +59,7 @@ def middleware(config: DashboardConfig) -> list[DefineMiddleware]:
     return [session.middleware, DefineMiddleware(CSRFMiddleware, config=csrf)]
 
 
-def is_admin(request: Request) -> bool:
+def is_admin(request: ASGIConnection) -> bool:
     return request.session.get("admin") is True
 
 
@@ -79,19 +82,25 @@ def is_loopback(host: str | None) -> bool:
         return False
 
 
-def may_read(request: Request, config: DashboardConfig) -> bool:
+def may_read(request: ASGIConnection, config: DashboardConfig) -> bool:
     if is_admin(request):
         return True
     return not config.require_sign_in and is_loopback(request.client.host if request.client else None)
 
 
-def require_read(request: Request, config: DashboardConfig) -> None:
-    if not may_read(request, config):
-        raise NotSignedIn("sign in with the admin token to see this page")
+def read_guard(config: DashboardConfig) -> Guard:
+    """A guard for the pages: a signed-in admin, or (unless sign-in is required) a loopback client."""
+
+    def guard(connection: ASGIConnection, _: BaseRouteHandler) -> None:
+        if not may_read(connection, config):
+            raise NotSignedIn("sign in with the admin token to see this page")
+
+    return guard
 
 
-def require_admin(request: Request) -> None:
-    if not is_admin(request):
+def admin_guard(connection: ASGIConnection, _: BaseRouteHandler) -> None:
+    """A guard for the admin actions: a signed-in admin only."""
+    if not is_admin(connection):
         raise NotSignedIn("sign in with the admin token first")
 
 

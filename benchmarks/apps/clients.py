@@ -16,13 +16,13 @@ from __future__ import annotations
 import asyncio
 import functools
 import itertools
-import json
 import time
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import httpx
+from httpx_sse import EventSource
 
 from parrot.sdk import AsyncClient, Output
 from parrot.sdk.http import AsyncTransport, Op, StreamOp
@@ -132,10 +132,10 @@ class RequestClient:
         body = {"messages": messages, "stream": True, **sampling(tokens)}
         async with self._http.stream("POST", next(self._urls) + "/chat/completions", json=body) as response:
             response.raise_for_status()
-            async for line in response.aiter_lines():
-                if not line.startswith("data: ") or line == "data: [DONE]":
-                    continue
-                for choice in json.loads(line[6:]).get("choices", []):
+            async for event in EventSource(response).aiter_sse():
+                if event.data == "[DONE]":
+                    break
+                for choice in event.json().get("choices", []):
                     yield choice.get("delta", {}).get("content") or ""
 
     async def close(self) -> None:

@@ -403,6 +403,8 @@ class EngineCore:
         return True
 
     def _on_token(self, job: Job, token: int) -> None:
+        if job.first_token_at is None:
+            job.first_token_at = time.monotonic()
         params: SamplingParams = job.sampling
         state: GenerationState = job.state
         ctx = job.context
@@ -443,6 +445,8 @@ class EngineCore:
                 prompt_tokens=job.prompt_tokens,
                 cached_tokens=job.cached_tokens,
                 stop_string=stop_string,
+                first_token_s=(job.first_token_at or job.submitted_at) - job.submitted_at,
+                seconds=time.monotonic() - job.submitted_at,
             )
         )
 

@@ -26,6 +26,7 @@ from parrot.engines.builtin.context import ContextPool
 from parrot.engines.builtin.core import EngineCore
 from parrot.engines.builtin.jobs import FillResult, GenerateResult, JobSink, Outbox, Target, TokenEvent
 from parrot.engines.builtin.kv_cache import allocate_kv_cache, num_blocks_for_budget
+from parrot.engines.builtin.metrics import EngineMetrics
 from parrot.engines.builtin.model.build import build_model
 from parrot.engines.builtin.model.config import ModelConfig
 from parrot.engines.builtin.model.loader import default_cache_dir, resolve_model_folder
@@ -65,6 +66,7 @@ class BuiltinEngine:
             self._thread.join()
             self._thread = None
             raise self._build_error
+        self.metrics = EngineMetrics(self.model_name, self.stats_now)
 
     def _main(self) -> None:
         try:
@@ -215,7 +217,9 @@ class BuiltinEngine:
         target = Target(context_id, parent_context_id, parent_len, parent_wait_s)
         tail, marks = list(prompt_tokens), list(checkpoints)
         submit = partial(self.core.submit_generate, target, sampling, sink, tail, priority, marks)
-        return await self._job(submit, sink)
+        result = await self._job(submit, sink)
+        self.metrics.observe(result)
+        return result
 
     async def _job(self, submit: Callable[[], None], sink: JobSink) -> Any:
         """Submit a job and wait for its result; a caller that goes away (cancelled while
@@ -268,7 +272,9 @@ class BuiltinEngine:
             await asyncio.shield(submitted)
             while (event := await sink.events.get()) is not None:
                 yield event
-            yield await sink.result
+            result = await sink.result
+            self.metrics.observe(result)
+            yield result
             finished = True
         finally:
             if not finished:  # the client went away: stop generating for it

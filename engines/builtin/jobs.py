@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import enum
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
@@ -105,6 +106,9 @@ class GenerateResult:
     cached_tokens: int
     # True when a stop string cut the text: the context then holds tokens past ``text``.
     stop_string: bool = False
+    # Engine clock, from the job's submission: to its first sampled token, and to its end.
+    first_token_s: float = 0.0
+    seconds: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -134,3 +138,5 @@ class Job:
     generated: list[int] = field(default_factory=list)
     state: Any = None  # GenerationState for generate jobs
     preemptions: int = 0
+    submitted_at: float = field(default_factory=time.monotonic)
+    first_token_at: float | None = None  # when its first token was sampled

@@ -33,9 +33,9 @@ class OpenAIEngineConfig:
       :mod:`parrot.engines.openai.chat`) or ``"completions"`` (``/completions``, text verbatim).
     - ``capacity``: requests in flight to the endpoint at once (more wait in the engine).
     - ``timeout_s``: the longest wait for the endpoint (connect, or between bytes of an answer).
-    - ``max_retries``: retries after a retryable failure (429, 408, 5xx, timeout, connection error).
-    - ``backoff_base_s`` / ``backoff_max_s``: exponential backoff between retries
-      (``base * 2**attempt``, jittered, at most ``max``); a ``Retry-After`` is honoured up to ``max``.
+    - ``max_retries``: retries by the ``openai`` client after a retryable failure (408, 409,
+      429, 5xx, timeout, connection error; ``x-should-retry`` decides when sent), waiting
+      ``Retry-After`` / ``retry-after-ms`` when sent, else exponentially from 0.5 s to 8 s.
     - ``cooldown_s``: after a hard failure the engine reports itself unavailable (``ping``
       raises) for this long, then probes the endpoint again.
     """
@@ -47,8 +47,6 @@ class OpenAIEngineConfig:
     capacity: int = 16
     timeout_s: float = 60.0
     max_retries: int = 4
-    backoff_base_s: float = 0.5
-    backoff_max_s: float = 20.0
     cooldown_s: float = 10.0
 
     def __post_init__(self) -> None:
@@ -74,13 +72,7 @@ class OpenAIEngineConfig:
         _check_int("capacity", self.capacity, 1)
         _check_int("max_retries", self.max_retries, 0)
         _check_number("timeout_s", self.timeout_s, positive=True)
-        _check_number("backoff_base_s", self.backoff_base_s)
-        _check_number("backoff_max_s", self.backoff_max_s)
         _check_number("cooldown_s", self.cooldown_s)
-        if self.backoff_max_s < self.backoff_base_s:
-            raise BadRequestError(
-                f"backoff_max_s ({self.backoff_max_s}) must be >= backoff_base_s ({self.backoff_base_s})"
-            )
 
     @property
     def key(self) -> str:

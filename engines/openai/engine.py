@@ -7,12 +7,13 @@ appends the answer. Lengths in responses are characters; ``token_ids`` are alway
 and stream events carry ``token_id=-1`` (the endpoint's tokens are not seen here), while
 ``prompt_tokens`` / ``cached_tokens`` are the endpoint's own usage counts when it reports them.
 
-Failures are retried here (the ``openai`` client's own retries are off) with exponential
-backoff honouring ``Retry-After`` (:mod:`parrot.engines.openai.retry`), and mapped onto
-Parrot's errors (:mod:`parrot.engines.openai.failures`). After a final availability
-failure the engine is unhealthy: ``ping`` raises :class:`EngineUnavailableError` for
-``cooldown_s``, then probes ``GET /models`` again. A streaming generation is retried only
-before its first text went out (a retry after would repeat text to the consumer).
+Failures are retried by the ``openai`` client itself (``max_retries``: 408, 409, 429, 5xx,
+timeouts and connection errors, with exponential backoff that honours ``Retry-After``,
+``retry-after-ms`` and ``x-should-retry``); what is left is mapped onto Parrot's errors
+(:mod:`parrot.engines.openai.failures`). After a final availability failure the engine is
+unhealthy: ``ping`` raises :class:`EngineUnavailableError` for ``cooldown_s``, then probes
+``GET /models`` again. A stream is retried only while it is being opened: once text went
+out, a retry would repeat it to the consumer.
 
 The API key is sent to the endpoint and nowhere else: not in ``repr``, errors or logs.
 """
@@ -24,7 +25,7 @@ import contextlib
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
-from typing import Any, Final, TypeVar
+from typing import Any, Final, NoReturn, TypeVar
 
 import httpx2
 import openai
@@ -33,7 +34,6 @@ from parrot.engines.openai.config import CHAT, OpenAIEngineConfig
 from parrot.engines.openai.contexts import ContextStore, TextContext
 from parrot.engines.openai.failures import Failure, classify
 from parrot.engines.openai.request import build_request, choice_text, usage_counts
-from parrot.engines.openai.retry import Backoff
 from parrot.engines.protocol.errors import BadRequestError, EngineUnavailableError, ParrotError
 from parrot.engines.protocol.sampling import SamplingParams
 from parrot.engines.protocol.schemas import (
@@ -54,13 +54,18 @@ T = TypeVar("T")
 class OpenAIEngine:
     """An OpenAI-compatible endpoint as a Parrot engine, used in-process by the ServeCore."""
 
-    def __init__(self, config: OpenAIEngineConfig, backoff: Backoff | None = None) -> None:
+    def __init__(self, config: OpenAIEngineConfig) -> None:
         self.config = config
         self._where = f"openai endpoint {config.public_url}"
+        # The client's retries count here through its retry header (for ping's statistics).
+        transport = openai.DefaultAsyncHttpxClient(event_hooks={"request": [self._count_retry]})
         self._client = openai.AsyncOpenAI(
-            base_url=config.base_url, api_key=config.key, max_retries=0, timeout=config.timeout_s
+            base_url=config.base_url,
+            api_key=config.key,
+            max_retries=config.max_retries,
+            timeout=config.timeout_s,
+            http_client=transport,
         )
-        self._backoff = backoff or Backoff(config.backoff_base_s, config.backoff_max_s)
         self._contexts = ContextStore()
         self._slots = asyncio.Semaphore(config.capacity)
         self._running = self._waiting = 0
@@ -166,24 +171,22 @@ class OpenAIEngine:
             request = self._request(ctx, sampling)
             state: dict[str, Any] = {"finish": None, "usage": None}
             async with self._slot():
-                for attempt in range(self.config.max_retries + 1):
-                    try:
-                        async with await self._create(request, stream=True) as stream:
-                            async for chunk in stream:
-                                delta = self._read_chunk(chunk, state)
-                                if delta:
-                                    pieces.append(delta)
-                                    yield TokenStreamEvent(token_id=-1, text=delta)
-                        break
-                    except _CLIENT_ERRORS as error:
-                        failure = classify(error, self._where, self.config.timeout_s, self._redact)
-                    if pieces:  # text went out already: a retry would repeat it
-                        failure = Failure(
-                            EngineUnavailableError(f"{failure.error} (mid-stream)"), False, hard=True
-                        )
+                failure = None
+                try:
+                    async with await self._create(request, stream=True) as stream:
+                        async for chunk in stream:
+                            delta = self._read_chunk(chunk, state)
+                            if delta:
+                                pieces.append(delta)
+                                yield TokenStreamEvent(token_id=-1, text=delta)
+                except _CLIENT_ERRORS as error:
+                    failure = classify(error, self._where, self.config.timeout_s, self._redact)
+                if failure is not None:
+                    if pieces:  # text went out already: the consumer has seen part of an answer
+                        failure = Failure(EngineUnavailableError(f"{failure.error} (mid-stream)"), hard=True)
                     # outside the except block: the client's exception (which holds the
                     # request, key included) is not chained to the error raised here
-                    await self._after_failure(failure, attempt)
+                    self._fail(failure)
             self._succeeded()
             finished = True
         finally:
@@ -224,8 +227,8 @@ class OpenAIEngine:
             )
         timeout = min(self.config.timeout_s, timeout_s or PING_TIMEOUT_S)
         failure = None
-        try:
-            page = await self._client.models.list(timeout=timeout)
+        try:  # one probe: the monitor pings again soon
+            page = await self._client.with_options(max_retries=0).models.list(timeout=timeout)
             self._model_listed = any(m.id == self.config.model for m in page.data)
         except _CLIENT_ERRORS as error:
             failure = classify(error, self._where, timeout, self._redact)
@@ -327,32 +330,26 @@ class OpenAIEngine:
             self._slots.release()
 
     async def _call(self, attempt: Callable[[], Awaitable[T]]) -> T:
-        """One request with retries, in a capacity slot."""
+        """One request (the client retries it), in a capacity slot."""
         async with self._slot():
-            for number in range(self.config.max_retries + 1):
-                try:
-                    result = await attempt()
-                except _CLIENT_ERRORS as error:
-                    failure = classify(error, self._where, self.config.timeout_s, self._redact)
-                else:
-                    self._succeeded()
-                    return result
-                await self._after_failure(failure, number)  # not chained to the client's exception
-        raise AssertionError("unreachable: the last attempt raises")
+            try:
+                result = await attempt()
+            except _CLIENT_ERRORS as error:
+                failure = classify(error, self._where, self.config.timeout_s, self._redact)
+            else:
+                self._succeeded()
+                return result
+            self._fail(failure)  # outside the except block: not chained to the client's exception
 
-    async def _after_failure(self, failure: Failure, attempt: int) -> None:
-        """Wait before the next attempt, or raise the failure's error when it is final."""
-        if not failure.retryable or attempt >= self.config.max_retries:
-            self._failed += 1
-            if failure.hard:
-                self._mark_unhealthy(str(failure.error))
-            raise failure.error
-        delay = self._backoff.delay(attempt, failure.retry_after)
-        self._retries += 1
-        log.warning(
-            "%s; retry %d of %d in %.2f s", failure.error, attempt + 1, self.config.max_retries, delay
-        )
-        await asyncio.sleep(delay)
+    def _fail(self, failure: Failure) -> NoReturn:
+        self._failed += 1
+        if failure.hard:
+            self._mark_unhealthy(str(failure.error))
+        raise failure.error
+
+    async def _count_retry(self, request: httpx2.Request) -> None:
+        if request.headers.get("x-stainless-retry-count", "0") != "0":
+            self._retries += 1
 
     def _succeeded(self) -> None:
         self._done += 1

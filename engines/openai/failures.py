@@ -20,7 +20,6 @@ from dataclasses import dataclass
 import httpx2
 import openai
 
-from parrot.engines.openai.retry import retry_after_s, retryable_status
 from parrot.engines.protocol.errors import (
     BadRequestError,
     ConflictError,
@@ -41,48 +40,40 @@ _LENGTH_CODES = frozenset({"context_length_exceeded", "string_above_max_length"}
 
 @dataclass(frozen=True)
 class Failure:
-    error: ParrotError  # what to raise when this failure is final
-    retryable: bool
-    retry_after: float | None = None
-    hard: bool = False  # an availability failure: the engine is unhealthy if it is final
+    """A request that failed for good (the ``openai`` client has done its retries)."""
+
+    error: ParrotError  # what to raise
+    hard: bool = False  # an availability failure: the engine is unhealthy
 
 
 def classify(error: BaseException, where: str, timeout_s: float, redact: Callable[[str], str]) -> Failure:
     """The meaning of an exception raised by the ``openai`` client (or its transport while
     a stream is read); ``where`` names the endpoint in messages."""
     if isinstance(error, openai.APITimeoutError | httpx2.TimeoutException):
-        return Failure(
-            EngineUnavailableError(f"{where} did not answer within {timeout_s:g} s"), True, hard=True
-        )
+        return Failure(EngineUnavailableError(f"{where} did not answer within {timeout_s:g} s"), hard=True)
     if isinstance(error, openai.APIConnectionError | httpx2.TransportError):
         cause = error.__cause__ or error
         detail = redact(str(cause) or type(cause).__name__)
-        return Failure(EngineUnavailableError(f"{where} is unreachable: {detail}"), True, hard=True)
+        return Failure(EngineUnavailableError(f"{where} is unreachable: {detail}"), hard=True)
     if isinstance(error, openai.APIStatusError):
         return _status_failure(error, where, redact)
     detail = redact(str(error))[:300]
-    return Failure(
-        EngineUnavailableError(f"{where} answered something unexpected: {detail}"), False, hard=True
-    )
+    return Failure(EngineUnavailableError(f"{where} answered something unexpected: {detail}"), hard=True)
 
 
 def _status_failure(error: openai.APIStatusError, where: str, redact: Callable[[str], str]) -> Failure:
-    status, headers = error.status_code, error.response.headers
+    status = error.status_code
     message = redact(_server_message(error.body))
     said = f"{where} answered {status}" + (f": {message}" if message else "")
     if status in AUTH_STATUS:
         return Failure(
-            EngineUnavailableError(f"{where} rejected the credentials ({status}): {message}"),
-            False,
-            hard=True,
+            EngineUnavailableError(f"{where} rejected the credentials ({status}): {message}"), hard=True
         )
     if status in (408, 429) or status >= 500:
-        return Failure(
-            EngineUnavailableError(said), retryable_status(status, headers), retry_after_s(headers), True
-        )
+        return Failure(EngineUnavailableError(said), hard=True)
     code = getattr(error, "code", None)
     cls = PromptTooLongError if code in _LENGTH_CODES else _REQUEST_ERRORS.get(status, BadRequestError)
-    return Failure(cls(said), retryable_status(status, headers), retry_after_s(headers))
+    return Failure(cls(said))
 
 
 def _server_message(body: object) -> str:

@@ -12,7 +12,8 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 
 import msgspec
-from litestar.response import Stream
+from litestar.response import ServerSentEvent
+from litestar.response.sse import ServerSentEventMessage
 
 from parrot.engines.protocol.errors import BadRequestError
 from parrot.engines.protocol.openai_schemas import (
@@ -113,9 +114,10 @@ def chat_response(
     return ChatCompletionResponse(id=rid, created=created, model=model, choices=choices, usage=use)
 
 
-def sse(payload: msgspec.Struct | str) -> bytes:
+def sse(payload: msgspec.Struct | str) -> ServerSentEventMessage:
+    """One event as OpenAI sends it: ``data: <json>`` and a blank line, ``\n``-separated."""
     body = payload if isinstance(payload, str) else msgspec.json.encode(payload).decode()
-    return f"data: {body}\n\n".encode()
+    return ServerSentEventMessage(data=body, sep="\n")
 
 
 async def completion_stream(
@@ -124,7 +126,7 @@ async def completion_stream(
     created: int,
     model: str,
     final_usage: Callable[[int], Usage] | None,
-) -> AsyncIterator[bytes]:
+) -> AsyncIterator[ServerSentEventMessage]:
     """``text_completion`` chunks, then (with ``final_usage``) a usage chunk, then [DONE]."""
     completion_tokens = 0
     async for event in events:
@@ -152,11 +154,11 @@ async def chat_stream(
     created: int,
     model: str,
     final_usage: Callable[[int], Usage] | None,
-) -> AsyncIterator[bytes]:
+) -> AsyncIterator[ServerSentEventMessage]:
     """``chat.completion.chunk`` s: the role of each choice, the text deltas, the finish of
     each, then (with ``final_usage``) a usage chunk, then [DONE]."""
 
-    def chunk(choices: list[ChatChunkChoice], use: Usage | None = None) -> bytes:
+    def chunk(choices: list[ChatChunkChoice], use: Usage | None = None) -> ServerSentEventMessage:
         return sse(ChatCompletionChunk(id=rid, created=created, model=model, choices=choices, usage=use))
 
     for i in range(n):
@@ -175,13 +177,10 @@ async def chat_stream(
     yield sse("[DONE]")
 
 
-class EventStream(Stream):
-    """A ``text/event-stream`` response. Litestar gives a returned ``Stream`` the media type
-    of its handler when it has one (JSON, for routes that answer either way); this one
-    keeps its own, so clients that check the content type (httpx-sse) accept it."""
-
-    def __init__(self, content) -> None:
-        super().__init__(content, media_type="text/event-stream")
+class EventStream(ServerSentEvent):
+    """Litestar's ``ServerSentEvent`` for a route that answers JSON or a stream: Litestar
+    gives a returned stream the media type of its handler (JSON there); this one keeps
+    ``text/event-stream``, so clients that check the content type (httpx-sse) accept it."""
 
     def to_asgi_response(self, *args, **kwargs):
         return super().to_asgi_response(*args, **{**kwargs, "media_type": self.media_type})

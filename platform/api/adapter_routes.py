@@ -9,12 +9,13 @@
 
 from __future__ import annotations
 
-from litestar import Request, Router, get, post
+from litestar import Router, get, post
 from litestar.datastructures import State
 from litestar.params import FromPath, FromQuery, JSONBody
 
 from parrot.engines.protocol.errors import NotFoundError
 from parrot.platform.api.adapter_bodies import CallUsage, RenderChat, RenderedChat, SessionUsage
+from parrot.platform.api.auth import Sessions
 from parrot.platform.api.openai_front import models_served
 from parrot.platform.serve.core import ServeCore
 from parrot.platform.serve.graph import RequestChain
@@ -51,11 +52,13 @@ def _call_usage(request: RequestChain) -> CallUsage:
 
 @get("/session/{session_id:str}/usage")
 async def session_usage(
-    session_id: FromPath[str], request: Request, state: State, call_id: FromQuery[list[str] | None] = None
+    session_id: FromPath[str],
+    sessions: Sessions,
+    state: State,
+    call_id: FromQuery[list[str] | None] = None,
 ) -> SessionUsage:
     core: ServeCore = state.core
-    scheme, _, token = request.headers.get("authorization", "").partition(" ")
-    session = core.session(session_id, token.strip() if scheme.lower() == "bearer" else None)
+    session = sessions(session_id)
     calls = [core.call(session, c) for c in call_id] if call_id else list(session.calls.values())
     return SessionUsage(session_id=session_id, calls=[_call_usage(c) for c in calls])
 

@@ -2,17 +2,17 @@
 
 from __future__ import annotations
 
-import hmac
 import secrets
 from typing import Annotated
 
-from litestar import Litestar, Request, delete, get, post, put
+from litestar import Litestar, delete, get, post, put
 from litestar.datastructures import State
 from litestar.logging.config import LoggingConfig
 from litestar.params import FromPath, FromQuery, JSONBody, QueryParameter
 
 from parrot.engines.protocol.http import exception_handlers
 from parrot.platform.api.adapter_routes import adapter_routes
+from parrot.platform.api.auth import SESSIONS, Sessions, admin_guard
 from parrot.platform.api.openai_front import openai_front
 from parrot.platform.api.responses import (
     CallInfo,
@@ -25,9 +25,9 @@ from parrot.platform.api.responses import (
     VarInfo,
 )
 from parrot.platform.api.schemas import CreateVar, RegisterEngine, SetVar, SubmitCall, SubmitTransform
-from parrot.platform.serve.core import EngineView, ServeCore, Session
-from parrot.platform.serve.errors import ForbiddenError, UnauthorizedError
+from parrot.platform.serve.core import EngineView, ServeCore
 from parrot.platform.serve.graph import RequestChain, SemanticVariable
+from parrot.platform.serve.metrics import CONTENT_TYPE
 from parrot.platform.serve.observe import ContextTreeView, SessionDag
 from parrot.web.app import dashboard_routes
 from parrot.web.config import DashboardConfig
@@ -37,16 +37,6 @@ MAX_WAIT_S = 3600.0
 
 def _core(state: State) -> ServeCore:
     return state.core
-
-
-def _auth(request: Request) -> str | None:
-    header = request.headers.get("authorization", "")
-    scheme, _, token = header.partition(" ")
-    return token.strip() if scheme.lower() == "bearer" and token.strip() else None
-
-
-def _session(request: Request, state: State, session_id: str) -> Session:
-    return _core(state).session(session_id, _auth(request))
 
 
 def _var_info(var: SemanticVariable, with_value: bool = True) -> VarInfo:
@@ -77,8 +67,8 @@ async def create_session(state: State) -> SessionCreated:
 
 
 @get("/v1/session/{session_id:str}")
-async def session_info(session_id: FromPath[str], request: Request, state: State) -> SessionInfo:
-    session = _session(request, state, session_id)
+async def session_info(session_id: FromPath[str], sessions: Sessions, state: State) -> SessionInfo:
+    session = sessions(session_id)
     return SessionInfo(
         session_id=session_id,
         vars=[_var_info(v, with_value=False) for v in session.vars.values()],
@@ -87,46 +77,48 @@ async def session_info(session_id: FromPath[str], request: Request, state: State
 
 
 @get("/v1/session/{session_id:str}/dag")
-async def session_dag(session_id: FromPath[str], request: Request, state: State) -> SessionDag:
+async def session_dag(session_id: FromPath[str], sessions: Sessions, state: State) -> SessionDag:
     """The session's calls and variables as a DAG (values cut to a preview), with each
     call's state, engine, timings and filled-in template. Needs the session's auth."""
-    _session(request, state, session_id)
+    sessions(session_id)
     return _core(state).session_dag(session_id)
 
 
 @delete("/v1/session/{session_id:str}", status_code=204)
-async def delete_session(session_id: FromPath[str], request: Request, state: State) -> None:
-    await _core(state).delete_session(_session(request, state, session_id))
+async def delete_session(session_id: FromPath[str], sessions: Sessions, state: State) -> None:
+    await _core(state).delete_session(sessions(session_id))
 
 
 @post("/v1/semantic_var", status_code=201)
-async def create_var(data: JSONBody[CreateVar], request: Request, state: State) -> VarInfo:
-    session = _session(request, state, data.session_id)
+async def create_var(data: JSONBody[CreateVar], sessions: Sessions, state: State) -> VarInfo:
+    session = sessions(data.session_id)
     return _var_info(await _core(state).create_var(session, data.name, data.value), with_value=False)
 
 
 @put("/v1/semantic_var/{var_id:str}")
-async def set_var(var_id: FromPath[str], data: JSONBody[SetVar], request: Request, state: State) -> VarInfo:
-    session = _session(request, state, data.session_id)
+async def set_var(
+    var_id: FromPath[str], data: JSONBody[SetVar], sessions: Sessions, state: State
+) -> VarInfo:
+    session = sessions(data.session_id)
     return _var_info(await _core(state).set_var(session, var_id, data.value), with_value=False)
 
 
 @get("/v1/semantic_var/{var_id:str}")
 async def get_var(
     var_id: FromPath[str],
-    request: Request,
+    sessions: Sessions,
     state: State,
     session_id: FromQuery[str],
     criteria: FromQuery[str] = "latency",
     timeout: Annotated[float, QueryParameter(ge=0, le=MAX_WAIT_S)] = 300.0,
 ) -> VarInfo:
-    session = _session(request, state, session_id)
+    session = sessions(session_id)
     return _var_info(await _core(state).get_var(session, var_id, criteria, timeout))
 
 
 @post("/v1/semantic_call", status_code=201)
-async def submit_call(data: JSONBody[SubmitCall], request: Request, state: State) -> CallSubmitted:
-    session = _session(request, state, data.session_id)
+async def submit_call(data: JSONBody[SubmitCall], sessions: Sessions, state: State) -> CallSubmitted:
+    session = sessions(data.session_id)
     call, outputs = await _core(state).submit_call(
         session, data.template, data.parameters, data.models, data.output_criteria
     )
@@ -138,8 +130,10 @@ async def submit_call(data: JSONBody[SubmitCall], request: Request, state: State
 
 
 @post("/v1/semantic_transform", status_code=201)
-async def submit_transform(data: JSONBody[SubmitTransform], request: Request, state: State) -> CallSubmitted:
-    session = _session(request, state, data.session_id)
+async def submit_transform(
+    data: JSONBody[SubmitTransform], sessions: Sessions, state: State
+) -> CallSubmitted:
+    session = sessions(data.session_id)
     call, outputs = await _core(state).submit_transform(session, data.inputs, data.steps, data.output)
     info = [ParamInfo(name=n.var.name, is_output=False, var_id=n.var.var_id) for n in call.chains[0].fills]
     info.append(ParamInfo(name=data.output, is_output=True, var_id=outputs[data.output]))
@@ -148,18 +142,10 @@ async def submit_transform(data: JSONBody[SubmitTransform], request: Request, st
 
 @get("/v1/semantic_call/{call_id:str}")
 async def call_info(
-    call_id: FromPath[str], request: Request, state: State, session_id: FromQuery[str]
+    call_id: FromPath[str], sessions: Sessions, state: State, session_id: FromQuery[str]
 ) -> CallInfo:
-    session = _session(request, state, session_id)
+    session = sessions(session_id)
     return _call_info(_core(state).call(session, call_id))
-
-
-def _require_admin(request: Request, state: State) -> None:
-    token = _auth(request)
-    if not token:
-        raise UnauthorizedError("this route needs 'Authorization: Bearer <admin token>'")
-    if not hmac.compare_digest(token, state.admin_token):
-        raise ForbiddenError("wrong admin token")
 
 
 def _engine_info(view: EngineView) -> EngineInfo:
@@ -179,71 +165,29 @@ async def list_engines(state: State) -> list[EngineInfo]:
     return [_engine_info(v) for v in _core(state).engine_views()]
 
 
-@post("/v1/engines", status_code=201)
-async def register_engine(data: JSONBody[RegisterEngine], request: Request, state: State) -> EngineInfo:
-    _require_admin(request, state)
+@post("/v1/engines", status_code=201, guards=[admin_guard])
+async def register_engine(data: JSONBody[RegisterEngine], state: State) -> EngineInfo:
     core = _core(state)
     slot = await core.register(data.spec())
     return _engine_info(core.engine_view(slot.engine_id))
 
 
-@delete("/v1/engines/{engine_id:str}", status_code=204)
-async def remove_engine(engine_id: FromPath[str], request: Request, state: State) -> None:
-    _require_admin(request, state)
+@delete("/v1/engines/{engine_id:str}", status_code=204, guards=[admin_guard])
+async def remove_engine(engine_id: FromPath[str], state: State) -> None:
     await _core(state).remove_engine(engine_id)
 
 
-@get("/v1/engines/{engine_id:str}/contexts")
-async def engine_contexts(engine_id: FromPath[str], request: Request, state: State) -> ContextTreeView:
+@get("/v1/engines/{engine_id:str}/contexts", guards=[admin_guard])
+async def engine_contexts(engine_id: FromPath[str], state: State) -> ContextTreeView:
     """The prefix tree of the contexts held on an engine, with the sessions holding each
     node. Needs the admin token (it shows every session's use of the engine)."""
-    _require_admin(request, state)
     return _core(state).context_tree(engine_id)
 
 
-@get("/metrics", media_type="text/plain; version=0.0.4")
-async def metrics(state: State) -> str:
-    """Prometheus text format."""
-    st = _core(state).stats()
-    lines = [
-        "# TYPE parrot_sessions gauge",
-        f"parrot_sessions {st.sessions}",
-        "# TYPE parrot_queue_tasks gauge",
-        f"parrot_queue_tasks {st.queued}",
-        "# TYPE parrot_tasks_total counter",
-        f'parrot_tasks_total{{state="done"}} {st.done}',
-        f'parrot_tasks_total{{state="failed"}} {st.failed}',
-        f'parrot_tasks_total{{state="requeued"}} {st.requeued}',
-        "# TYPE parrot_task_seconds summary",
-        f"parrot_task_seconds_sum {st.task_seconds:.6f}",
-        f"parrot_task_seconds_count {st.done}",
-        "# TYPE parrot_prompt_tokens_total counter",
-        f'parrot_prompt_tokens_total{{source="forked"}} {st.reused_tokens}',
-        f'parrot_prompt_tokens_total{{source="computed"}} {st.prompt_tokens - st.reused_tokens}',
-        "# TYPE parrot_filled_ahead_tokens_total counter",
-        f"parrot_filled_ahead_tokens_total {st.filled_ahead}",
-        "# TYPE parrot_contexts_evicted_total counter",
-        f"parrot_contexts_evicted_total {st.evicted}",
-        "# TYPE parrot_tokenizer_cache_total counter",
-        f'parrot_tokenizer_cache_total{{result="hit"}} {st.tokenizer_hits}',
-        f'parrot_tokenizer_cache_total{{result="miss"}} {st.tokenizer_misses}',
-        "# TYPE parrot_sv_wait_seconds summary",
-        f"parrot_sv_wait_seconds_sum {st.sv_wait_seconds:.6f}",
-        f"parrot_sv_wait_seconds_count {st.sv_waits}",
-        "# TYPE parrot_store_write_failures_total counter",
-        f"parrot_store_write_failures_total {st.store_failures}",
-        "# TYPE parrot_engine_up gauge",
-        "# TYPE parrot_engine_running gauge",
-        "# TYPE parrot_engine_contexts gauge",
-    ]
-    for view in st.engines:
-        label = f'{{engine="{view.engine_id}",model="{view.model}"}}'
-        lines += [
-            f"parrot_engine_up{label} {int(view.up)}",
-            f"parrot_engine_running{label} {view.running}",
-            f"parrot_engine_contexts{label} {view.contexts}",
-        ]
-    return "\n".join(lines) + "\n"
+@get("/metrics", media_type=CONTENT_TYPE)
+async def metrics(state: State) -> bytes:
+    """Prometheus text format (``prometheus_client``)."""
+    return _core(state).metrics.render()
 
 
 @get("/healthz")
@@ -298,6 +242,7 @@ def create_app(
             adapter_routes(),
             *pages,
         ],
+        dependencies=SESSIONS,
         # Without a configured token nobody is admin: a random one no client can know.
         state=State(
             {

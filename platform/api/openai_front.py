@@ -10,11 +10,10 @@ keys for this front are optional (``--openai-api-key``); without any, it is open
 
 from __future__ import annotations
 
-import hmac
 import time
 import uuid
 
-from litestar import Request, Router, get, post
+from litestar import Router, get, post
 from litestar.datastructures import State
 from litestar.params import JSONBody
 from litestar.response import Stream
@@ -38,23 +37,12 @@ from parrot.engines.protocol.openai_stream import (
     sampling_params,
 )
 from parrot.engines.protocol.schemas import ChatTurn
+from parrot.platform.api.auth import openai_key_guard
 from parrot.platform.serve.core import ServeCore
-from parrot.platform.serve.errors import ForbiddenError, UnauthorizedError
 from parrot.platform.serve.oneshot import OneShot, render_chat
 
 COMPLETION_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
 CHAT_MAX_TOKENS = 512  # without max_tokens a chat answer stops here (or at end of sequence)
-
-
-def _check_key(request: Request, state: State) -> None:
-    keys: tuple[str, ...] = state.openai_api_keys
-    if not keys:
-        return
-    scheme, _, token = request.headers.get("authorization", "").partition(" ")
-    if scheme.lower() != "bearer" or not token.strip():
-        raise UnauthorizedError("this API needs 'Authorization: Bearer <api key>'")
-    if not any(hmac.compare_digest(token.strip(), key) for key in keys):
-        raise ForbiddenError("unknown API key")
 
 
 def models_served(core: ServeCore) -> list[str]:
@@ -90,9 +78,8 @@ def _final_usage(data, run: OneShot):
 
 @post("/completions", status_code=200)
 async def completions(
-    data: JSONBody[CompletionRequest], request: Request, state: State
+    data: JSONBody[CompletionRequest], state: State
 ) -> CompletionResponse | Stream:
-    _check_key(request, state)
     core: ServeCore = state.core
     if data.echo or data.logprobs:
         raise BadRequestError("echo and logprobs are not supported")
@@ -111,9 +98,8 @@ async def completions(
 
 @post("/chat/completions", status_code=200)
 async def chat_completions(
-    data: JSONBody[ChatCompletionRequest], request: Request, state: State
+    data: JSONBody[ChatCompletionRequest], state: State
 ) -> ChatCompletionResponse | Stream:
-    _check_key(request, state)
     core: ServeCore = state.core
     if data.logprobs:
         raise BadRequestError("logprobs are not supported")
@@ -133,10 +119,10 @@ async def chat_completions(
 
 
 @get("/models")
-async def models(request: Request, state: State) -> ModelList:
-    _check_key(request, state)
+async def models(state: State) -> ModelList:
     return ModelList(data=[ModelCard(id=m, created=0) for m in models_served(state.core)])
 
 
 def openai_front() -> Router:
-    return Router(path="/v1", route_handlers=[completions, chat_completions, models])
+    handlers = [completions, chat_completions, models]
+    return Router(path="/v1", route_handlers=handlers, guards=[openai_key_guard])

@@ -5,17 +5,29 @@ application benchmarks."""
 from __future__ import annotations
 
 import argparse
-import logging
 import sys
 from collections.abc import Sequence
 
 from parrot.platform.cli import bench_cmd, engine_cmd, serve_cmd
+from parrot.platform.cli.logs import LEVELS, configure_logging
+from parrot.platform.cli.settings import from_env
 from parrot.sdk import run as run_cmd
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="parrot", description="Parrot: serving LLM-based applications")
-    parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    parser.add_argument(
+        "--log-level",
+        default=from_env("LOG_LEVEL", str.lower, "info"),
+        choices=LEVELS,
+        help="debug: a line per call; info: a summary per minute (default: $PARROT_LOG_LEVEL, else info)",
+    )
+    parser.add_argument(
+        "--log-json",
+        action="store_true",
+        default=from_env("LOG_JSON", lambda raw: raw.lower() not in ("0", "false", "no", "off"), False),
+        help="log JSON lines (default: $PARROT_LOG_JSON)",
+    )
     commands = parser.add_subparsers(dest="command", required=True)
     engine_cmd.add_parser(commands)
     serve_cmd.add_parser(commands)
@@ -25,15 +37,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    args = build_parser().parse_args(argv)
-    logging.basicConfig(
-        level=args.log_level.upper(),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        stream=sys.stderr,
-    )
-    for noisy in ("httpx", "httpx2"):  # one line per engine request (and ping) is noise
-        logging.getLogger(noisy).setLevel(logging.WARNING)
     try:
+        args = build_parser().parse_args(argv)  # a bad PARROT_* value raises ValueError
+        configure_logging(args.log_level, args.log_json)
         args.run(args)
     except KeyboardInterrupt:
         pass

@@ -24,6 +24,7 @@ import msgspec
 from parrot.engines.protocol.errors import BadRequestError, EngineUnavailableError, NotFoundError, ParrotError
 from parrot.engines.protocol.sampling import SamplingParams
 from parrot.platform.serve import observe, transforms
+from parrot.platform.serve.activity import ActivityLog
 from parrot.platform.serve.contexts import MemoryPressure, context_ids
 from parrot.platform.serve.engine_registry import BUILTIN, EngineRegistry, EngineSpec
 from parrot.platform.serve.errors import (
@@ -37,6 +38,7 @@ from parrot.platform.serve.graph import Graph, RequestChain, SemanticVariable
 from parrot.platform.serve.graph_executor import GraphExecutor
 from parrot.platform.serve.history import LoadHistory, LoadSample
 from parrot.platform.serve.journal import Journal
+from parrot.platform.serve.metrics import ServeMetrics
 from parrot.platform.serve.observe import ContextTreeView, SessionDag, SessionSummary
 from parrot.platform.serve.prompt import PromptBuilder
 from parrot.platform.serve.recovery import rebuild_call
@@ -116,15 +118,12 @@ class CoreStats:
     done: int
     failed: int
     requeued: int
-    task_seconds: float
     prompt_tokens: int
     reused_tokens: int
     filled_ahead: int
     evicted: int
     tokenizer_hits: int
     tokenizer_misses: int
-    sv_waits: int
-    sv_wait_seconds: float
     store_failures: int
     engines: list[EngineView]
 
@@ -146,16 +145,19 @@ class ServeCore:
         pressure: MemoryPressure | None = None,
         health: HealthSettings | None = None,
         history: LoadHistory | None = None,
+        activity: ActivityLog | None = None,
     ) -> None:
         if session_timeout_s <= 0:
             raise ValueError("session_timeout_s must be positive")
         self.session_timeout_s = session_timeout_s
         self._expiry_task: asyncio.Task | None = None
         self.journal = Journal(store)
-        self.variables = Variables(on_change=self._var_changed)
+        self.metrics = ServeMetrics()
+        self.metrics.watch(self.stats)
+        self.variables = Variables(on_change=self._var_changed, on_wait=self.metrics.observe_wait)
         self.tokenizers = TokenizerManager()
         self.scheduler = GlobalScheduler(
-            self.variables, PromptBuilder(self.tokenizers), policy, pressure, health
+            self.variables, PromptBuilder(self.tokenizers), policy, pressure, health, self.metrics
         )
         self.scheduler.on_start = self._task_started
         self.engines = EngineRegistry(self.scheduler, self.journal, context_ids(), self.tokenizers)
@@ -164,6 +166,8 @@ class ServeCore:
         self._call_seq = itertools.count(1)  # call submission order, kept across restarts
         self.history = history or LoadHistory()
         self._sample_task: asyncio.Task | None = None
+        self.activity = activity or ActivityLog()
+        self._activity_task: asyncio.Task | None = None
         # Closed sessions, newest last, as they were when they closed (for the dashboard).
         self._recent: deque[tuple[SessionSummary, SessionDag]] = deque(maxlen=RECENT_SESSIONS)
 
@@ -181,9 +185,10 @@ class ServeCore:
             self._restore(snapshot)
         self._expiry_task = asyncio.create_task(self._expire_loop())
         self._sample_task = asyncio.create_task(self._sample_loop())
+        self._activity_task = asyncio.create_task(self._activity_loop())
 
     async def stop(self) -> None:
-        for task in (self._expiry_task, self._sample_task):
+        for task in (self._expiry_task, self._sample_task, self._activity_task):
             if task is not None:
                 task.cancel()
         await self.scheduler.stop()
@@ -250,15 +255,12 @@ class ServeCore:
             done=st.done,
             failed=st.failed,
             requeued=st.requeued,
-            task_seconds=st.task_seconds,
             prompt_tokens=st.prompt_tokens,
             reused_tokens=st.reused_tokens,
             filled_ahead=st.filled_ahead,
             evicted=self.scheduler.monitor.evicted,
             tokenizer_hits=self.tokenizers.hits,
             tokenizer_misses=self.tokenizers.misses,
-            sv_waits=self.variables.waits,
-            sv_wait_seconds=self.variables.wait_seconds,
             store_failures=self.journal.failures,
             engines=self.engine_views(),
         )
@@ -280,6 +282,11 @@ class ServeCore:
         while True:
             self.sample_load()
             await asyncio.sleep(self.history.interval_s)
+
+    async def _activity_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.activity.interval_s)
+            self.activity.summarize(len(self.sessions), len(self.scheduler.queue))
 
     def load_history(self) -> list[LoadSample]:
         """Load samples of the last minutes, oldest first."""
@@ -657,6 +664,8 @@ class ServeCore:
         if state not in ("done", "failed") or "finished_at" in request.timings:
             return
         request.timings["finished_at"] = time.time()
+        took = request.timings["finished_at"] - request.timings.get("submitted_at", 0.0)
+        self.activity.call_finished(request.call_id, state, took, request.engine_id, request.error)
         if not request.stored:
             return
         self.journal.record(

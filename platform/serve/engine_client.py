@@ -11,6 +11,7 @@ from typing import Protocol
 
 import httpx
 import msgspec
+from httpx_sse import EventSource, SSEError
 
 from parrot.engines.protocol.errors import EngineUnavailableError, ParrotError, error_from_response
 from parrot.engines.protocol.sampling import SamplingParams
@@ -173,16 +174,13 @@ class HttpEngine:
             ) as r:
                 if r.status_code >= 400:
                     raise _engine_error(r.status_code, await r.aread(), self.base_url)
-                kind = None
-                async for line in r.aiter_lines():
-                    if line.startswith("event:"):
-                        kind = line.split(":", 1)[1].strip()
-                    elif line.startswith("data:"):
-                        data = line.split(":", 1)[1].strip()
-                        if kind == "end":
-                            yield msgspec.json.decode(data, type=StreamEnd)
-                            return
-                        yield msgspec.json.decode(data, type=TokenStreamEvent)
+                async for event in EventSource(r).aiter_sse():
+                    if event.event == "end":
+                        yield msgspec.json.decode(event.data, type=StreamEnd)
+                        return
+                    yield msgspec.json.decode(event.data, type=TokenStreamEvent)
+        except SSEError as error:
+            raise EngineUnavailableError(f"engine {self.base_url} sent no event stream: {error}") from None
         except httpx.TransportError as error:
             raise EngineUnavailableError(f"engine {self.base_url} unreachable: {error!r}") from error
 

@@ -19,6 +19,7 @@ from parrot.platform.serve.contexts import ContextTree
 from parrot.platform.serve.engine_client import Engine, HttpEngine
 from parrot.platform.serve.journal import Journal
 from parrot.platform.serve.scheduler.global_scheduler import GlobalScheduler
+from parrot.platform.serve.scheduler.health import HealthSettings
 from parrot.platform.serve.scheduler.slot import EngineSlot
 from parrot.platform.serve.tokenizer_manager import TokenizerManager
 from parrot.platform.store.models import EngineRecord
@@ -49,11 +50,11 @@ class EngineSpec:
         return out
 
 
-def _connect(spec: EngineSpec) -> Engine:
+def _connect(spec: EngineSpec, health: HealthSettings) -> Engine:
     if spec.kind == BUILTIN:
         if not spec.url.startswith(("http://", "https://")):
             raise BadRequestError(f"engine url must start with http:// or https://, got {spec.url!r}")
-        return HttpEngine(spec.url)
+        return HttpEngine(spec.url, timeout_s=health.request_timeout_s, ping_timeout_s=health.timeout_s)
     if spec.kind == OPENAI:
         from parrot.engines.openai.config import OpenAIEngineConfig
         from parrot.engines.openai.engine import OpenAIEngine
@@ -66,7 +67,7 @@ def _connect(spec: EngineSpec) -> Engine:
                 model=spec.model,
                 api_key=spec.api_key,
                 api=spec.api,
-                capacity=spec.capacity or 16,
+                capacity=spec.capacity or health.openai_capacity,
             )
         )
     raise BadRequestError(f"engine kind must be {BUILTIN!r} or {OPENAI!r}, got {spec.kind!r}")
@@ -103,7 +104,7 @@ class EngineRegistry:
         for known_id, known in self.specs.items():
             if known.url.rstrip("/") == url and (known.model == spec.model or spec.kind == BUILTIN):
                 raise ConflictError(f"engine {url} is already registered as {known_id}")
-        client = _connect(spec)
+        client = _connect(spec, self.scheduler.health)
         model, up, info = spec.model or stored_model or "", True, {}
         try:
             info = await client.ping()
@@ -124,7 +125,8 @@ class EngineRegistry:
         slot.up = up
         self.specs[engine_id] = spec
         # A builtin engine says how many jobs it runs at once (its ping); an endpoint does not.
-        limit = spec.capacity if spec.kind == BUILTIN else (spec.capacity or 16)
+        default = None if spec.kind == BUILTIN else self.scheduler.health.openai_capacity
+        limit = spec.capacity or default
         self.scheduler.add_engine(slot, task_limit=limit)
         slot.update(info, limit)
         done = self.journal.record(

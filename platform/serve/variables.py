@@ -17,9 +17,8 @@ from parrot.platform.serve.graph import SemanticVariable
 
 @dataclass
 class Variables:
-    waits: int = 0  # gets that waited, and their total wait (for /metrics)
-    wait_seconds: float = 0.0
     on_change: Callable[[SemanticVariable], None] | None = None  # a value or an error arrived
+    on_wait: Callable[[float], None] | None = None  # seconds a get waited (for /metrics)
 
     def set_value(self, var: SemanticVariable, value: str) -> None:
         if var.ready or var.error is not None:
@@ -56,8 +55,8 @@ class Variables:
                     raise TimeoutError
                 await asyncio.wait_for(var.settled.wait(), timeout)
         finally:
-            self.waits += 1
-            self.wait_seconds += time.monotonic() - started
+            if self.on_wait is not None:
+                self.on_wait(time.monotonic() - started)
         if var.error:
             raise ProducerFailedError(f"variable {var.name!r} has no value: {var.error}")
         return var.value or ""

@@ -6,6 +6,7 @@ import httpx
 import pytest
 
 from parrot.adapters.langchain import ParrotChatModel, ParrotLLM
+from parrot.sdk.results import parse_metrics
 
 SHORT = {"max_tokens": 8, "temperature": 0}
 
@@ -22,15 +23,15 @@ def chat(parrot_url) -> ParrotChatModel:
 
 def metric(url: str, name: str) -> float:
     """One sample of the server's /metrics (``name`` with its labels)."""
-    for line in httpx.get(f"{url}/metrics", timeout=10).text.splitlines():
-        if line.startswith(f"{name} "):
-            return float(line.rsplit(" ", 1)[1])
-    raise AssertionError(f"no metric {name}")
+    samples = parse_metrics(httpx.get(f"{url}/metrics", timeout=10).text)
+    if name not in samples:
+        raise AssertionError(f"no metric {name}")
+    return samples[name]
 
 
 def gets(url: str) -> float:
     """How many gets of variables the server has answered (each waited for a value)."""
-    return metric(url, "parrot_sv_wait_seconds_count")
+    return metric(url, "parrot:sv_wait_seconds_count")
 
 
 def submitted_before_any_finished(calls) -> bool:

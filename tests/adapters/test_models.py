@@ -16,7 +16,7 @@ from parrot.sdk import ParrotError
 from .conftest import metric, submitted_before_any_finished
 
 PROMPT = "<|im_start|>user\nName three colors.<|im_end|>\n<|im_start|>assistant\n"
-FORKED = 'parrot_prompt_tokens_total{source="forked"}'  # prompt tokens found on an engine
+FORKED = 'parrot:prompt_tokens_total{source="forked"}'  # prompt tokens found on an engine
 
 
 class Tokens(BaseCallbackHandler):

@@ -4,19 +4,22 @@ from __future__ import annotations
 
 import httpx
 import pytest
-from conftest import ServerThread
+from conftest import DATABASES, ServerThread, database_url
+from prometheus_client.parser import text_string_to_metric_families
 
 from parrot.engines.protocol.sampling import SamplingParams
 from parrot.platform.api.app import create_app
 from parrot.platform.serve.core import CallParameter, ServeCore
-from parrot.platform.store.store import Store, sqlite_url
+from parrot.platform.store.store import Store
+from parrot.sdk.results import parse_metrics
 
 ADMIN = "admin-token"
 
 
-@pytest.fixture(scope="module")
-def api(engine_server, tmp_path_factory):
-    store = Store(sqlite_url(tmp_path_factory.mktemp("api-db")))
+@pytest.fixture(scope="module", params=DATABASES)
+def api(request, engine_server, tmp_path_factory):
+    """The API on a real server, its store on SQLite and on PostgreSQL (the PostgreSQL tier)."""
+    store = Store(database_url(request, request.param, tmp_path_factory.mktemp("api-db")))
     app = create_app(ServeCore(store=store), engine_urls=(engine_server.url,), admin_token=ADMIN)
     with ServerThread(app) as server, httpx.Client(base_url=server.url, timeout=120) as client:
         yield client
@@ -228,12 +231,18 @@ def test_metrics_are_prometheus_text(api):
         ).json()
         api.get(f"/v1/semantic_var/{call['outputs']['a']}", params={"session_id": sid}, headers=auth)
     r = api.get("/metrics")
-    assert r.status_code == 200 and r.headers["content-type"].startswith("text/plain")
-    values = dict(line.rsplit(" ", 1) for line in r.text.splitlines() if line and not line.startswith("#"))
-    assert int(values['parrot_tasks_total{state="done"}']) >= 1
-    assert float(values["parrot_sv_wait_seconds_count"]) >= 1
-    assert int(values['parrot_tokenizer_cache_total{result="hit"}']) >= 1
-    assert any(k.startswith("parrot_engine_up{") and v == "1" for k, v in values.items())
+    assert r.status_code == 200 and r.headers["content-type"].startswith("text/plain; version=0.0.4")
+    # prometheus_client's own parser reads it; the distributions are histograms
+    families = {f.name: f for f in text_string_to_metric_families(r.text)}
+    hists = ("task", "sv_wait", "time_to_first_token", "time_per_output_token")
+    assert all(families[f"parrot:{name}_seconds"].type == "histogram" for name in hists)
+    values = parse_metrics(r.text)
+    done = values['parrot:tasks_total{state="done"}']
+    assert done >= 1 and values["parrot:task_seconds_count"] == done
+    assert values['parrot:task_seconds_bucket{le="+Inf"}'] == done
+    assert values["parrot:sv_wait_seconds_count"] >= 1
+    assert values['parrot:tokenizer_cache_total{result="hit"}'] >= 1
+    assert any(k.startswith("parrot:engine_up{") and v == 1 for k, v in values.items())
 
 
 @pytest.mark.asyncio(loop_scope="function")

@@ -8,7 +8,7 @@ import time
 
 import httpx
 import pytest
-from conftest import ParrotProcess, free_port
+from conftest import DATABASES, ParrotProcess, database_url, free_port
 
 CHAIN = (
     ("One sentence about {{topic}}: {{a}}", "topic", "a"),
@@ -54,9 +54,13 @@ def submit_chain(api: httpx.Client, sid: str, auth: dict, topic: str, max_tokens
     return calls
 
 
-def test_killed_servecore_restarts_with_its_sessions_and_finishes_the_calls(engine_server, tmp_path):
+@pytest.mark.parametrize("database", DATABASES)
+def test_killed_servecore_restarts_with_its_sessions_and_finishes_the_calls(
+    engine_server, tmp_path, request, database
+):
+    """On SQLite and on PostgreSQL (``parrot serve --db postgresql+asyncpg://...``)."""
     port = free_port()
-    db = f"sqlite+aiosqlite:///{tmp_path / 'parrot.db'}"
+    db = database_url(request, database, tmp_path)
     first = start_servecore(port, engine_server.url, db)
     sessions = []
     try:

@@ -1,34 +1,36 @@
-"""The SQL store on a real SQLite file: migrations, records, cascades, survival of a restart."""
+"""The SQL store on a real SQLite file and on a real PostgreSQL server (the PostgreSQL tier):
+migrations, records, cascades, survival of a restart."""
 
 from __future__ import annotations
 
-import sqlite3
-
 import pytest
 import pytest_asyncio
+from sqlalchemy import inspect, text
+from sqlalchemy.exc import IntegrityError
 
-from parrot.platform.store.store import Store, sqlite_url
+from parrot.platform.store.store import Store
 
 pytestmark = pytest.mark.asyncio(loop_scope="function")
 
 
 @pytest_asyncio.fixture(loop_scope="function")
-async def store(tmp_path):
-    s = Store(sqlite_url(tmp_path / "data"))
+async def store(db_url):
+    s = Store(db_url)
     await s.migrate()
     yield s
     await s.close()
 
 
-async def test_migrations_create_the_schema_and_are_idempotent(store, tmp_path):
+async def test_migrations_create_the_schema_and_are_idempotent(store):
     await store.migrate()  # a second start applies nothing new
-    db = sqlite3.connect(tmp_path / "data" / "parrot.db")
-    tables = {r[0] for r in db.execute("select name from sqlite_master where type='table'")}
+    async with store.engine.connect() as db:
+        tables = set(await db.run_sync(lambda sync: inspect(sync).get_table_names()))
+        version = (await db.execute(text("select version_num from alembic_version"))).all()
     assert {"engines", "sessions", "semantic_vars", "semantic_calls", "alembic_version"} <= tables
-    assert db.execute("select version_num from alembic_version").fetchone() == ("0001",)
+    assert version == [("0001",)]
 
 
-async def test_records_survive_a_restart(store, tmp_path):
+async def test_records_survive_a_restart(store):
     await store.add_session("s1", "hash")
     await store.add_var("v1", "s1", "question", "What is a tide?")
     await store.add_var("v2", "s1", "answer")
@@ -78,7 +80,7 @@ async def test_global_variables_are_found_by_content(store):
     await store.add_var("g1", None, "system", "You are helpful.", content_hash="abc")
     assert (await store.global_var("abc")).var_id == "g1"
     assert await store.global_var("nope") is None
-    with pytest.raises(Exception, match="UNIQUE"):
+    with pytest.raises(IntegrityError):
         await store.add_var("g2", None, "system", "You are helpful.", content_hash="abc")
 
 

@@ -118,8 +118,8 @@ def test_engines_health_and_metrics(parrot, engine_server):
         parrot.remove_engine(second.engine_id)
     assert [e.engine_id for e in parrot.engines()] == [engine.engine_id]
     samples = parrot.metrics()
-    assert samples['parrot_tasks_total{state="done"}'] >= 1
-    assert any(k.startswith("parrot_engine_up{") for k in samples)
+    assert samples['parrot:tasks_total{state="done"}'] >= 1
+    assert any(k.startswith("parrot:engine_up{") for k in samples)
 
 
 async def test_async_client_sessions_run_concurrently(parrot_url):

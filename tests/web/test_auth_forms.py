@@ -9,6 +9,7 @@ import re
 import httpx
 import pytest
 from conftest import ServerThread
+from httpx_sse import connect_sse
 
 from parrot.platform.api.app import create_app
 from parrot.platform.serve.core import ServeCore
@@ -162,14 +163,9 @@ def test_form_parsing():
 
 
 def test_live_parts_stream_html_fragments(browser_like):
-    with browser_like.stream("GET", "/live/overview") as stream:
-        assert stream.headers["content-type"].startswith("text/event-stream")
-        lines = []
-        for line in stream.iter_lines():
-            lines.append(line)
-            if line == "" and len(lines) > 1:
-                break
-    assert lines[0] == "event: update"
-    assert any('data-stat="sessions"' in line for line in lines if line.startswith("data: "))
+    with connect_sse(browser_like, "GET", "/live/overview") as source:
+        assert source.response.headers["content-type"].startswith("text/event-stream")
+        first = next(source.iter_sse())
+    assert first.event == "update" and 'data-stat="sessions"' in first.data
     assert browser_like.get("/live/nothing").status_code == 404
     assert browser_like.get("/live/sessions/nope").status_code == 404

@@ -11,6 +11,7 @@ from litestar.response import ServerSentEvent
 
 from parrot.engines.builtin.engine import BuiltinEngine
 from parrot.engines.builtin.jobs import GenerateResult
+from parrot.engines.builtin.metrics import CONTENT_TYPE
 from parrot.engines.builtin.tokenizer import chat_pieces
 from parrot.engines.protocol.disconnect import unless_disconnected
 from parrot.engines.protocol.errors import BadRequestError, NotFoundError
@@ -173,6 +174,12 @@ async def ping(state: State) -> dict:
     return _engine(state).stats_now()
 
 
+@get("/metrics", media_type=CONTENT_TYPE)
+async def metrics(state: State) -> bytes:
+    """Prometheus text format (``prometheus_client``)."""
+    return _engine(state).metrics.render()
+
+
 @post("/tokenize", status_code=200)
 async def tokenize(data: JSONBody[TokenizeRequest], state: State) -> TokenizeResponse:
     return TokenizeResponse(token_ids=_engine(state).tokenize(data.text))
@@ -199,6 +206,7 @@ def create_app(engine: BuiltinEngine, manage_engine: bool = True) -> Litestar:
             free_context,
             abort,
             ping,
+            metrics,
             tokenize,
             tokenizer_file,
             render_chat,

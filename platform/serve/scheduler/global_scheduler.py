@@ -21,12 +21,13 @@ from dataclasses import dataclass, field
 from parrot.engines.protocol.errors import ParrotError
 from parrot.platform.serve.contexts import READY, EngineContext, MemoryPressure, free_on_engine
 from parrot.platform.serve.graph import CompletionChain
+from parrot.platform.serve.metrics import ServeMetrics
 from parrot.platform.serve.prompt import PromptBuilder
 from parrot.platform.serve.radix import common_prefix
 from parrot.platform.serve.scheduler.health import EngineMonitor, HealthSettings
 from parrot.platform.serve.scheduler.policy import SchedulingPolicy
 from parrot.platform.serve.scheduler.queue import TaskQueue
-from parrot.platform.serve.scheduler.runner import PARENT_WAIT_MS, Requeue, SchedulerStats, TaskRunner
+from parrot.platform.serve.scheduler.runner import Requeue, SchedulerStats, TaskRunner
 from parrot.platform.serve.scheduler.slot import EngineSlot
 from parrot.platform.serve.scheduler.task import CompletionTask
 from parrot.platform.serve.variables import Variables
@@ -54,16 +55,19 @@ class GlobalScheduler:
         policy: SchedulingPolicy | None = None,
         pressure: MemoryPressure | None = None,
         health: HealthSettings | None = None,
+        metrics: ServeMetrics | None = None,
     ) -> None:
         self.variables = variables
+        self.metrics = metrics or ServeMetrics()
         self.prompts = prompts
         self.policy = policy or SchedulingPolicy()
         self.queue = TaskQueue(self.policy)
         self.engines: dict[str, EngineSlot] = {}
         self.fixed_limits: dict[str, int] = {}  # engines with a configured task limit
         self.stats = SchedulerStats()
-        self.runner = TaskRunner(prompts, self.policy, self.stats, self._free)
         self.health = health or HealthSettings()
+        parent_wait_ms = round(1000 * self.health.parent_wait_s)
+        self.runner = TaskRunner(prompts, self.policy, self.stats, self._free, self.metrics, parent_wait_ms)
         self.monitor = EngineMonitor(
             self.health,
             pressure or MemoryPressure(),
@@ -347,6 +351,7 @@ class GlobalScheduler:
         ]
         checkpoints = [tree.add(symbols[:n], owner=None) for n in marks]
         tail = symbols[point.length :]
+        pending = parent is not None and parent.state != READY
         try:
             await slot.client.fill(
                 ctx.context_id,
@@ -355,7 +360,7 @@ class GlobalScheduler:
                 parent_len=point.length if parent is not None else None,
                 priority=1 if latency and self.policy.criteria else 0,
                 checkpoints=[(c.context_id, c.length) for c in checkpoints],
-                parent_timeout_ms=PARENT_WAIT_MS if parent is not None and parent.state != READY else 0,
+                parent_timeout_ms=self.runner.parent_wait_ms if pending else 0,
                 background=not latency,  # rides along the steps running work leaves room in
             )
         except ParrotError as error:

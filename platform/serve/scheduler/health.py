@@ -33,9 +33,16 @@ class HealthSettings:
     down_grace_s: float = 15.0
     # Text contexts (OpenAI engines) kept at most, in characters, before the oldest go.
     text_chars: int = 64 * 2**20
+    request_timeout_s: float = 600.0  # one request to an engine may take this long
+    # A fork of a context whose own request is still on its way to the engine waits this long.
+    parent_wait_s: float = 10.0
+    openai_capacity: int = 16  # requests at once on an OpenAI endpoint registered without one
 
     def __post_init__(self) -> None:
-        positive = (self.interval_s, self.timeout_s, self.max_missed, self.down_grace_s)
+        positive = (
+            self.interval_s, self.timeout_s, self.max_missed, self.down_grace_s,
+            self.request_timeout_s, self.parent_wait_s, self.openai_capacity,
+        )
         if min(positive) <= 0 or self.text_chars < 0:
             raise ValueError("health settings must be positive")
 

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from parrot.engines.protocol.errors import ContextFreedError, EngineUnavailableError, UnknownContextError
 from parrot.engines.protocol.schemas import GenerateResponse, StreamEnd
 from parrot.platform.serve.contexts import READY, EngineContext
+from parrot.platform.serve.metrics import ServeMetrics
 from parrot.platform.serve.prompt import Prompt, PromptBuilder
 from parrot.platform.serve.scheduler.policy import SchedulingPolicy
 from parrot.platform.serve.scheduler.slot import EngineSlot
@@ -27,7 +28,6 @@ from parrot.platform.serve.scheduler.task import CompletionTask
 
 log = logging.getLogger(__name__)
 Result = GenerateResponse | StreamEnd
-PARENT_WAIT_MS = 10_000  # a fork of a context whose request is in flight waits this long for it
 
 
 class Requeue(Exception):
@@ -44,7 +44,6 @@ class SchedulerStats:
     done: int = 0
     failed: int = 0
     requeued: int = 0
-    task_seconds: float = 0.0  # summed over done tasks
     prompt_tokens: int = 0  # of started tasks
     reused_tokens: int = 0  # of those, forked from a context on the engine (prefix hits)
     filled_ahead: int = 0  # tokens filled before their call's inputs were all there
@@ -72,10 +71,14 @@ class TaskRunner:
         policy: SchedulingPolicy,
         stats: SchedulerStats,
         free: Callable[[EngineSlot, list[EngineContext]], None],
+        metrics: ServeMetrics,
+        parent_wait_ms: int,
     ) -> None:
         self.prompts = prompts
         self.policy = policy
         self.stats = stats
+        self.metrics = metrics
+        self.parent_wait_ms = parent_wait_ms  # a fork of a context whose request is in flight waits
         self.free = free  # forget contexts and free them on their engine, off the critical path
 
     async def prompt(self, task: CompletionTask, slot: EngineSlot) -> Prompt:
@@ -106,8 +109,9 @@ class TaskRunner:
         """Run the placed task; its contexts are settled whatever happens."""
         slot, task = placed.slot, placed.task
         started = time.monotonic()
+        first_token: list[float] = []  # when a streamed task's first token came
         try:
-            result = await self._until_lost(slot, self._generate(placed))
+            result = await self._until_lost(slot, self._generate(placed, first_token))
         except (ContextFreedError, UnknownContextError) as error:  # a context it forked from went
             self._discard(placed)
             raise Requeue(str(error)) from None
@@ -125,7 +129,8 @@ class TaskRunner:
                     self.free(slot, [held])
         self._settle(placed, result)
         self.stats.done += 1
-        self.stats.task_seconds += time.monotonic() - started
+        ttft = first_token[0] - started if first_token else None
+        self.metrics.observe_task(time.monotonic() - started, ttft, len(result.token_ids))
         return result
 
     def _settle(self, placed: Placement, result: Result) -> None:
@@ -144,7 +149,7 @@ class TaskRunner:
         """The request failed: its contexts are gone or useless on the engine."""
         self.free(placed.slot, [placed.context, *placed.checkpoints])
 
-    async def _generate(self, placed: Placement) -> Result:
+    async def _generate(self, placed: Placement, first_token: list[float]) -> Result:
         task, slot = placed.task, placed.slot
         tail = placed.prompt.symbols[placed.length :]
         gen = task.gen
@@ -152,7 +157,7 @@ class TaskRunner:
         args = {
             "parent_len": placed.length if placed.parent is not None else None,
             # Its parent's own request may still be on its way to the engine.
-            "parent_timeout_ms": PARENT_WAIT_MS if pending else 0,
+            "parent_timeout_ms": self.parent_wait_ms if pending else 0,
             "priority": self.policy.priority(task),
             "checkpoints": [(c.context_id, c.length) for c in placed.checkpoints],
             **({"text": tail} if slot.text else {"token_ids": list(tail)}),
@@ -164,6 +169,8 @@ class TaskRunner:
         async for event in slot.client.generate_stream(cid, gen.sampling, parent_id, **args):
             if isinstance(event, StreamEnd):
                 return event
+            if not first_token:
+                first_token.append(time.monotonic())
             if event.text:
                 task.streamed = True
                 gen.on_token(event.text)

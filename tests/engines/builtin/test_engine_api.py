@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import asyncio
-import json
 import time
 
 import httpx
+from httpx_sse import connect_sse
+from prometheus_client.parser import text_string_to_metric_families
 
 PROMPT = "<|im_start|>user\nWrite a short poem about the sea.<|im_end|>\n<|im_start|>assistant\n"
 
@@ -44,16 +45,11 @@ def test_generate_stream_matches_generate(client, ids):
     for cid in (a, b):
         assert client.post("/fill", json={"context_id": cid, "text": PROMPT}).status_code == 200
     full = client.post("/generate", json={"context_id": a, "sampling": greedy(20)}).json()
-    events = []
-    with client.stream("POST", "/generate_stream", json={"context_id": b, "sampling": greedy(20)}) as r:
-        assert r.status_code == 200
-        assert r.headers["content-type"].startswith("text/event-stream")
-        kind = None
-        for line in r.iter_lines():
-            if line.startswith("event:"):
-                kind = line.split(":", 1)[1].strip()
-            elif line.startswith("data:"):
-                events.append((kind, json.loads(line.split(":", 1)[1])))
+    body = {"context_id": b, "sampling": greedy(20)}
+    with connect_sse(client, "POST", "/generate_stream", json=body) as source:
+        assert source.response.status_code == 200
+        assert source.response.headers["content-type"].startswith("text/event-stream")
+        events = [(event.event, event.json()) for event in source.iter_sse()]
     tokens = [e for k, e in events if k == "token"]
     end = [e for k, e in events if k == "end"]
     assert len(tokens) == 20 and len(end) == 1
@@ -219,6 +215,31 @@ def test_ping_reports_engine_state(client):
     assert stats["block_size"] == 16 and stats["kv_blocks_total"] > 0
 
 
+def test_metrics_are_prometheus_text(client, ids):
+    """``/metrics`` parses with prometheus_client's parser: vLLM-style names, latency
+    histograms observed per generation, the engine's state as gauges and counters."""
+
+    def scrape() -> dict[str, float]:
+        r = client.get("/metrics")
+        assert r.status_code == 200 and r.headers["content-type"].startswith("text/plain; version=0.0.4")
+        families = {f.name: f for f in text_string_to_metric_families(r.text)}
+        for name in ("e2e_request_latency", "time_to_first_token", "time_per_output_token"):
+            assert families[f"parrot:{name}_seconds"].type == "histogram"
+        assert families["parrot:generation_tokens"].type == "counter"
+        return {s.name: s.value for f in families.values() for s in f.samples}
+
+    before = scrape()
+    cid = next(ids)
+    r = client.post("/generate", json={"context_id": cid, "text": PROMPT, "sampling": greedy(6)})
+    assert r.status_code == 200, r.text
+    client.post("/free_context", json={"context_id": cid})
+    after = scrape()
+    e2e, tpot = "parrot:e2e_request_latency_seconds_count", "parrot:time_per_output_token_seconds_sum"
+    assert after[e2e] >= before[e2e] + 1 and after[tpot] > before[tpot]
+    assert after["parrot:generation_tokens_total"] >= before["parrot:generation_tokens_total"] + 6
+    assert after["parrot:kv_blocks_total"] > 0 and 0 <= after["parrot:kv_cache_usage_perc"] <= 1
+
+
 def test_long_fill_is_chunked_and_decodes_keep_running(client, ids, engine_config):
     """A fill longer than the step budget spans several steps while another context decodes."""
     budget = engine_config.scheduler.max_batched_tokens
@@ -249,12 +270,10 @@ def test_long_fill_is_chunked_and_decodes_keep_running(client, ids, engine_confi
 def test_closing_a_stream_stops_its_generation(client, ids):
     cid = next(ids)
     client.post("/fill", json={"context_id": cid, "text": PROMPT})
-    with client.stream("POST", "/generate_stream", json={"context_id": cid, "sampling": greedy(2000)}) as r:
-        got = []
-        for line in r.iter_lines():
-            if line.startswith("data:"):
-                got.append(line)
-            if len(got) == 3:
+    body = {"context_id": cid, "sampling": greedy(2000)}
+    with connect_sse(client, "POST", "/generate_stream", json=body) as source:
+        for got, _ in enumerate(source.iter_sse(), 1):
+            if got == 3:
                 break
     deadline = time.monotonic() + 30
     while ping(client)["num_running"] and time.monotonic() < deadline:

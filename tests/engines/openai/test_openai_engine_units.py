@@ -1,10 +1,8 @@
 """The OpenAI engine's parts without an endpoint: config, text contexts, the chat mapping,
-Retry-After parsing and backoff, and the inputs the engine refuses before any request."""
+and the inputs the engine refuses before any request (retries and their backoff are the
+``openai`` client's: tests/engines/openai/test_openai_engine_failures.py)."""
 
 from __future__ import annotations
-
-import random
-import time
 
 import pytest
 
@@ -13,7 +11,6 @@ from parrot.engines.openai.config import OpenAIEngineConfig
 from parrot.engines.openai.contexts import ContextStore
 from parrot.engines.openai.engine import OpenAIEngine
 from parrot.engines.openai.request import build_request
-from parrot.engines.openai.retry import Backoff, retry_after_s, retryable_status
 from parrot.engines.protocol.errors import BadRequestError, ContextConflictError, UnknownContextError
 from parrot.engines.protocol.sampling import SamplingParams
 
@@ -26,7 +23,6 @@ def test_config_defaults_describe_and_hidden_key():
     )
     assert config.base_url == "https://user:pw@api.example.com/v1/?x=1"
     assert (config.api, config.capacity, config.timeout_s, config.max_retries) == ("chat", 16, 60.0, 4)
-    assert (config.backoff_base_s, config.backoff_max_s) == (0.5, 20.0)
     assert config.describe() == {
         "base_url": "https://api.example.com/v1/",
         "model": "gpt",
@@ -55,8 +51,7 @@ def test_config_defaults_describe_and_hidden_key():
         ({"max_retries": -1}, "max_retries"),
         ({"timeout_s": 0}, "timeout_s must be a positive number"),
         ({"timeout_s": float("nan")}, "timeout_s"),
-        ({"backoff_base_s": -1}, "backoff_base_s"),
-        ({"backoff_base_s": 5, "backoff_max_s": 1}, "backoff_max_s"),
+        ({"cooldown_s": -1}, "cooldown_s"),
         ({"api_key": 123}, "api_key must be a string"),
     ],
 )
@@ -138,33 +133,6 @@ def test_sampling_defaults_give_a_plain_openai_request():
         config, "Hello", SamplingParams(repetition_penalty=1.2, ignore_eos=True, stop_token_ids=[7])
     )
     assert extended["extra_body"] == {"repetition_penalty": 1.2, "ignore_eos": True, "stop_token_ids": [7]}
-
-
-def test_retry_after_parsing():
-    now = time.time()
-    date = time.strftime("%a, %d %b %Y %H:%M:%S GMT", time.gmtime(now + 30))
-    assert retry_after_s({"retry-after": "2"}) == 2.0
-    assert retry_after_s({"retry-after": "0.5"}) == 0.5
-    assert retry_after_s({"retry-after-ms": "250", "retry-after": "9"}) == 0.25
-    assert 28 <= retry_after_s({"retry-after": date}, now=now) <= 30
-    assert retry_after_s({"retry-after": "Mon, 01 Jan 2001 00:00:00 GMT"}) == 0.0  # in the past
-    assert retry_after_s({"retry-after": "soon"}) is None
-    assert retry_after_s({"retry-after": "-3"}) is None
-    assert retry_after_s({}) is None
-
-
-def test_retryable_statuses_and_backoff():
-    assert retryable_status(429, {}) and retryable_status(503, {}) and retryable_status(408, {})
-    assert not retryable_status(400, {}) and not retryable_status(404, {})
-    assert not retryable_status(500, {"x-should-retry": "false"})
-    assert retryable_status(409, {"x-should-retry": "true"})
-    backoff = Backoff(0.5, 4.0, random.Random(0))
-    delays = [backoff.delay(n) for n in range(6)]
-    for n, delay in enumerate(delays):
-        ceiling = min(0.5 * 2**n, 4.0)
-        assert 0.75 * ceiling <= delay <= ceiling
-    assert backoff.delay(0, retry_after=1.5) == 1.5
-    assert backoff.delay(0, retry_after=60) == 4.0  # honoured up to backoff_max_s
 
 
 @pytest.mark.asyncio(loop_scope="function")

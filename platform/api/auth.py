@@ -1,0 +1,67 @@
+"""Who may call what, as Litestar guards and dependencies (never checks inside handlers):
+
+- ``admin_guard``: routes that change or show every session's engines need the admin token;
+- ``openai_key_guard``: the OpenAI front needs one of its API keys, when any is configured;
+- ``sessions`` (a dependency): a :class:`SessionAccess` bound to the request's bearer token,
+  which opens a session only for the holder of its ``session_auth``.
+
+Failures raise the shared error classes (401 without a token, 403 with a wrong one), which
+the one exception translator turns into JSON.
+"""
+
+from __future__ import annotations
+
+import hmac
+from dataclasses import dataclass
+
+from litestar import Request
+from litestar.connection import ASGIConnection
+from litestar.datastructures import State
+from litestar.di import NamedDependency, Provide
+from litestar.handlers.base import BaseRouteHandler
+
+from parrot.platform.serve.core import ServeCore, Session
+from parrot.platform.serve.errors import ForbiddenError, UnauthorizedError
+
+
+def bearer_token(connection: ASGIConnection) -> str | None:
+    scheme, _, token = connection.headers.get("authorization", "").partition(" ")
+    return token.strip() if scheme.lower() == "bearer" and token.strip() else None
+
+
+def admin_guard(connection: ASGIConnection, _: BaseRouteHandler) -> None:
+    token = bearer_token(connection)
+    if not token:
+        raise UnauthorizedError("this route needs 'Authorization: Bearer <admin token>'")
+    if not hmac.compare_digest(token, connection.app.state.admin_token):
+        raise ForbiddenError("wrong admin token")
+
+
+def openai_key_guard(connection: ASGIConnection, _: BaseRouteHandler) -> None:
+    keys: tuple[str, ...] = connection.app.state.openai_api_keys
+    if not keys:
+        return
+    token = bearer_token(connection)
+    if not token:
+        raise UnauthorizedError("this API needs 'Authorization: Bearer <api key>'")
+    if not any(hmac.compare_digest(token, key) for key in keys):
+        raise ForbiddenError("unknown API key")
+
+
+@dataclass(frozen=True)
+class SessionAccess:
+    """Opens sessions with the request's ``session_auth`` (raises 401 / 403 / 404)."""
+
+    core: ServeCore
+    token: str | None
+
+    def __call__(self, session_id: str) -> Session:
+        return self.core.session(session_id, self.token)
+
+
+def _session_access(request: Request, state: State) -> SessionAccess:
+    return SessionAccess(state.core, bearer_token(request))
+
+
+SESSIONS = {"sessions": Provide(_session_access, sync_to_thread=False)}
+Sessions = NamedDependency[SessionAccess]  # a handler's ``sessions`` parameter
