@@ -127,10 +127,13 @@ class LocalScheduler:
         decode's one token) beside latency-critical work, within the prefill allowance."""
         n = min(pending, budget)
         decode = job.kind is JobKind.GENERATE and pending == 1
-        if self._prefill_left is not None and not decode:
-            n = min(n, self._prefill_left)
+        return n if self._prefill_left is None or decode else min(n, self._prefill_left)
+
+    def _spend(self, job: Job, pending: int, n: int, budget: int) -> int:
+        """``n`` tokens of ``job`` are in the step: the budget left (and the allowance)."""
+        if self._prefill_left is not None and not (job.kind is JobKind.GENERATE and pending == 1):
             self._prefill_left -= n
-        return n
+        return budget - n
 
     def _continue(self, items: list[StepItem], budget: int, max_seqs: int, lvl: int) -> int:
         """Steps of running jobs of one level (oldest first); returns the budget left."""
@@ -154,7 +157,7 @@ class LocalScheduler:
             items.append(
                 StepItem(ctx, ctx.num_computed, n, sample=job.kind is JobKind.GENERATE and n == pending)
             )
-            budget -= n
+            budget = self._spend(job, pending, n, budget)
         return budget
 
     def _can_fork(self, ctx: Context, first_waiting: dict[int, int], job: Job) -> bool:
@@ -222,7 +225,7 @@ class LocalScheduler:
                 items.append(
                     StepItem(ctx, ctx.num_computed, n, sample=job.kind is JobKind.GENERATE and n == pending)
                 )
-            budget -= n
+            budget = self._spend(job, pending, n, budget)
         return budget
 
     def _make_room(self, ctx: Context, num_tokens: int, job: Job) -> bool:
