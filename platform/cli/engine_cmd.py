@@ -8,6 +8,7 @@ from parrot.engines.builtin.attention import available_backends
 from parrot.engines.builtin.batch import SharedPrefixPolicy
 from parrot.engines.builtin.config import EngineConfig, parse_size
 from parrot.engines.builtin.scheduler import SchedulerConfig
+from parrot.platform.cli.server_flags import add_server_arguments, server_limits_from_args
 
 
 def add_parser(commands) -> None:
@@ -68,6 +69,7 @@ def add_parser(commands) -> None:
         help="take the shared-prefix path when (seqs - 1) * prefix tokens reaches this",
     )
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads")
+    add_server_arguments(p)
     p.set_defaults(run=run)
 
 
@@ -100,11 +102,12 @@ def config_from_args(args: argparse.Namespace) -> EngineConfig:
 
 
 def run(args: argparse.Namespace) -> None:
-    import uvicorn
-
     from parrot.engines.builtin.engine import BuiltinEngine
     from parrot.engines.builtin.server.app import create_app
 
     engine = BuiltinEngine(config_from_args(args))
     print(f"parrot engine: serving {engine.model_name} on http://{args.host}:{args.port}", flush=True)
-    uvicorn.run(create_app(engine), host=args.host, port=args.port, log_level="warning")
+    from parrot.engines.protocol import server
+
+    limits = server_limits_from_args(args)
+    server.run(create_app(engine), args.host, args.port, limits, log_level="warning")

@@ -75,8 +75,7 @@ def start_engine(settings: ServeSettings) -> tuple[subprocess.Popen, str]:
 
 
 def run(args: argparse.Namespace) -> None:
-    import uvicorn
-
+    from parrot.engines.protocol import server
     from parrot.platform.api.app import create_app
     from parrot.platform.serve.core import ServeCore
     from parrot.platform.store.store import Store, sqlite_url
@@ -115,7 +114,9 @@ def run(args: argparse.Namespace) -> None:
             dashboard=dashboard,
         )
         # Open live streams (the dashboard's SSE) must not hold a shutdown up.
-        uvicorn.run(app, host=host, port=port, log_level="warning", timeout_graceful_shutdown=5)
+        server.run(
+            app, host, port, settings.server, log_level="warning", timeout_graceful_shutdown=5
+        )
     finally:
         if child is not None:
             child.send_signal(signal.SIGINT)

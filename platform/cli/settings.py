@@ -21,6 +21,7 @@ flag                              variable                     default: meaning
 ``--memory-high`` / ``-low``      PARROT_MEMORY_HIGH / _LOW    0.9 / 0.75 of an engine's KV blocks
 ``--openai-capacity``             PARROT_OPENAI_CAPACITY       16 requests at once per OpenAI endpoint
 ``--cluster-min-shared``          PARROT_CLUSTER_MIN_SHARED    64 shared tokens: placed together
+``--header-timeout`` and others   PARROT_HEADER_TIMEOUT, ...   the HTTP server's limits (``server_flags``)
 ================================  ===========================  =======================================
 
 ``--log-level`` / ``--log-json`` (PARROT_LOG_LEVEL, PARROT_LOG_JSON) belong to the ``parrot``
@@ -36,6 +37,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TypeVar
 
+from parrot.engines.protocol.server import ServerLimits
+from parrot.platform.cli.server_flags import add_server_arguments, server_limits_from_args
 from parrot.platform.serve.contexts import MemoryPressure
 from parrot.platform.serve.scheduler.health import HealthSettings
 from parrot.platform.serve.scheduler.policy import SchedulingPolicy
@@ -87,6 +90,7 @@ class ServeSettings:
     policy: SchedulingPolicy = field(default_factory=SchedulingPolicy)
     pressure: MemoryPressure = field(default_factory=MemoryPressure)
     health: HealthSettings = field(default_factory=HealthSettings)
+    server: ServerLimits = field(default_factory=ServerLimits)
 
     def __post_init__(self) -> None:
         if not 0 < self.port < 65536 or not 0 < self.engine_port < 65536:
@@ -127,6 +131,7 @@ class ServeSettings:
                 parent_wait_s=args.parent_wait,
                 openai_capacity=args.openai_capacity,
             ),
+            server=server_limits_from_args(args),
         )
 
 
@@ -245,3 +250,4 @@ def add_serve_arguments(p: argparse.ArgumentParser, env: Mapping[str, str] | Non
         "--memory-low", type=float, default=e("MEMORY_LOW", float, pressure.low),
         help="... down to this share (0.75)",
     )
+    add_server_arguments(p, env)
