@@ -180,6 +180,11 @@ class EngineCore:
             freed += 1
         return jobs, freed
 
+    def abort_range(self, start: int, end: int) -> tuple[int, int]:
+        """:meth:`abort` for every context with ``start <= id < end`` (the contexts a
+        ServeCore that died left here: each run of a ServeCore takes its ids from a range)."""
+        return self.abort([cid for cid in self.pool.contexts if start <= cid < end])
+
     def cancel(self, sink: JobSink) -> None:
         """Drop the jobs whose caller went away (a closed stream, a dropped connection). The
         contexts their requests created (the job's new context, its checkpoints) are freed:

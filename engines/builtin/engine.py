@@ -284,6 +284,10 @@ class BuiltinEngine:
         """Stop the jobs on these contexts and free them: (jobs aborted, contexts freed)."""
         return await self._call(self.core.abort, list(context_ids))
 
+    async def abort_range(self, start: int, end: int) -> tuple[int, int]:
+        """:meth:`abort` for the contexts with ids in ``[start, end)``."""
+        return await self._call(self.core.abort_range, start, end)
+
     async def free_context(self, context_id: int) -> int:
         return await self._call(self.core.free_context, context_id)
 

@@ -110,6 +110,14 @@ class AbortRequest(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     context_ids: Annotated[list[ContextId], msgspec.Meta(min_length=1, max_length=4096)]
 
 
+class AbortRangeRequest(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    """Stop the jobs on, and free, every context with ``start <= context_id < end``: what a
+    ServeCore run that died left behind (each run takes its ids from a range of its own)."""
+
+    start: ContextId
+    end: ContextId
+
+
 class AbortResponse(msgspec.Struct, kw_only=True):
     aborted_jobs: int
     freed_contexts: int

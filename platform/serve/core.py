@@ -40,6 +40,7 @@ from parrot.platform.serve.history import LoadHistory, LoadSample
 from parrot.platform.serve.journal import Journal
 from parrot.platform.serve.metrics import ServeMetrics
 from parrot.platform.serve.observe import ContextTreeView, SessionDag, SessionSummary
+from parrot.platform.serve.orphans import claim_region, region_range
 from parrot.platform.serve.prompt import PromptBuilder
 from parrot.platform.serve.recovery import rebuild_call
 from parrot.platform.serve.scheduler.global_scheduler import GlobalScheduler
@@ -178,6 +179,10 @@ class ServeCore:
         if store is not None:
             await store.migrate()
             snapshot = await store.snapshot()
+            # This run's context ids; contexts of earlier runs are freed on their engines.
+            region, earlier = await claim_region(store)
+            self.engines.context_ids = context_ids(region_range(region)[0])
+            self.engines.orphan_regions = earlier
         self.journal.start()
         self.scheduler.start()
         await self.engines.restore(list(snapshot.engines) if snapshot else [], engine_urls)

@@ -16,6 +16,7 @@ from httpx_sse import EventSource, SSEError
 from parrot.engines.protocol.errors import EngineUnavailableError, ParrotError, error_from_response
 from parrot.engines.protocol.sampling import SamplingParams
 from parrot.engines.protocol.schemas import (
+    AbortRangeRequest,
     AbortRequest,
     AbortResponse,
     ChatTurn,
@@ -186,6 +187,11 @@ class HttpEngine:
 
     async def abort(self, context_ids: list[int]) -> AbortResponse:
         raw = await self._post("/abort", AbortRequest(context_ids=list(context_ids)))
+        return msgspec.json.decode(raw, type=AbortResponse)
+
+    async def abort_range(self, start: int, end: int) -> AbortResponse:
+        """Free every context with ``start <= id < end`` (what a dead run left)."""
+        raw = await self._post("/abort_range", AbortRangeRequest(start=start, end=end))
         return msgspec.json.decode(raw, type=AbortResponse)
 
     async def free_context(self, context_id: int) -> int:

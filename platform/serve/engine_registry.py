@@ -18,6 +18,7 @@ from parrot.engines.protocol.errors import BadRequestError, ConflictError, NotFo
 from parrot.platform.serve.contexts import ContextTree
 from parrot.platform.serve.engine_client import Engine, HttpEngine
 from parrot.platform.serve.journal import Journal
+from parrot.platform.serve.orphans import free_orphans
 from parrot.platform.serve.scheduler.global_scheduler import GlobalScheduler
 from parrot.platform.serve.scheduler.health import HealthSettings
 from parrot.platform.serve.scheduler.slot import EngineSlot
@@ -87,6 +88,9 @@ class EngineRegistry:
         self.tokenizers = tokenizers
         self.specs: dict[str, EngineSpec] = {}
         self._ids = itertools.count(1)
+        # Context-id regions of earlier runs: their contexts are freed on each engine
+        # registered (platform/serve/orphans.py).
+        self.orphan_regions: tuple[int, ...] = ()
 
     @property
     def slots(self) -> dict[str, EngineSlot]:
@@ -109,6 +113,7 @@ class EngineRegistry:
         try:
             info = await client.ping()
             model = info["model"]
+            await free_orphans(url, client, self.orphan_regions)
         except ParrotError as error:
             if stored_model is None:
                 await client.aclose()

@@ -64,3 +64,13 @@ class CallRecord(Base):
     error: Mapped[str | None] = mapped_column(Text, nullable=True)
     timings: Mapped[dict] = mapped_column(JSON, default=dict)
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+
+
+class ServeCoreStateRecord(Base):
+    """Small facts the ServeCore keeps about its own runs (by name), e.g. the context-id
+    regions its earlier runs used on engines (``platform/serve/orphans.py``)."""
+
+    __tablename__ = "servecore_state"
+
+    name: Mapped[str] = mapped_column(String(64), primary_key=True)
+    value: Mapped[dict] = mapped_column(JSON)

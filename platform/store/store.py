@@ -15,7 +15,13 @@ from alembic.config import Config
 from sqlalchemy import delete, event, select, update
 from sqlalchemy.ext.asyncio import AsyncEngine, async_sessionmaker, create_async_engine
 
-from parrot.platform.store.models import CallRecord, EngineRecord, SessionRecord, VariableRecord
+from parrot.platform.store.models import (
+    CallRecord,
+    EngineRecord,
+    ServeCoreStateRecord,
+    SessionRecord,
+    VariableRecord,
+)
 
 MIGRATIONS_DIR = Path(__file__).resolve().parents[2] / "migrations"
 UNFINISHED = ("pending", "running")
@@ -236,6 +242,20 @@ class Store:
     async def engines(self) -> Sequence[EngineRecord]:
         async with self._sessions() as db:
             return (await db.scalars(select(EngineRecord).order_by(EngineRecord.created_at))).all()
+
+    # -- the ServeCore's own state ------------------------------------------------------
+    async def get_state(self, name: str) -> dict | None:
+        async with self._sessions() as db:
+            record = await db.get(ServeCoreStateRecord, name)
+            return None if record is None else record.value
+
+    async def set_state(self, name: str, value: dict) -> None:
+        async with self._sessions.begin() as db:
+            record = await db.get(ServeCoreStateRecord, name)
+            if record is None:
+                db.add(ServeCoreStateRecord(name=name, value=value))
+            else:
+                record.value = value
 
 
 @dataclass(frozen=True)

@@ -27,7 +27,8 @@ async def test_migrations_create_the_schema_and_are_idempotent(store):
         tables = set(await db.run_sync(lambda sync: inspect(sync).get_table_names()))
         version = (await db.execute(text("select version_num from alembic_version"))).all()
     assert {"engines", "sessions", "semantic_vars", "semantic_calls", "alembic_version"} <= tables
-    assert version == [("0001",)]
+    assert "servecore_state" in tables
+    assert version == [("0002",)]
 
 
 async def test_records_survive_a_restart(store):

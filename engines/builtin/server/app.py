@@ -17,6 +17,7 @@ from parrot.engines.protocol.disconnect import unless_disconnected
 from parrot.engines.protocol.errors import BadRequestError, NotFoundError
 from parrot.engines.protocol.http import exception_handlers
 from parrot.engines.protocol.schemas import (
+    AbortRangeRequest,
     AbortRequest,
     AbortResponse,
     FillRequest,
@@ -147,6 +148,15 @@ async def abort(data: JSONBody[AbortRequest], state: State) -> AbortResponse:
     return AbortResponse(aborted_jobs=jobs, freed_contexts=freed)
 
 
+@post("/abort_range", status_code=200)
+async def abort_range(data: JSONBody[AbortRangeRequest], state: State) -> AbortResponse:
+    """:func:`abort` for every context with ``start <= id < end`` (a dead ServeCore's)."""
+    if data.end <= data.start:
+        raise BadRequestError("abort_range needs start < end")
+    jobs, freed = await _engine(state).abort_range(data.start, data.end)
+    return AbortResponse(aborted_jobs=jobs, freed_contexts=freed)
+
+
 @post("/render_chat", status_code=200)
 async def render_chat(data: JSONBody[RenderChatRequest], state: State) -> RenderChatResponse:
     """The model's chat template applied for a ServeCore, in message-boundary pieces."""
@@ -205,6 +215,7 @@ def create_app(engine: BuiltinEngine, manage_engine: bool = True) -> Litestar:
             generate_stream,
             free_context,
             abort,
+            abort_range,
             ping,
             metrics,
             tokenize,
