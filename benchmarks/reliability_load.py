@@ -1,0 +1,274 @@
+"""The load suite at full size (issue 14): ``/healthz`` latency while the server is loaded.
+
+Scenarios (each against a fresh ``parrot serve`` on its own data folder, on an engine this
+script starts, or on ``--engine URL``):
+
+- ``dag``: N concurrent sessions x a 4-call DAG (200; ``--quick`` 16);
+- ``flood``: M slow clients trickling request heads (5,000; ``--quick`` 300) beside
+  sessions keeping the engine busy (32; ``--quick`` 8);
+- ``acceptance``: issue 14's acceptance 3: a 64-input catastrophic-regex transform
+  (``(a+)+$`` on ``"a" * 40 + "b"``), a 4 MiB prompt on ``/v1/completions`` and 2,000 slow
+  clients (``--quick``: 200) in flight together.
+
+``/healthz`` is probed on a fresh connection every 50 ms throughout; p50/p99 (and max) are
+reported with throughput, 5xx count, lost values and leaked contexts. ``--write`` puts the
+table into ``docs/reliability.md`` (between its ``reliability-load`` markers). Run:
+
+    python -m benchmarks.reliability_load [--quick] [--scenarios dag,flood,acceptance] [--write]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from datetime import UTC, datetime
+from pathlib import Path
+from urllib.parse import urlsplit
+
+import httpx
+
+from benchmarks._servers import free_port
+from benchmarks.reliability.dag import dag_load, leaked_contexts
+from benchmarks.reliability.flood import slow_flood
+from benchmarks.reliability.health import HealthProbe, probe_health
+from parrot.engines.protocol.server import raise_fd_limit
+
+ROOT = Path(__file__).resolve().parents[1]
+DOC = ROOT / "docs" / "reliability.md"
+BEGIN, END = "<!-- reliability-load:begin -->", "<!-- reliability-load:end -->"
+FULL = {"dag_sessions": 200, "flood": 5000, "flood_sessions": 32, "acceptance_slow": 2000}
+QUICK = {"dag_sessions": 16, "flood": 300, "flood_sessions": 8, "acceptance_slow": 200}
+
+
+def _wait(url: str, proc: subprocess.Popen, log, what: str, timeout_s: float = 600) -> None:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        if proc.poll() is not None:
+            log.seek(0)
+            raise RuntimeError(f"{what} exited: {log.read()[-3000:]}")
+        with contextlib.suppress(httpx.HTTPError):
+            if httpx.get(url, timeout=2).status_code == 200:
+                return
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"{what} did not start in {timeout_s:.0f} s")
+        time.sleep(0.5)
+
+
+@contextlib.contextmanager
+def process(args: list[str], ready_url: str, what: str) -> Iterator[None]:
+    with tempfile.TemporaryFile(mode="w+") as log:  # a pipe nobody reads would block it
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "parrot.platform.cli.main", *args],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            cwd=ROOT,
+        )
+        try:
+            _wait(ready_url, proc, log, what)
+            yield
+        finally:
+            proc.send_signal(2)
+            try:
+                proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+
+@contextlib.contextmanager
+def servecore(engine_url: str) -> Iterator[str]:
+    port = free_port()
+    with tempfile.TemporaryDirectory() as data:
+        args = [
+            "serve",
+            "--port",
+            str(port),
+            "--engine",
+            engine_url,
+            "--admin-token",
+            "bench",
+            "--data-dir",
+            data,
+        ]
+        url = f"http://127.0.0.1:{port}"
+        with process(args, f"{url}/healthz", "parrot serve"):
+            yield url
+
+
+async def _probed(url: str, work) -> tuple[HealthProbe, object]:
+    stop = asyncio.Event()
+    probing = asyncio.create_task(probe_health(url, stop, interval_s=0.05, timeout_s=5.0))
+    await asyncio.sleep(0.5)  # a few probes of the idle server first
+    try:
+        result = await work(stop)
+    finally:
+        stop.set()
+    return await probing, result
+
+
+def _row(name: str, probe: HealthProbe, detail: str) -> dict:
+    return {"scenario": name, **probe.summary(), "detail": detail}
+
+
+async def scenario_dag(url: str, sizes: dict) -> dict:
+    async def work(_stop):
+        return await dag_load(url, sizes["dag_sessions"], max_tokens=16)
+
+    probe, dags = await _probed(url, work)
+    leaked = await leaked_contexts(url)
+    s = dags.summary()
+    return _row(
+        f"{s['sessions']} sessions x 4-call DAG",
+        probe,
+        f"{s['calls']} calls in {s['seconds']} s ({s['calls_per_s']} calls/s); 5xx: {s['5xx']}; "
+        f"lost values: {s['lost_values']}; failed calls: {s['failed_calls']}; leaked contexts: {leaked}",
+    )
+
+
+async def scenario_flood(url: str, sizes: dict, fd_room: int) -> dict:
+    host, port = urlsplit(url).hostname, urlsplit(url).port
+    slow = min(sizes["flood"], fd_room)
+
+    async def work(stop):
+        flooding = asyncio.create_task(slow_flood(host, port, slow, duration_s=3600, ramp_s=5.0, stop=stop))
+        dags = await dag_load(url, sizes["flood_sessions"], max_tokens=16)
+        await asyncio.sleep(2.0)
+        stop.set()
+        return dags, await flooding
+
+    probe, (dags, flood) = await _probed(url, work)
+    leaked = await leaked_contexts(url)
+    s = dags.summary()
+    return _row(
+        f"{slow} slow clients beside {s['sessions']} sessions",
+        probe,
+        f"slow clients closed by the server: {flood.closed} ({flood.answered_408} x 408, "
+        f"{flood.answered_503} x 503), refused: {flood.refused}; sessions: {s['calls']} calls, "
+        f"5xx: {s['5xx']}, lost values: {s['lost_values']}; leaked contexts: {leaked}",
+    )
+
+
+async def _regex_transform(api: httpx.AsyncClient) -> str:
+    s = (await api.post("/v1/session")).json()
+    sid, auth = s["session_id"], {"Authorization": f"Bearer {s['session_auth']}"}
+    body = {
+        "session_id": sid,
+        "inputs": [{"value": "a" * 40 + "b"}] * 64,
+        "steps": [{"type": "regex", "pattern": "(a+)+$"}, {"type": "join"}],
+        "output": "matched",
+    }
+    start = time.monotonic()
+    r = await api.post("/v1/semantic_transform", json=body, headers=auth)
+    if r.status_code != 201:
+        return f"transform: {r.status_code} in {time.monotonic() - start:.1f} s"
+    var_id = r.json()["outputs"]["matched"]
+    got = await api.get(
+        f"/v1/semantic_var/{var_id}", params={"session_id": sid, "timeout": 600}, headers=auth
+    )
+    return f"transform: {got.status_code} in {time.monotonic() - start:.1f} s"
+
+
+async def _huge_prompt(api: httpx.AsyncClient) -> str:
+    start = time.monotonic()
+    prompt = "lorem ipsum " * (4 * 2**20 // 12)  # 4 MiB
+    r = await api.post("/v1/completions", json={"prompt": prompt, "max_tokens": 1})
+    return f"4 MiB prompt: {r.status_code} in {time.monotonic() - start:.1f} s"
+
+
+async def scenario_acceptance(url: str, sizes: dict, fd_room: int) -> dict:
+    host, port = urlsplit(url).hostname, urlsplit(url).port
+    slow = min(sizes["acceptance_slow"], fd_room)
+
+    async def work(stop):
+        flooding = asyncio.create_task(slow_flood(host, port, slow, duration_s=3600, ramp_s=2.0, stop=stop))
+        async with httpx.AsyncClient(base_url=url, timeout=900) as api:
+            done = await asyncio.gather(_regex_transform(api), _huge_prompt(api))
+        stop.set()
+        await flooding
+        return done
+
+    probe, done = await _probed(url, work)
+    return _row(f"acceptance 3: regex x 64 + 4 MiB prompt + {slow} slow clients", probe, "; ".join(done))
+
+
+def table(rows: list[dict], setup: str) -> str:
+    lines = [
+        f"Measured {datetime.now(UTC):%Y-%m-%d %H:%M} UTC; {setup}.",
+        "",
+        "| scenario | `/healthz` probes | failed | p50 ms | p99 ms | max ms | details |",
+        "| --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for r in rows:
+        lines.append(
+            f"| {r['scenario']} | {r['probes']} | {r['failed']} | {r['p50_ms']} | {r['p99_ms']} | "
+            f"{r['max_ms']} | {r['detail']} |"
+        )
+    return "\n".join(lines)
+
+
+def write_doc(text: str) -> None:
+    doc = DOC.read_text()
+    if BEGIN not in doc or END not in doc:
+        raise SystemExit(f"{DOC} has no {BEGIN} ... {END} markers")
+    head, rest = doc.split(BEGIN, 1)
+    _, tail = rest.split(END, 1)
+    DOC.write_text(f"{head}{BEGIN}\n{text}\n{END}{tail}")
+
+
+async def run_all(url: str, names: list[str], sizes: dict) -> list[dict]:
+    fd_room = max(64, raise_fd_limit() - 1024)  # this process's own sockets: one per slow client
+    rows = []
+    for name in names:
+        if name == "dag":
+            rows.append(await scenario_dag(url, sizes))
+        elif name == "flood":
+            rows.append(await scenario_flood(url, sizes, fd_room))
+        elif name == "acceptance":
+            rows.append(await scenario_acceptance(url, sizes, fd_room))
+        else:
+            raise SystemExit(f"unknown scenario {name!r}")
+        print(rows[-1], flush=True)
+    return rows
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--quick", action="store_true", help="small sizes (a minute or two)")
+    p.add_argument("--scenarios", default="dag,flood,acceptance")
+    p.add_argument("--engine", default=None, metavar="URL", help="a running engine (default: start one)")
+    p.add_argument("--threads", type=int, default=None, help="torch threads of the engine started")
+    p.add_argument("--write", action="store_true", help="write the table into docs/reliability.md")
+    args = p.parse_args()
+    sizes = QUICK if args.quick else FULL
+    names = [n.strip() for n in args.scenarios.split(",") if n.strip()]
+    with contextlib.ExitStack() as stack:
+        engine_url = args.engine
+        if engine_url is None:
+            port = free_port()
+            cmd = ["engine", "--port", str(port), "--kv-cache-memory", "1GiB"]
+            cmd += ["--threads", str(args.threads)] if args.threads else []
+            engine_url = f"http://127.0.0.1:{port}"
+            stack.enter_context(process(cmd, f"{engine_url}/ping", "parrot engine"))
+        rows = []
+        for name in names:  # a fresh ServeCore per scenario: one's leftovers do not load the next
+            with servecore(engine_url) as url:
+                rows += asyncio.run(run_all(url, [name], sizes))
+    setup = (
+        f"{'quick' if args.quick else 'full'} sizes, {os.cpu_count()} CPU cores, "
+        f"engine {'given' if args.engine else 'started by the script (default model)'}"
+    )
+    text = table(rows, setup)
+    print(text)
+    if args.write:
+        write_doc(text)
+
+
+if __name__ == "__main__":
+    main()
