@@ -42,6 +42,7 @@ from parrot.engines.protocol.server import raise_fd_limit
 
 ROOT = Path(__file__).resolve().parents[1]
 DOC = ROOT / "docs" / "reliability.md"
+ADMIN = "reliability-bench"
 BEGIN, END = "<!-- reliability-load:begin -->", "<!-- reliability-load:end -->"
 FULL = {"dag_sessions": 200, "flood": 5000, "flood_sessions": 32, "acceptance_slow": 2000}
 QUICK = {"dag_sessions": 16, "flood": 300, "flood_sessions": 8, "acceptance_slow": 200}
@@ -122,7 +123,7 @@ async def scenario_dag(url: str, sizes: dict) -> dict:
         return await dag_load(url, sizes["dag_sessions"], max_tokens=16)
 
     probe, dags = await _probed(url, work)
-    leaked = await leaked_contexts(url)
+    leaked = await leaked_contexts(url, ADMIN)
     s = dags.summary()
     return _row(
         f"{s['sessions']} sessions x 4-call DAG",
@@ -144,7 +145,7 @@ async def scenario_flood(url: str, sizes: dict, fd_room: int) -> dict:
         return dags, await flooding
 
     probe, (dags, flood) = await _probed(url, work)
-    leaked = await leaked_contexts(url)
+    leaked = await leaked_contexts(url, ADMIN)
     s = dags.summary()
     return _row(
         f"{slow} slow clients beside {s['sessions']} sessions",

@@ -112,18 +112,20 @@ async def dag_load(url: str, sessions: int, max_tokens: int = 8) -> DagResult:
     return result
 
 
-async def leaked_contexts(url: str, baseline: int = 0, timeout_s: float = 60) -> int:
+async def leaked_contexts(url: str, admin_token: str, baseline: int = 0, timeout_s: float = 60) -> int:
     """Contexts on the ServeCore's engines beyond those it tracks, once the engines are idle,
     less ``baseline`` (what other users of the engines held before: 0 when the ServeCore is
     their only user). Waits up to ``timeout_s`` for it to come down to 0."""
     deadline = time.monotonic() + timeout_s
+    admin = {"Authorization": f"Bearer {admin_token}"}
     async with httpx.AsyncClient(base_url=url, timeout=10) as api:
         while True:
             surplus, busy = 0, False
             for engine in (await api.get("/v1/engines")).json():
                 ping = (await api.get(f"{engine['url']}/ping")).json()
+                tree = (await api.get(f"/v1/engines/{engine['engine_id']}/contexts", headers=admin)).json()
                 busy |= ping["num_running"] > 0 or ping["num_waiting"] > 0
-                surplus += ping["num_contexts"] - engine["contexts"]
+                surplus += ping["num_contexts"] - tree["contexts"]
             if (not busy and surplus == baseline) or time.monotonic() > deadline:
                 return surplus - baseline
             await asyncio.sleep(0.25)
