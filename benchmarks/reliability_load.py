@@ -45,6 +45,7 @@ DOC = ROOT / "docs" / "reliability.md"
 ADMIN = "reliability-bench"
 BEGIN, END = "<!-- reliability-load:begin -->", "<!-- reliability-load:end -->"
 FULL = {"dag_sessions": 200, "flood": 5000, "flood_sessions": 32, "acceptance_slow": 2000}
+FLOOD_HOLD_S = 30.0
 QUICK = {"dag_sessions": 16, "flood": 300, "flood_sessions": 8, "acceptance_slow": 200}
 
 
@@ -94,7 +95,7 @@ def servecore(engine_url: str) -> Iterator[str]:
             "--engine",
             engine_url,
             "--admin-token",
-            "bench",
+            ADMIN,
             "--data-dir",
             data,
         ]
@@ -137,11 +138,11 @@ async def scenario_flood(url: str, sizes: dict, fd_room: int) -> dict:
     host, port = urlsplit(url).hostname, urlsplit(url).port
     slow = min(sizes["flood"], fd_room)
 
-    async def work(stop):
-        flooding = asyncio.create_task(slow_flood(host, port, slow, duration_s=3600, ramp_s=5.0, stop=stop))
+    async def work(_stop):
+        # The slow clients keep trickling until the server cuts them off (its header
+        # timeout, 10 s by default) or FLOOD_HOLD_S is over: those still open then were not.
+        flooding = asyncio.create_task(slow_flood(host, port, slow, duration_s=FLOOD_HOLD_S, ramp_s=5.0))
         dags = await dag_load(url, sizes["flood_sessions"], max_tokens=16)
-        await asyncio.sleep(2.0)
-        stop.set()
         return dags, await flooding
 
     probe, (dags, flood) = await _probed(url, work)
@@ -151,7 +152,8 @@ async def scenario_flood(url: str, sizes: dict, fd_room: int) -> dict:
         f"{slow} slow clients beside {s['sessions']} sessions",
         probe,
         f"slow clients closed by the server: {flood.closed} ({flood.answered_408} x 408, "
-        f"{flood.answered_503} x 503), refused: {flood.refused}; sessions: {s['calls']} calls, "
+        f"{flood.answered_503} x 503), still open after {FLOOD_HOLD_S:g} s: {flood.still_open}, "
+        f"refused: {flood.refused}; sessions: {s['calls']} calls, "
         f"5xx: {s['5xx']}, lost values: {s['lost_values']}; leaked contexts: {leaked}",
     )
 

@@ -123,7 +123,10 @@ async def leaked_contexts(url: str, admin_token: str, baseline: int = 0, timeout
             surplus, busy = 0, False
             for engine in (await api.get("/v1/engines")).json():
                 ping = (await api.get(f"{engine['url']}/ping")).json()
-                tree = (await api.get(f"/v1/engines/{engine['engine_id']}/contexts", headers=admin)).json()
+                r = await api.get(f"/v1/engines/{engine['engine_id']}/contexts", headers=admin)
+                if r.status_code != 200:
+                    raise RuntimeError(f"the ServeCore's context tree: {r.status_code} {r.text}")
+                tree = r.json()
                 busy |= ping["num_running"] > 0 or ping["num_waiting"] > 0
                 surplus += ping["num_contexts"] - tree["contexts"]
             if (not busy and surplus == baseline) or time.monotonic() > deadline:
