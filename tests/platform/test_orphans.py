@@ -6,8 +6,12 @@ from __future__ import annotations
 import time
 
 import httpx
+import pytest
 from conftest import free_port
 from test_restart import start_servecore, submit_chain
+
+from parrot.platform.serve.orphans import REGIONS_KEPT, claim_region, region_range
+from parrot.platform.store.store import Store
 
 
 def engine_load(engine_url: str) -> tuple[int, int]:
@@ -66,3 +70,20 @@ def test_a_restarted_servecore_frees_what_its_killed_run_left_on_the_engine(engi
         if first is not None and first.proc.poll() is None:
             first.stop()
         other.stop()
+
+
+@pytest.mark.asyncio(loop_scope="function")
+async def test_each_run_claims_a_new_region_and_learns_the_earlier_ones(db_url):
+    """On SQLite and PostgreSQL: the regions of the latest runs are kept in the store."""
+    store = Store(db_url)
+    await store.migrate()
+    try:
+        runs = [await claim_region(store) for _ in range(REGIONS_KEPT + 3)]
+    finally:
+        await store.close()
+    regions = [region for region, _ in runs]
+    assert len(set(regions)) == len(regions)
+    assert runs[0][1] == () and runs[1][1] == (regions[0],)
+    assert runs[-1][1] == tuple(reversed(regions[-1 - REGIONS_KEPT : -1]))  # the latest, newest first
+    start, end = region_range(regions[0])
+    assert start >= 2**48 and end - start == 2**48 and end <= 2**62
