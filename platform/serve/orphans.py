@@ -40,7 +40,10 @@ async def claim_region(store) -> tuple[int, tuple[int, ...]]:
     region = 1 + secrets.randbelow(ID_REGIONS - 1)
     while region in earlier:
         region = 1 + secrets.randbelow(ID_REGIONS - 1)
-    await store.set_state(STATE_NAME, {"regions": [region, *earlier][:REGIONS_KEPT]})
+    try:
+        await store.set_state(STATE_NAME, {"regions": [region, *earlier][:REGIONS_KEPT]})
+    except Exception as error:  # a database that refuses writes must not stop the start
+        log.warning("could not record this run's context ids (%s): a restart will not free them", error)
     return region, earlier
 
 
