@@ -90,7 +90,8 @@ def test_slow_clients_are_cut_off_and_healthz_stays_up(tmp_path):
         log.close()
     output = (tmp_path / "serve.log").read_bytes()
     assert len(output) < 8_000, output[-2000:]
-    assert output.count(b"connection limit") <= RepeatFilter().burst, output[-2000:]
+    # ~270 slow clients were closed to make room: a warning each, 10 of them logged
+    assert 1 <= output.count(b"connection limit") <= RepeatFilter().burst, output[-2000:]
 
 
 def test_a_slow_body_is_cut_off_and_the_server_goes_on(tmp_path):
