@@ -68,6 +68,12 @@ def add_parser(commands) -> None:
         help="take the shared-prefix path when (seqs - 1) * prefix tokens reaches this",
     )
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads")
+    p.add_argument(
+        "--max-body-bytes",
+        type=parse_size,
+        default=32 * 2**20,
+        help="largest request body accepted, e.g. 32MiB (default); larger ones get 413",
+    )
     p.set_defaults(run=run)
 
 
@@ -107,4 +113,5 @@ def run(args: argparse.Namespace) -> None:
 
     engine = BuiltinEngine(config_from_args(args))
     print(f"parrot engine: serving {engine.model_name} on http://{args.host}:{args.port}", flush=True)
-    uvicorn.run(create_app(engine), host=args.host, port=args.port, log_level="warning")
+    app = create_app(engine, max_body_bytes=args.max_body_bytes)
+    uvicorn.run(app, host=args.host, port=args.port, log_level="warning")

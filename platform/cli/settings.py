@@ -21,7 +21,19 @@ flag                              variable                     default: meaning
 ``--memory-high`` / ``-low``      PARROT_MEMORY_HIGH / _LOW    0.9 / 0.75 of an engine's KV blocks
 ``--openai-capacity``             PARROT_OPENAI_CAPACITY       16 requests at once per OpenAI endpoint
 ``--cluster-min-shared``          PARROT_CLUSTER_MIN_SHARED    64 shared tokens: placed together
+``--max-body-bytes``              PARROT_MAX_BODY_BYTES        33554432 (32 MiB): one request body (413)
+``--max-value-chars``             PARROT_MAX_VALUE_CHARS       8388608: one variable's value (413)
+``--max-prompt-chars``            PARROT_MAX_PROMPT_CHARS      8388608: a template or prompt (413)
+``--max-sessions-per-client``     PARROT_MAX_SESSIONS_PER_...  4096 live sessions per address (429)
+``--max-vars-per-session``        PARROT_MAX_VARS_PER_SESSION  10000 (429)
+``--max-calls-per-session``       PARROT_MAX_CALLS_PER_SESSION 10000 (429)
+``--max-pending-calls``           PARROT_MAX_PENDING_CALLS     10000 unfinished calls, server-wide (429)
+(no flag: a secret)               PARROT_SECRET_KEY            key file in the data folder (0600)
 ================================  ===========================  =======================================
+
+``PARROT_SECRET_KEY`` encrypts engine secrets at rest: one Fernet key, or several
+comma-separated (the first encrypts, the others still decrypt: key rotation). It has no flag
+because a command line is visible to every user of the machine (``ps``).
 
 ``--log-level`` / ``--log-json`` (PARROT_LOG_LEVEL, PARROT_LOG_JSON) belong to the ``parrot``
 command itself (:mod:`parrot.platform.cli.logs`).
@@ -32,11 +44,12 @@ from __future__ import annotations
 import argparse
 import os
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import TypeVar
 
 from parrot.platform.serve.contexts import MemoryPressure
+from parrot.platform.serve.limits import Limits, env_name, flag
 from parrot.platform.serve.scheduler.health import HealthSettings
 from parrot.platform.serve.scheduler.policy import SchedulingPolicy
 
@@ -87,6 +100,10 @@ class ServeSettings:
     policy: SchedulingPolicy = field(default_factory=SchedulingPolicy)
     pressure: MemoryPressure = field(default_factory=MemoryPressure)
     health: HealthSettings = field(default_factory=HealthSettings)
+    limits: Limits = field(default_factory=Limits)
+    # PARROT_SECRET_KEY: keys encrypting engine secrets at rest, the first the current one;
+    # none: a key file in data_dir (generated once, mode 0600).
+    secret_keys: tuple[str, ...] = field(default=(), repr=False)
 
     def __post_init__(self) -> None:
         if not 0 < self.port < 65536 or not 0 < self.engine_port < 65536:
@@ -127,6 +144,8 @@ class ServeSettings:
                 parent_wait_s=args.parent_wait,
                 openai_capacity=args.openai_capacity,
             ),
+            limits=Limits(**{f.name: getattr(args, f.name) for f in fields(Limits)}),
+            secret_keys=tuple(args.secret_keys),
         )
 
 
@@ -245,3 +264,20 @@ def add_serve_arguments(p: argparse.ArgumentParser, env: Mapping[str, str] | Non
         "--memory-low", type=float, default=e("MEMORY_LOW", float, pressure.low),
         help="... down to this share (0.75)",
     )
+    limits = p.add_argument_group("limits (413 when too large, 429 when too many)")
+    for f, what in zip(fields(Limits), _LIMIT_HELP, strict=True):
+        default = e(env_name(f.name).removeprefix("PARROT_"), int, getattr(Limits(), f.name))
+        limits.add_argument(flag(f.name), type=int, default=default, help=f"{what} ({f.default})")
+    # No flag: a secret on a command line is visible to every user of the machine.
+    p.set_defaults(secret_keys=e("SECRET_KEY", _list, []))
+
+
+_LIMIT_HELP = (
+    "bytes of one request body",
+    "characters of one variable's value",
+    "characters of a call's template or an OpenAI-front prompt",
+    "live sessions one client address may hold",
+    "variables of one session",
+    "calls of one session",
+    "calls not finished yet, all sessions together",
+)
