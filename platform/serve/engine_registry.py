@@ -166,15 +166,20 @@ class EngineRegistry:
         """Bring back the stored engines, then register ``urls`` not among them."""
         numbers = [int(n) for r in records if (n := r.engine_id.rpartition("-")[2]).isdigit()]
         self._ids = itertools.count(max(numbers, default=0) + 1)
+        # An --engine URL naming a stored builtin engine brings its current credentials.
+        given = {public_url(url): url for url in urls}
         for record in records:
             try:
                 secrets = self.journal.store.engine_secrets(record) if self.journal.store else {}
             except ValueError as error:  # the key is not the one they were sealed with
                 log.error("engine %s at %s is not restored: %s", record.engine_id, record.url, error)
                 continue
+            url = secrets.get("url", record.url)
+            if record.kind == BUILTIN:
+                url = given.get(record.url, url)
             spec = EngineSpec(
                 kind=record.kind,
-                url=secrets.get("url", record.url),
+                url=url,
                 capacity=record.config.get("capacity"),
                 model=record.model if record.kind == OPENAI else None,
                 api=record.config.get("api", "chat"),

@@ -340,3 +340,29 @@ def test_the_dashboard_form_never_shows_credentials_again(tmp_path, locked_engin
         listing = browser.get("/engines").text
         assert url in listing
         assert_no_secret(r.text, listing, browser.get("/").text)
+
+
+def test_an_engine_url_given_at_start_brings_new_credentials_for_a_stored_engine(tmp_path, locked_engine):
+    """The password changed: ``--engine`` with the new one reaches the stored engine (same
+    id), and the new credentials replace the stored ones."""
+    url, seen = locked_engine
+
+    async def run() -> None:
+        store = Store(sqlite_url(tmp_path))
+        await store.migrate()
+        old = url.replace("http://", f"http://{USER}:old-password@")
+        await store.save_engine("engine-4", "builtin", old, "m", {"capacity": 2})
+        await store.close()
+        core = ServeCore(store=Store(sqlite_url(tmp_path)))
+        await core.start((with_credentials(url),))
+        try:
+            assert [(v.engine_id, v.up, v.url) for v in core.engine_views()] == [("engine-4", True, url)]
+            await core.journal.flush()
+            (record,) = await core.journal.store.engines()
+            assert core.journal.store.engine_secrets(record) == {"url": with_credentials(url)}
+        finally:
+            await core.stop()
+
+    seen.clear()
+    asyncio.run(run())
+    assert seen and set(seen) == {"basic"}
