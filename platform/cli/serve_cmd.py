@@ -115,7 +115,11 @@ def run(args: argparse.Namespace) -> None:
             settings.health,
             limits=settings.limits,
         )
-        dashboard = DashboardConfig(enabled=settings.dashboard, require_sign_in=settings.dashboard_auth)
+        dashboard = DashboardConfig(
+            enabled=settings.dashboard,
+            require_sign_in=settings.dashboard_auth,
+            secure_cookies=settings.secure_cookies,
+        )
         app = create_app(
             core,
             engine_urls=urls,

@@ -12,6 +12,7 @@ flag                              variable                     default: meaning
 ``--admin-token``                 PARROT_ADMIN_TOKEN           generated, shown once
 ``--openai-api-key`` (repeatable) PARROT_OPENAI_API_KEYS       none: the OpenAI front is open
 ``--session-timeout``             PARROT_SESSION_TIMEOUT       3600 s: an idle session expires
+``--secure-cookies``              PARROT_SECURE_COOKIES        off: dashboard cookies only over HTTPS
 ``--ping-interval``               PARROT_PING_INTERVAL         1 s between two rounds of engine pings
 ``--ping-timeout``                PARROT_PING_TIMEOUT          2 s: one ping may take this long
 ``--max-missed-pings``            PARROT_MAX_MISSED_PINGS      2 in a row: the engine is down
@@ -97,6 +98,7 @@ class ServeSettings:
     data_dir: Path = field(default_factory=default_data_dir)
     dashboard: bool = True
     dashboard_auth: bool = False  # the read-only pages need signing in too
+    secure_cookies: bool = False  # the dashboard's cookies only over HTTPS (behind a TLS proxy)
     policy: SchedulingPolicy = field(default_factory=SchedulingPolicy)
     pressure: MemoryPressure = field(default_factory=MemoryPressure)
     health: HealthSettings = field(default_factory=HealthSettings)
@@ -127,6 +129,7 @@ class ServeSettings:
             data_dir=Path(args.data_dir),
             dashboard=not args.no_dashboard,
             dashboard_auth=args.dashboard_auth,
+            secure_cookies=args.secure_cookies,
             policy=SchedulingPolicy(
                 app_fifo=not args.no_app_fifo,
                 task_groups=not args.no_task_groups,
@@ -213,6 +216,13 @@ def add_serve_arguments(p: argparse.ArgumentParser, env: Mapping[str, str] | Non
         default=e("DASHBOARD_AUTH", _flag, False),
         help="the dashboard's read-only pages need signing in too (default: open to loopback "
         "clients; $PARROT_DASHBOARD_AUTH=1)",
+    )
+    p.add_argument(
+        "--secure-cookies",
+        action="store_true",
+        default=e("SECURE_COOKIES", _flag, False),
+        help="mark the dashboard's sign-in and CSRF cookies Secure: behind a TLS proxy "
+        "($PARROT_SECURE_COOKIES=1)",
     )
     p.add_argument("--no-dashboard", action="store_true", help="serve the API only, no dashboard pages")
     p.add_argument(
