@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -44,8 +45,9 @@ def upgrade_to_head(url: str) -> None:
 
 
 class Store:
-    """``secrets``: the key engine secrets are encrypted with; None: ``PARROT_SECRET_KEY``,
-    else the key file next to a SQLite database (made when absent)."""
+    """``secrets``: the key engine secrets are encrypted with (``parrot serve`` gives the
+    data folder's). None: ``PARROT_SECRET_KEY``, else the key file next to a SQLite
+    database (made when absent), else a key of this process only (with a warning)."""
 
     def __init__(self, url: str, secrets: SecretBox | None = None) -> None:
         if url.startswith("sqlite") and ("///" not in url or url.endswith(":memory:")):
@@ -77,14 +79,11 @@ class Store:
             if self.url.startswith("sqlite"):
                 folder = Path(self.url.split("///", 1)[-1]).parent
                 self._box = SecretBox.from_env(folder)
-            else:
-                from os import environ
-
-                if environ.get("PARROT_SECRET_KEY"):
-                    self._box = SecretBox.from_env(".")
-                else:  # a programmatic Store on a server database, without a key given
-                    log.warning("no secret key given: engine secrets stored now will not survive a restart")
-                    self._box = SecretBox([Fernet.generate_key()], source="a key of this process only")
+            elif os.environ.get("PARROT_SECRET_KEY"):
+                self._box = SecretBox.from_env(".")
+            else:  # a programmatic Store on a server database, without a key given
+                log.warning("no secret key given: engine secrets stored now will not survive a restart")
+                self._box = SecretBox([Fernet.generate_key()], source="a key of this process only")
         return self._box
 
     async def close(self) -> None:
