@@ -25,7 +25,7 @@ flag                              variable                     default: meaning
 ``--max-body-bytes``              PARROT_MAX_BODY_BYTES        33554432 (32 MiB): one request body (413)
 ``--max-value-chars``             PARROT_MAX_VALUE_CHARS       8388608: one variable's value (413)
 ``--max-prompt-chars``            PARROT_MAX_PROMPT_CHARS      8388608: a template or prompt (413)
-``--max-sessions-per-client``     PARROT_MAX_SESSIONS_PER_...  4096 live sessions per address (429)
+``--max-sessions-per-client``     PARROT_MAX_SESSIONS_PER_CLIENT 4096 live sessions per address (429)
 ``--max-vars-per-session``        PARROT_MAX_VARS_PER_SESSION  10000 (429)
 ``--max-calls-per-session``       PARROT_MAX_CALLS_PER_SESSION 10000 (429)
 ``--max-pending-calls``           PARROT_MAX_PENDING_CALLS     10000 unfinished calls, server-wide (429)
