@@ -49,8 +49,8 @@ def _body_too_large(request: Request, _: RequestEntityTooLarge) -> Response:
     # The limit is the app's (or the route's) request_max_body_size: name it, so a client
     # knows what to send instead.
     limit = request.route_handler.resolve_request_max_body_size()
-    where = f"max_body_size, {limit} bytes" if limit else "max_body_size"
-    return error_response(413, "payload_too_large", f"the request body is larger than the limit ({where})")
+    message = f"the request body is larger than the limit max_body_bytes = {limit} bytes (--max-body-bytes)"
+    return error_response(413, "payload_too_large", message)
 
 
 def _unexpected(_: Request, exc: Exception) -> Response:

@@ -315,7 +315,7 @@ def test_map_reduce_over_the_api(api):
 
 
 @pytest.mark.parametrize(
-    ("size", "limit"), [(8_400_000, "max_prompt_chars = 8388608"), (33_600_000, "max_body_size, 33554432")]
+    ("size", "limit"), [(8_400_000, "max_prompt_chars = 8388608"), (33_600_000, "max_body_bytes = 33554432")]
 )
 def test_oversized_templates_are_refused(api, size, limit):
     """Over the prompt limit, or over the body limit: 413 naming the limit (the defaults).

@@ -80,7 +80,7 @@ def get_value(api, sid: str, auth: dict, var_id: str) -> httpx.Response:
 def test_a_body_over_the_limit_is_413_on_the_servecore(api):
     sid, auth = new_session(api)
     r = var(api, sid, auth, "big", "x" * (LIMITS.max_body_bytes + 1))
-    refused(r, 413, "max_body_size", LIMITS.max_body_bytes)
+    refused(r, 413, "max_body_bytes", LIMITS.max_body_bytes)
     assert api.get(f"/v1/session/{sid}", headers=auth).json()["vars"] == []
     assert var(api, sid, auth, "small", "ok").status_code == 201
     healthy(api)
@@ -91,9 +91,9 @@ def test_a_body_over_the_limit_is_413_on_the_engine(engine):
 
     with ServerThread(engine_app(engine, manage_engine=False, max_body_bytes=4096)) as server:
         r = httpx.post(f"{server.url}/tokenize", json={"text": "word " * 2000})
-        refused(r, 413, "max_body_size", 4096)
+        refused(r, 413, "max_body_bytes", 4096)
         r = httpx.post(f"{server.url}/v1/completions", json={"prompt": "word " * 2000, "max_tokens": 1})
-        refused(r, 413, "max_body_size", 4096)
+        refused(r, 413, "max_body_bytes", 4096)
         assert httpx.post(f"{server.url}/tokenize", json={"text": "word"}).json()["token_ids"]
         assert httpx.get(f"{server.url}/ping").status_code == 200
 
