@@ -66,6 +66,17 @@ class ProducerFailedError(ParrotError):
     it depends on) failed; the message says why."""
 
 
+class PayloadTooLargeError(BadRequestError):
+    """413: a request body, a value or a prompt is over one of the server's limits (the
+    message names it and its value)."""
+
+
+class TooManyRequestsError(ParrotError):
+    """429: a count limit of the server is reached (sessions per client, variables or calls
+    per session, calls pending on the server); the message names it. Retry later, or free
+    what you no longer use."""
+
+
 class EngineUnavailableError(ParrotError):
     """503: no engine can do the work now."""
 
@@ -81,9 +92,10 @@ _BY_STATUS: dict[int, type[ParrotError]] = {
     404: NotFoundError,
     408: WaitTimeoutError,
     409: ConflictError,
-    413: BadRequestError,
+    413: PayloadTooLargeError,
     422: BadRequestError,
     424: ProducerFailedError,
+    429: TooManyRequestsError,
     503: EngineUnavailableError,
 }
 _BY_CODE: dict[str, type[ParrotError]] = {"bad_template": TemplateError, "graph_conflict": GraphError}

@@ -6,6 +6,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
+from parrot.engines.protocol.urls import INVALID, has_secrets, public_url
 from parrot.platform.serve.engine_registry import BUILTIN, OPENAI, EngineSpec
 
 FIELDS = ("kind", "url", "base_url", "model", "api", "capacity")  # shown again (never api_key)
@@ -35,6 +36,15 @@ def _url_error(value: str) -> str | None:
     except ValueError:
         return "the port is not a number from 0 to 65535"
     return None
+
+
+def _shown(url: str) -> str:
+    """A URL field as the page may show it again: credentials and query never come back
+    (like the API key, they are typed again)."""
+    if not url or not has_secrets(url):
+        return url
+    shown = public_url(url)
+    return "" if shown == INVALID else shown
 
 
 def parse(form: Mapping[str, str]) -> EngineForm:
@@ -68,13 +78,14 @@ def parse(form: Mapping[str, str]) -> EngineForm:
             errors["api"] = "choose 'chat' or 'completions'"
         if len(key) > MAX_KEY:
             errors["api_key"] = f"at most {MAX_KEY} characters"
+    shown = {**values, "url": _shown(values["url"]), "base_url": _shown(values["base_url"])}
     if errors:
-        return EngineForm(values, errors)
+        return EngineForm(shown, errors)
     if kind == BUILTIN:
         spec = EngineSpec(BUILTIN, values["url"], capacity)
     else:
         spec = EngineSpec(OPENAI, values["base_url"], capacity, values["model"], values["api"], key or None)
-    return EngineForm(values, {}, spec)
+    return EngineForm(shown, {}, spec)
 
 
 def target_field(form: EngineForm) -> str:

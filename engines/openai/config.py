@@ -10,9 +10,10 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 from typing import Final
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import urlsplit
 
 from parrot.engines.protocol.errors import BadRequestError
+from parrot.engines.protocol.urls import public_url as _public_url
 
 CHAT, COMPLETIONS = "chat", "completions"
 APIS: Final = (CHAT, COMPLETIONS)
@@ -87,18 +88,6 @@ class OpenAIEngineConfig:
     def describe(self) -> dict:
         """The public part of the config (never the key)."""
         return {"base_url": self.public_url, "model": self.model, "api": self.api, "capacity": self.capacity}
-
-
-def _public_url(url: str) -> str:
-    try:
-        parts = urlsplit(url)
-        host = parts.hostname or ""
-        if ":" in host:
-            host = f"[{host}]"
-        netloc = f"{host}:{parts.port}" if parts.port else host
-        return urlunsplit((parts.scheme, netloc, parts.path, "", ""))
-    except ValueError:
-        return "<invalid url>"
 
 
 def _check_int(name: str, value: object, minimum: int) -> None:

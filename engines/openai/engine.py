@@ -43,6 +43,7 @@ from parrot.engines.protocol.schemas import (
     StreamEnd,
     TokenStreamEvent,
 )
+from parrot.engines.protocol.urls import split_credentials
 
 log = logging.getLogger(__name__)
 
@@ -58,9 +59,13 @@ class OpenAIEngine:
         self.config = config
         self._where = f"openai endpoint {config.public_url}"
         # The client's retries count here through its retry header (for ping's statistics).
-        transport = openai.DefaultAsyncHttpxClient(event_hooks={"request": [self._count_retry]})
+        # Credentials inside base_url go to the transport as its auth: the client logs the
+        # URLs it requests, and a password must be in none of them.
+        base_url, credentials = split_credentials(config.base_url)
+        auth = httpx2.BasicAuth(*credentials) if credentials else None
+        transport = openai.DefaultAsyncHttpxClient(event_hooks={"request": [self._count_retry]}, auth=auth)
         self._client = openai.AsyncOpenAI(
-            base_url=config.base_url,
+            base_url=base_url,
             api_key=config.key,
             max_retries=config.max_retries,
             timeout=config.timeout_s,

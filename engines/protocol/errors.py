@@ -70,6 +70,21 @@ class ClientGoneError(ParrotError):
     code = "client_closed_request"
 
 
+class PayloadTooLargeError(ParrotError):
+    """A request, a value or a prompt is larger than a configured limit (the message names it)."""
+
+    status_code = 413
+    code = "payload_too_large"
+
+
+class TooManyRequestsError(ParrotError):
+    """A configured count limit is reached (sessions per client, variables or calls per
+    session, pending calls); the message names the limit and its value."""
+
+    status_code = 429
+    code = "too_many_requests"
+
+
 class EngineShutdownError(ParrotError):
     status_code = 503
     code = "engine_shutdown"
@@ -78,8 +93,6 @@ class EngineShutdownError(ParrotError):
 class ModelLoadError(ParrotError):
     status_code = 500
     code = "model_load_error"
-
-
 
 
 class EngineUnavailableError(ParrotError):

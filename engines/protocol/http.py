@@ -7,6 +7,7 @@ import logging
 import msgspec
 from litestar import Request, Response
 from litestar.exceptions import HTTPException, ValidationException
+from litestar.exceptions.http_exceptions import RequestEntityTooLarge
 from litestar.types import ExceptionHandlersMap
 
 from parrot.engines.protocol.errors import ParrotError
@@ -44,6 +45,14 @@ def _http_error(_: Request, exc: HTTPException) -> Response:
     return error_response(exc.status_code, code.get(exc.status_code, "http_error"), str(exc.detail))
 
 
+def _body_too_large(request: Request, _: RequestEntityTooLarge) -> Response:
+    # The limit is the app's (or the route's) request_max_body_size: name it, so a client
+    # knows what to send instead.
+    limit = request.route_handler.resolve_request_max_body_size()
+    message = f"the request body is larger than the limit max_body_bytes = {limit} bytes (--max-body-bytes)"
+    return error_response(413, "payload_too_large", message)
+
+
 def _unexpected(_: Request, exc: Exception) -> Response:
     log.exception("unexpected error", exc_info=exc)
     return error_response(500, "internal_error", "internal server error")
@@ -54,6 +63,7 @@ def exception_handlers() -> ExceptionHandlersMap:
         ParrotError: _parrot_error,
         ValidationException: _validation_error,
         msgspec.ValidationError: _msgspec_error,
+        RequestEntityTooLarge: _body_too_large,
         HTTPException: _http_error,
         Exception: _unexpected,
     }

@@ -5,7 +5,7 @@ from __future__ import annotations
 import secrets
 from typing import Annotated
 
-from litestar import Litestar, delete, get, post, put
+from litestar import Litestar, Request, delete, get, post, put
 from litestar.datastructures import State
 from litestar.logging.config import LoggingConfig
 from litestar.params import FromPath, FromQuery, JSONBody, QueryParameter
@@ -61,8 +61,11 @@ def _call_info(request: RequestChain) -> CallInfo:
 
 
 @post("/v1/session", status_code=201)
-async def create_session(state: State) -> SessionCreated:
-    session, auth = await _core(state).create_session()
+async def create_session(request: Request, state: State) -> SessionCreated:
+    # Counted per client address (behind a reverse proxy: the address it forwards, when
+    # uvicorn trusts it: --forwarded-allow-ips), for the sessions-per-client limit.
+    client = request.client.host if request.client else "unknown"
+    session, auth = await _core(state).create_session(client=client)
     return SessionCreated(session_id=session.session_id, session_auth=auth)
 
 
@@ -252,6 +255,7 @@ def create_app(
             }
         ),
         exception_handlers=exception_handlers(),
+        request_max_body_size=core.limits.max_body_bytes,
         on_startup=[start],
         on_shutdown=[stop],
     )

@@ -12,7 +12,9 @@ from parrot.platform.serve.engine_registry import EngineSpec
 from parrot.platform.serve.transforms import Steps
 
 Name = Annotated[str, msgspec.Meta(min_length=1, max_length=256)]
-Text = Annotated[str, msgspec.Meta(max_length=4_000_000)]
+# Values and templates: their size limits are the server's configured Limits (413 with the
+# limit named, checked by the ServeCore), not a fixed bound here.
+Text = str
 
 
 class CreateVar(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):

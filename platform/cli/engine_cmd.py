@@ -70,6 +70,12 @@ def add_parser(commands) -> None:
     )
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads")
     add_server_arguments(p)
+    p.add_argument(
+        "--max-body-bytes",
+        type=parse_size,
+        default=32 * 2**20,
+        help="largest request body accepted, e.g. 32MiB (default); larger ones get 413",
+    )
     p.set_defaults(run=run)
 
 
@@ -104,10 +110,10 @@ def config_from_args(args: argparse.Namespace) -> EngineConfig:
 def run(args: argparse.Namespace) -> None:
     from parrot.engines.builtin.engine import BuiltinEngine
     from parrot.engines.builtin.server.app import create_app
+    from parrot.engines.protocol import server
 
     engine = BuiltinEngine(config_from_args(args))
     print(f"parrot engine: serving {engine.model_name} on http://{args.host}:{args.port}", flush=True)
-    from parrot.engines.protocol import server
-
     limits = server_limits_from_args(args)
-    server.run(create_app(engine), args.host, args.port, limits, log_level="warning")
+    app = create_app(engine, max_body_bytes=args.max_body_bytes)
+    server.run(app, args.host, args.port, limits, log_level="warning")

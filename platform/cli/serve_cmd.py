@@ -76,8 +76,10 @@ def start_engine(settings: ServeSettings) -> tuple[subprocess.Popen, str]:
 
 def run(args: argparse.Namespace) -> None:
     from parrot.engines.protocol import server
+    from parrot.engines.protocol.urls import public_url
     from parrot.platform.api.app import create_app
     from parrot.platform.serve.core import ServeCore
+    from parrot.platform.store.secret_box import SecretBox
     from parrot.platform.store.store import Store, sqlite_url
     from parrot.web.config import DashboardConfig
 
@@ -97,15 +99,26 @@ def run(args: argparse.Namespace) -> None:
     host, port = settings.host, settings.port
     try:
         print(
-            f"parrot serve: Parrot API on http://{host}:{port} with engines {list(urls)}"
+            f"parrot serve: Parrot API on http://{host}:{port} with engines {[public_url(u) for u in urls]}"
             + (f"; dashboard on http://{host}:{port}/" if settings.dashboard else ""),
             flush=True,
         )
-        store = Store(settings.db or sqlite_url(settings.data_dir))
+        # Engine secrets at rest: PARROT_SECRET_KEY, else a key file in the data folder.
+        box = SecretBox.load(settings.secret_keys, settings.data_dir)
+        store = Store(settings.db or sqlite_url(settings.data_dir), secrets=box)
         core = ServeCore(
-            settings.session_timeout_s, store, settings.policy, settings.pressure, settings.health
+            settings.session_timeout_s,
+            store,
+            settings.policy,
+            settings.pressure,
+            settings.health,
+            limits=settings.limits,
         )
-        dashboard = DashboardConfig(enabled=settings.dashboard, require_sign_in=settings.dashboard_auth)
+        dashboard = DashboardConfig(
+            enabled=settings.dashboard,
+            require_sign_in=settings.dashboard_auth,
+            secure_cookies=settings.secure_cookies,
+        )
         app = create_app(
             core,
             engine_urls=urls,

@@ -12,6 +12,7 @@ flag                              variable                     default: meaning
 ``--admin-token``                 PARROT_ADMIN_TOKEN           generated, shown once
 ``--openai-api-key`` (repeatable) PARROT_OPENAI_API_KEYS       none: the OpenAI front is open
 ``--session-timeout``             PARROT_SESSION_TIMEOUT       3600 s: an idle session expires
+``--secure-cookies``              PARROT_SECURE_COOKIES        off: dashboard cookies only over HTTPS
 ``--ping-interval``               PARROT_PING_INTERVAL         1 s between two rounds of engine pings
 ``--ping-timeout``                PARROT_PING_TIMEOUT          2 s: one ping may take this long
 ``--max-missed-pings``            PARROT_MAX_MISSED_PINGS      2 in a row: the engine is down
@@ -22,7 +23,19 @@ flag                              variable                     default: meaning
 ``--openai-capacity``             PARROT_OPENAI_CAPACITY       16 requests at once per OpenAI endpoint
 ``--cluster-min-shared``          PARROT_CLUSTER_MIN_SHARED    64 shared tokens: placed together
 ``--header-timeout`` and others   PARROT_HEADER_TIMEOUT, ...   the HTTP server's limits (``server_flags``)
+``--max-body-bytes``              PARROT_MAX_BODY_BYTES        33554432 (32 MiB): one request body (413)
+``--max-value-chars``             PARROT_MAX_VALUE_CHARS       8388608: one variable's value (413)
+``--max-prompt-chars``            PARROT_MAX_PROMPT_CHARS      8388608: a template or prompt (413)
+``--max-sessions-per-client``     PARROT_MAX_SESSIONS_PER_CLIENT 4096 live sessions per address (429)
+``--max-vars-per-session``        PARROT_MAX_VARS_PER_SESSION  10000 (429)
+``--max-calls-per-session``       PARROT_MAX_CALLS_PER_SESSION 10000 (429)
+``--max-pending-calls``           PARROT_MAX_PENDING_CALLS     10000 unfinished calls, server-wide (429)
+(no flag: a secret)               PARROT_SECRET_KEY            key file in the data folder (0600)
 ================================  ===========================  =======================================
+
+``PARROT_SECRET_KEY`` encrypts engine secrets at rest: one Fernet key, or several
+comma-separated (the first encrypts, the others still decrypt: key rotation). It has no flag
+because a command line is visible to every user of the machine (``ps``).
 
 ``--log-level`` / ``--log-json`` (PARROT_LOG_LEVEL, PARROT_LOG_JSON) belong to the ``parrot``
 command itself (:mod:`parrot.platform.cli.logs`).
@@ -33,13 +46,14 @@ from __future__ import annotations
 import argparse
 import os
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import TypeVar
 
 from parrot.engines.protocol.server import ServerLimits
 from parrot.platform.cli.server_flags import add_server_arguments, server_limits_from_args
 from parrot.platform.serve.contexts import MemoryPressure
+from parrot.platform.serve.limits import Limits, env_name, flag
 from parrot.platform.serve.scheduler.health import HealthSettings
 from parrot.platform.serve.scheduler.policy import SchedulingPolicy
 
@@ -87,10 +101,15 @@ class ServeSettings:
     data_dir: Path = field(default_factory=default_data_dir)
     dashboard: bool = True
     dashboard_auth: bool = False  # the read-only pages need signing in too
+    secure_cookies: bool = False  # the dashboard's cookies only over HTTPS (behind a TLS proxy)
     policy: SchedulingPolicy = field(default_factory=SchedulingPolicy)
     pressure: MemoryPressure = field(default_factory=MemoryPressure)
     health: HealthSettings = field(default_factory=HealthSettings)
     server: ServerLimits = field(default_factory=ServerLimits)
+    limits: Limits = field(default_factory=Limits)
+    # PARROT_SECRET_KEY: keys encrypting engine secrets at rest, the first the current one;
+    # none: a key file in data_dir (generated once, mode 0600).
+    secret_keys: tuple[str, ...] = field(default=(), repr=False)
 
     def __post_init__(self) -> None:
         if not 0 < self.port < 65536 or not 0 < self.engine_port < 65536:
@@ -114,6 +133,7 @@ class ServeSettings:
             data_dir=Path(args.data_dir),
             dashboard=not args.no_dashboard,
             dashboard_auth=args.dashboard_auth,
+            secure_cookies=args.secure_cookies,
             policy=SchedulingPolicy(
                 app_fifo=not args.no_app_fifo,
                 task_groups=not args.no_task_groups,
@@ -132,6 +152,8 @@ class ServeSettings:
                 openai_capacity=args.openai_capacity,
             ),
             server=server_limits_from_args(args),
+            limits=Limits(**{f.name: getattr(args, f.name) for f in fields(Limits)}),
+            secret_keys=tuple(args.secret_keys),
         )
 
 
@@ -200,6 +222,13 @@ def add_serve_arguments(p: argparse.ArgumentParser, env: Mapping[str, str] | Non
         help="the dashboard's read-only pages need signing in too (default: open to loopback "
         "clients; $PARROT_DASHBOARD_AUTH=1)",
     )
+    p.add_argument(
+        "--secure-cookies",
+        action="store_true",
+        default=e("SECURE_COOKIES", _flag, False),
+        help="mark the dashboard's sign-in and CSRF cookies Secure: behind a TLS proxy "
+        "($PARROT_SECURE_COOKIES=1)",
+    )
     p.add_argument("--no-dashboard", action="store_true", help="serve the API only, no dashboard pages")
     p.add_argument(
         "--db",
@@ -251,3 +280,20 @@ def add_serve_arguments(p: argparse.ArgumentParser, env: Mapping[str, str] | Non
         help="... down to this share (0.75)",
     )
     add_server_arguments(p, env)
+    limits = p.add_argument_group("limits (413 when too large, 429 when too many)")
+    for f, what in zip(fields(Limits), _LIMIT_HELP, strict=True):
+        default = e(env_name(f.name).removeprefix("PARROT_"), int, getattr(Limits(), f.name))
+        limits.add_argument(flag(f.name), type=int, default=default, help=f"{what} ({f.default})")
+    # No flag: a secret on a command line is visible to every user of the machine.
+    p.set_defaults(secret_keys=e("SECRET_KEY", _list, []))
+
+
+_LIMIT_HELP = (
+    "bytes of one request body",
+    "characters of one variable's value",
+    "characters of a call's template or an OpenAI-front prompt",
+    "live sessions one client address may hold",
+    "variables of one session",
+    "calls of one session",
+    "calls not finished yet, all sessions together",
+)

@@ -25,6 +25,7 @@ from parrot.engines.protocol.errors import BadRequestError, EngineUnavailableErr
 from parrot.engines.protocol.sampling import SamplingParams
 from parrot.platform.serve import observe, transforms
 from parrot.platform.serve.activity import ActivityLog
+from parrot.platform.serve.admission import Admission
 from parrot.platform.serve.contexts import MemoryPressure, context_ids
 from parrot.platform.serve.engine_registry import BUILTIN, EngineRegistry, EngineSpec
 from parrot.platform.serve.errors import (
@@ -38,6 +39,7 @@ from parrot.platform.serve.graph import Graph, RequestChain, SemanticVariable
 from parrot.platform.serve.graph_executor import GraphExecutor
 from parrot.platform.serve.history import LoadHistory, LoadSample
 from parrot.platform.serve.journal import Journal
+from parrot.platform.serve.limits import Limits
 from parrot.platform.serve.metrics import ServeMetrics
 from parrot.platform.serve.observe import ContextTreeView, SessionDag, SessionSummary
 from parrot.platform.serve.orphans import claim_region, region_range
@@ -147,10 +149,12 @@ class ServeCore:
         health: HealthSettings | None = None,
         history: LoadHistory | None = None,
         activity: ActivityLog | None = None,
+        limits: Limits | None = None,
     ) -> None:
         if session_timeout_s <= 0:
             raise ValueError("session_timeout_s must be positive")
         self.session_timeout_s = session_timeout_s
+        self.admission = Admission(limits)
         self._expiry_task: asyncio.Task | None = None
         self.journal = Journal(store)
         self.metrics = ServeMetrics()
@@ -339,9 +343,15 @@ class ServeCore:
         return None
 
     # -- sessions ------------------------------------------------------------------------
-    async def create_session(self, stored: bool = True) -> tuple[Session, str]:
+    @property
+    def limits(self) -> Limits:
+        return self.admission.limits
+
+    async def create_session(self, stored: bool = True, client: str | None = None) -> tuple[Session, str]:
+        """A new session; ``client`` (its address) counts it towards that client's limit."""
         session_id = secrets.token_hex(8)
         auth = secrets.token_urlsafe(24)
+        self.admission.open_session(session_id, client)
         session = self._new_session(session_id, _hash(auth))
         session.stored = stored
         if stored:
@@ -351,6 +361,7 @@ class ServeCore:
                 )
             except ParrotError:
                 self.sessions.pop(session_id, None)
+                self.admission.close_session(session_id)
                 raise
         return session, auth
 
@@ -399,6 +410,7 @@ class ServeCore:
             return
         session.closed = True
         self.sessions.pop(session.session_id, None)
+        self.admission.close_session(session.session_id, list(session.calls))
         if session.stored:
             sid, calls = session.session_id, session.calls.values()
             self._recent.append(
@@ -426,6 +438,8 @@ class ServeCore:
         )
 
     async def create_var(self, session: Session, name: str, value: str | None = None) -> SemanticVariable:
+        self.admission.check_value(value, f"the value of variable {name!r}")
+        self.admission.check_session_growth(session.session_id, len(session.vars), 1, len(session.calls), 0)
         var = SemanticVariable(_new_id("var"), name, value)
         stored = self._add_var(session, var)
         try:
@@ -443,6 +457,7 @@ class ServeCore:
 
     async def set_var(self, session: Session, var_id: str, value: str) -> SemanticVariable:
         var = self.var(session, var_id)
+        self.admission.check_value(value, f"the value of variable {var_id!r}")
         if var.producer is not None:
             raise BadRequestError(f"variable {var_id!r} is the output of call {var.producer.request.call_id}")
         if var.ready:
@@ -502,6 +517,9 @@ class ServeCore:
     ) -> tuple[RequestChain, dict[str, str]]:
         if output_criteria is not None and output_criteria not in CRITERIA:
             raise BadRequestError(f"output_criteria must be one of {CRITERIA}, got {output_criteria!r}")
+        self.admission.check_prompt(len(template), "the template")
+        for p in parameters:
+            self.admission.check_value(p.value, f"input {p.name!r}")
         chunks = parse_template(template)
         check_binding(chunks, [ParameterSpec(p.name, p.is_output) for p in parameters])
         outputs: dict[str, SamplingParams] = {}
@@ -548,6 +566,7 @@ class ServeCore:
         for n, item in enumerate(inputs):
             if (item.var_id is None) == (item.value is None):
                 raise BadRequestError(f"transform input {n}: give a var_id or a value")
+            self.admission.check_value(item.value, f"transform input {n}")
             if item.var_id is not None:
                 bound[f"input{n}"] = self.var(session, item.var_id)
             else:
@@ -574,7 +593,15 @@ class ServeCore:
     ) -> tuple[RequestChain, dict[str, str]]:
         """Link a built call into the session's DAG (or raise, changing nothing), store it
         with its new variables, and only then start it."""
-        session.graph.add(request)
+        self.admission.check_session_growth(
+            session.session_id, len(session.vars), len(fresh), len(session.calls), 1
+        )
+        self.admission.admit_call(request)
+        try:
+            session.graph.add(request)
+        except BaseException:
+            self.admission.call_settled(request.call_id)
+            raise
         request.seq = next(self._call_seq)
         for param in stored:
             param["var_id"] = bound[param["name"]].var_id
@@ -599,6 +626,7 @@ class ServeCore:
         try:
             await self.journal.commit(*writes)
         except ParrotError:
+            self.admission.call_settled(request.call_id)
             session.graph.unlink(request)
             session.calls.pop(request.call_id, None)
             for var in fresh:
@@ -621,6 +649,7 @@ class ServeCore:
         template, so braces are just text): how the OpenAI front runs a request. The pieces
         are constant text: each piece's end is a prefix every session may share (a system
         prompt, the turns of a chat), kept as a context of its own on the engine."""
+        self.admission.check_prompt(sum(len(piece) for piece in pieces), "the prompt")
         self._require_engine(models)
         out = SemanticVariable(_new_id("var"), "completion")
         request = RequestChain.prompt(_new_id("call"), pieces, out, sampling, on_token)
@@ -668,6 +697,7 @@ class ServeCore:
         state = request.state
         if state not in ("done", "failed") or "finished_at" in request.timings:
             return
+        self.admission.call_settled(request.call_id)
         request.timings["finished_at"] = time.time()
         took = request.timings["finished_at"] - request.timings.get("submitted_at", 0.0)
         self.activity.call_finished(request.call_id, state, took, request.engine_id, request.error)
@@ -710,5 +740,6 @@ class ServeCore:
         if request.state in ("done", "failed"):
             return
         request.timings.pop("started_at", None)  # it runs again from the start
+        self.admission.track_call(request)
         log.info("re-queueing call %s of session %s", record.call_id, session.session_id)
         self._run(session, request, tuple(record.models), record.output_criteria or THROUGHPUT)

@@ -34,6 +34,7 @@ from parrot.engines.protocol.schemas import (
     TokenizeResponse,
     TokenStreamEvent,
 )
+from parrot.engines.protocol.urls import public_url, split_credentials
 
 Checkpoints = Sequence[tuple[int, int]]  # (context id, length): forks kept once the prompt is computed
 
@@ -103,11 +104,19 @@ class HttpEngine:
     """A builtin engine (``parrot engine``) reached over HTTP."""
 
     def __init__(self, base_url: str, timeout_s: float = 600.0, ping_timeout_s: float = 2.0) -> None:
-        self.base_url = base_url.rstrip("/")
+        self.public_url = public_url(base_url)  # for messages: without credentials
+        # Credentials in the URL (an engine behind a proxy with Basic auth) go to the client
+        # as its auth, so they are in no URL it logs.
+        self.base_url, credentials = split_credentials(base_url.rstrip("/"))
         self.ping_timeout_s = ping_timeout_s
         # Generations may take long: a hung engine is found by its pings, not by this timeout.
         limits = httpx.Limits(max_connections=2048, max_keepalive_connections=256)
-        self._client = httpx.AsyncClient(base_url=self.base_url, timeout=timeout_s, limits=limits)
+        self._client = httpx.AsyncClient(
+            base_url=self.base_url,
+            timeout=timeout_s,
+            limits=limits,
+            auth=httpx.BasicAuth(*credentials) if credentials else None,
+        )
 
     async def _post(self, path: str, body: msgspec.Struct) -> bytes:
         try:
@@ -115,9 +124,9 @@ class HttpEngine:
                 path, content=msgspec.json.encode(body), headers={"content-type": "application/json"}
             )
         except httpx.TransportError as error:
-            raise EngineUnavailableError(f"engine {self.base_url} unreachable: {error!r}") from error
+            raise EngineUnavailableError(f"engine {self.public_url} unreachable: {error!r}") from error
         if r.status_code >= 400:
-            raise _engine_error(r.status_code, r.content, self.base_url)
+            raise _engine_error(r.status_code, r.content, self.public_url)
         return r.content
 
     async def fill(
@@ -174,16 +183,16 @@ class HttpEngine:
                 headers={"content-type": "application/json"},
             ) as r:
                 if r.status_code >= 400:
-                    raise _engine_error(r.status_code, await r.aread(), self.base_url)
+                    raise _engine_error(r.status_code, await r.aread(), self.public_url)
                 async for event in EventSource(r).aiter_sse():
                     if event.event == "end":
                         yield msgspec.json.decode(event.data, type=StreamEnd)
                         return
                     yield msgspec.json.decode(event.data, type=TokenStreamEvent)
         except SSEError as error:
-            raise EngineUnavailableError(f"engine {self.base_url} sent no event stream: {error}") from None
+            raise EngineUnavailableError(f"engine {self.public_url} sent no event stream: {error}") from None
         except httpx.TransportError as error:
-            raise EngineUnavailableError(f"engine {self.base_url} unreachable: {error!r}") from error
+            raise EngineUnavailableError(f"engine {self.public_url} unreachable: {error!r}") from error
 
     async def abort(self, context_ids: list[int]) -> AbortResponse:
         raw = await self._post("/abort", AbortRequest(context_ids=list(context_ids)))
@@ -207,7 +216,7 @@ class HttpEngine:
         try:
             r = await self._client.get("/tokenizer")
         except httpx.TransportError as error:
-            raise EngineUnavailableError(f"engine {self.base_url} unreachable: {error!r}") from error
+            raise EngineUnavailableError(f"engine {self.public_url} unreachable: {error!r}") from error
         return r.text if r.status_code == 200 else None
 
     async def render_chat(self, messages: list[ChatTurn]) -> list[str]:
@@ -218,9 +227,9 @@ class HttpEngine:
         try:
             r = await self._client.get("/ping", timeout=timeout_s or self.ping_timeout_s)
         except httpx.TransportError as error:
-            raise EngineUnavailableError(f"engine {self.base_url} unreachable: {error!r}") from error
+            raise EngineUnavailableError(f"engine {self.public_url} unreachable: {error!r}") from error
         if r.status_code >= 400:
-            raise _engine_error(r.status_code, r.content, self.base_url)
+            raise _engine_error(r.status_code, r.content, self.public_url)
         return r.json()
 
     async def aclose(self) -> None:

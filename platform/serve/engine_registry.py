@@ -4,6 +4,9 @@ Engines are registered by URL (a running ``parrot engine``) or as an OpenAI-comp
 endpoint; each becomes an :class:`EngineSlot` of the scheduler, and its record is stored
 so a restarted ServeCore finds its engines again. An engine that does not answer at
 restore is kept, marked down, until the monitor sees it answer again.
+
+An engine's secrets (an API key, credentials or a key inside its URL) are used to reach it
+and stored encrypted; everything shown (listings, messages, logs) has its public URL.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from parrot.engines.protocol.errors import BadRequestError, ConflictError, NotFoundError, ParrotError
+from parrot.engines.protocol.urls import public_url
 from parrot.platform.serve.contexts import ContextTree
 from parrot.platform.serve.engine_client import Engine, HttpEngine
 from parrot.platform.serve.journal import Journal
@@ -32,16 +36,21 @@ BUILTIN, OPENAI = "builtin", "openai"
 
 @dataclass(frozen=True)
 class EngineSpec:
-    """What registering an engine needs. ``api_key`` is a secret: never shown."""
+    """What registering an engine needs. ``api_key`` and ``url`` (which may hold
+    credentials) are secrets: shown only as :attr:`public_url`."""
 
     kind: str
-    url: str
+    url: str = field(repr=False)
     # Tasks at once. None: a builtin engine's own running-job limit (from its ping); an
     # OpenAI endpoint's requests in flight default to 16.
     capacity: int | None = None
     model: str | None = None  # openai: the endpoint's model name
     api: str = "chat"  # openai: "chat" | "completions"
     api_key: str | None = field(default=None, repr=False)
+
+    @property
+    def public_url(self) -> str:
+        return public_url(self.url)
 
     def config(self) -> dict:
         """The public part of the spec (stored in the clear, shown in listings)."""
@@ -54,7 +63,7 @@ class EngineSpec:
 def _connect(spec: EngineSpec, health: HealthSettings) -> Engine:
     if spec.kind == BUILTIN:
         if not spec.url.startswith(("http://", "https://")):
-            raise BadRequestError(f"engine url must start with http:// or https://, got {spec.url!r}")
+            raise BadRequestError(f"engine url must start with http:// or https://, got {spec.public_url!r}")
         return HttpEngine(spec.url, timeout_s=health.request_timeout_s, ping_timeout_s=health.timeout_s)
     if spec.kind == OPENAI:
         from parrot.engines.openai.config import OpenAIEngineConfig
@@ -97,16 +106,16 @@ class EngineRegistry:
         return self.scheduler.engines
 
     def url_of(self, engine_id: str) -> str:
-        return self.specs[engine_id].url.rstrip("/")
+        return self.specs[engine_id].public_url
 
     async def register(
         self, spec: EngineSpec, engine_id: str | None = None, stored_model: str | None = None
     ) -> tuple[EngineSlot, asyncio.Future]:
         """Connect to the engine and add it. With ``stored_model`` (a restore) an engine
         that does not answer is kept, marked down, with the model its record names."""
-        url = spec.url.rstrip("/")
+        url = spec.public_url  # what messages and logs may show
         for known_id, known in self.specs.items():
-            if known.url.rstrip("/") == url and (known.model == spec.model or spec.kind == BUILTIN):
+            if known.public_url == url and (known.model == spec.model or spec.kind == BUILTIN):
                 raise ConflictError(f"engine {url} is already registered as {known_id}")
         client = _connect(spec, self.scheduler.health)
         model, up, info = spec.model or stored_model or "", True, {}
@@ -135,7 +144,9 @@ class EngineRegistry:
         self.scheduler.add_engine(slot, task_limit=limit)
         slot.update(info, limit)
         done = self.journal.record(
-            lambda store: store.save_engine(engine_id, spec.kind, url, model, spec.config(), spec.api_key)
+            lambda store: store.save_engine(
+                engine_id, spec.kind, spec.url, model, spec.config(), {"api_key": spec.api_key or ""}
+            )
         )
         return slot, done
 
@@ -160,19 +171,29 @@ class EngineRegistry:
         """Bring back the stored engines, then register ``urls`` not among them."""
         numbers = [int(n) for r in records if (n := r.engine_id.rpartition("-")[2]).isdigit()]
         self._ids = itertools.count(max(numbers, default=0) + 1)
+        # An --engine URL naming a stored builtin engine brings its current credentials.
+        given = {public_url(url): url for url in urls}
         for record in records:
+            try:
+                secrets = self.journal.store.engine_secrets(record) if self.journal.store else {}
+            except ValueError as error:  # the key is not the one they were sealed with
+                log.error("engine %s at %s is not restored: %s", record.engine_id, record.url, error)
+                continue
+            url = secrets.get("url", record.url)
+            if record.kind == BUILTIN:
+                url = given.get(record.url, url)
             spec = EngineSpec(
                 kind=record.kind,
-                url=record.url,
+                url=url,
                 capacity=record.config.get("capacity"),
                 model=record.model if record.kind == OPENAI else None,
                 api=record.config.get("api", "chat"),
-                api_key=record.secret,
+                api_key=secrets.get("api_key"),
             )
             await self.register(spec, engine_id=record.engine_id, stored_model=record.model)
-        known = {s.url.rstrip("/") for s in self.specs.values()}
+        known = {s.public_url for s in self.specs.values()}
         for url in urls:
-            if url.rstrip("/") not in known:
+            if public_url(url) not in known:
                 await self.register(EngineSpec(BUILTIN, url))
 
     async def close(self) -> None:

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Sequence
+import os
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -12,9 +13,11 @@ from typing import Any
 
 from alembic import command
 from alembic.config import Config
+from cryptography.fernet import Fernet
 from sqlalchemy import delete, event, select, update
 from sqlalchemy.ext.asyncio import AsyncEngine, async_sessionmaker, create_async_engine
 
+from parrot.engines.protocol.urls import public_url
 from parrot.platform.store.models import (
     CallRecord,
     EngineRecord,
@@ -22,6 +25,9 @@ from parrot.platform.store.models import (
     SessionRecord,
     VariableRecord,
 )
+from parrot.platform.store.secret_box import SecretBox
+
+log = logging.getLogger(__name__)
 
 MIGRATIONS_DIR = Path(__file__).resolve().parents[2] / "migrations"
 UNFINISHED = ("pending", "running")
@@ -45,7 +51,11 @@ def upgrade_to_head(url: str) -> None:
 
 
 class Store:
-    def __init__(self, url: str) -> None:
+    """``secrets``: the key engine secrets are encrypted with (``parrot serve`` gives the
+    data folder's). None: ``PARROT_SECRET_KEY``, else the key file next to a SQLite
+    database (made when absent), else a key of this process only (with a warning)."""
+
+    def __init__(self, url: str, secrets: SecretBox | None = None) -> None:
         if url.startswith("sqlite") and ("///" not in url or url.endswith(":memory:")):
             # Alembic migrates over a connection of its own: an in-memory database would be
             # another, empty one.
@@ -56,6 +66,7 @@ class Store:
             # SQLite settings are per connection: foreign keys (session cascades), WAL.
             event.listen(self.engine.sync_engine, "connect", _sqlite_pragmas)
         self._sessions = async_sessionmaker(self.engine, expire_on_commit=False)
+        self._box = secrets
         # aiosqlite's DEBUG lines echo every statement with its values: engine API keys and
         # session data must never reach a log, whatever level the operator picks.
         logging.getLogger("aiosqlite").setLevel(max(logging.INFO, logging.getLogger("aiosqlite").level))
@@ -66,6 +77,20 @@ class Store:
             if path and path != ":memory:":
                 Path(path).parent.mkdir(parents=True, exist_ok=True)
         await asyncio.to_thread(upgrade_to_head, self.url)
+        await self._seal_engine_secrets()
+
+    @property
+    def secrets(self) -> SecretBox:
+        if self._box is None:
+            if self.url.startswith("sqlite"):
+                folder = Path(self.url.split("///", 1)[-1]).parent
+                self._box = SecretBox.from_env(folder)
+            elif os.environ.get("PARROT_SECRET_KEY"):
+                self._box = SecretBox.from_env(".")
+            else:  # a programmatic Store on a server database, without a key given
+                log.warning("no secret key given: engine secrets stored now will not survive a restart")
+                self._box = SecretBox([Fernet.generate_key()], source="a key of this process only")
+        return self._box
 
     async def close(self) -> None:
         await self.engine.dispose()
@@ -220,16 +245,67 @@ class Store:
         url: str,
         model: str,
         config: dict | None = None,
-        secret: str | None = None,
+        secrets: Mapping[str, str] | None = None,
     ) -> EngineRecord:
+        """``url`` is stored without credentials or query; those, and ``secrets`` (an API
+        key), are stored encrypted (:meth:`engine_secrets` gives them back)."""
+        shown, sealed = self._split_secrets(url, dict(secrets or {}))
         async with self._sessions.begin() as db:
             record = await db.get(EngineRecord, engine_id)
             if record is None:
                 record = EngineRecord(engine_id=engine_id, created_at=now())
                 db.add(record)
-            record.kind, record.url, record.model = kind, url, model
-            record.config, record.secret, record.status = config or {}, secret, "up"
+            record.kind, record.url, record.model = kind, shown, model
+            record.config, record.secret, record.status = config or {}, sealed, "up"
         return record
+
+    def _split_secrets(self, url: str, secrets: dict[str, str]) -> tuple[str, str | None]:
+        shown = public_url(url)
+        if shown != url.rstrip("/"):  # credentials or a query: the whole URL is a secret
+            secrets["url"] = url
+        secrets = {name: value for name, value in secrets.items() if value}
+        return shown, self.secrets.seal(secrets) if secrets else None
+
+    def engine_secrets(self, record: EngineRecord) -> dict[str, str]:
+        """The decrypted secrets of an engine record: ``api_key``, ``url`` (the URL with its
+        credentials), each when it has one. Raises SecretKeyError with the wrong key."""
+        return self.secrets.open(record.secret) if record.secret else {}
+
+    async def _seal_engine_secrets(self) -> None:
+        """Encrypt what an older version stored in the clear (an API key in ``secret``,
+        credentials inside ``url``), and re-encrypt secrets sealed with an older key, once,
+        on start. Secrets that do not decrypt are left as they are (and reported at restore)."""
+        box, changed = self.secrets, 0
+        async with self._sessions.begin() as db:
+            for record in (await db.scalars(select(EngineRecord))).all():
+                clear_url = public_url(record.url) == record.url.rstrip("/")
+                if not record.secret and clear_url:
+                    continue
+                if record.secret and box.is_sealed(record.secret):
+                    if clear_url and not box.needs_rotation(record.secret):
+                        continue
+                    try:
+                        secrets = box.open(record.secret)
+                    except ValueError as error:
+                        log.error("engine %s: %s", record.engine_id, error)
+                        continue
+                else:  # plaintext of an older version: the API key
+                    secrets = {"api_key": record.secret} if record.secret else {}
+                secrets.setdefault("url", record.url)
+                record.url, record.secret = self._split_secrets(secrets.pop("url"), secrets)
+                changed += 1
+        if changed:
+            log.info("encrypted the secrets of %d stored engine(s) with the key from %s", changed, box.source)
+            await self._scrub()
+
+    async def _scrub(self) -> None:
+        """Leave no old plaintext in the SQLite file's free pages or its write-ahead log."""
+        if not self.url.startswith("sqlite"):
+            return
+        async with self.engine.connect() as conn:
+            conn = await conn.execution_options(isolation_level="AUTOCOMMIT")
+            await conn.exec_driver_sql("VACUUM")
+            await conn.exec_driver_sql("PRAGMA wal_checkpoint(TRUNCATE)")
 
     async def set_engine_status(self, engine_id: str, status: str) -> bool:
         return await self._update(EngineRecord, EngineRecord.engine_id, engine_id, status=status) > 0

@@ -45,10 +45,12 @@ async def test_records_survive_a_restart(store):
     await store.add_call("c2", "s1", 2, "done: {{answer}} {{x}}", [])
     await store.update_call("c2", state="done", engine_id="e1", timings={"total_s": 1.5})
     await store.set_var_value("v2", "Water rising.")
-    await store.save_engine("e1", "builtin", "http://127.0.0.1:9001", "smol", {"capacity": 8}, secret="sk-1")
+    await store.save_engine(
+        "e1", "builtin", "http://127.0.0.1:9001", "smol", {"capacity": 8}, secrets={"api_key": "sk-1"}
+    )
     await store.close()
 
-    reopened = Store(store.url)
+    reopened = Store(store.url, secrets=store.secrets)  # the same server key
     await reopened.migrate()
     try:
         assert (await reopened.get_session("s1")).auth_hash == "hash"
@@ -60,7 +62,8 @@ async def test_records_survive_a_restart(store):
         done = await reopened.get_call("c2")
         assert done.state == "done" and done.timings == {"total_s": 1.5} and done.engine_id == "e1"
         (engine,) = await reopened.engines()
-        assert engine.config == {"capacity": 8} and engine.secret == "sk-1"
+        assert engine.config == {"capacity": 8} and "sk-1" not in engine.secret  # encrypted
+        assert reopened.engine_secrets(engine) == {"api_key": "sk-1"}
     finally:
         await reopened.close()
 

@@ -195,8 +195,17 @@ async def tokenize(data: JSONBody[TokenizeRequest], state: State) -> TokenizeRes
     return TokenizeResponse(token_ids=_engine(state).tokenize(data.text))
 
 
-def create_app(engine: BuiltinEngine, manage_engine: bool = True) -> Litestar:
+# A request body at most (413 beyond, naming the limit): far above the token ids of any
+# prompt a model's context holds, and above the largest prompt a ServeCore accepts.
+MAX_BODY_BYTES = 32 * 2**20
+
+
+def create_app(
+    engine: BuiltinEngine, manage_engine: bool = True, max_body_bytes: int = MAX_BODY_BYTES
+) -> Litestar:
     """The engine's Litestar app; with ``manage_engine`` the engine thread runs for the app's lifetime."""
+    if max_body_bytes < 1:
+        raise ValueError(f"max_body_bytes must be positive, got {max_body_bytes}")
 
     def start() -> None:
         engine.start()
@@ -225,6 +234,7 @@ def create_app(engine: BuiltinEngine, manage_engine: bool = True) -> Litestar:
         ],
         state=State({"engine": engine}),
         exception_handlers=exception_handlers(),
+        request_max_body_size=max_body_bytes,
         on_startup=[start] if manage_engine else [],
         on_shutdown=[stop] if manage_engine else [],
         debug=False,

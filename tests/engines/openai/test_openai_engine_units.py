@@ -24,7 +24,7 @@ def test_config_defaults_describe_and_hidden_key():
     assert config.base_url == "https://user:pw@api.example.com/v1/?x=1"
     assert (config.api, config.capacity, config.timeout_s, config.max_retries) == ("chat", 16, 60.0, 4)
     assert config.describe() == {
-        "base_url": "https://api.example.com/v1/",
+        "base_url": "https://api.example.com/v1",  # no credentials, query or trailing slash
         "model": "gpt",
         "api": "chat",
         "capacity": 16,

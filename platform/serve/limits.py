@@ -1,0 +1,46 @@
+"""What one client may ask of a ServeCore: sizes (413 beyond them) and counts (429).
+
+The defaults are far above what a normal application or the benchmarks use; they exist so
+that one client cannot take all of the server's memory or queue. Each is a ``parrot serve``
+flag and a ``PARROT_*`` variable (:mod:`parrot.platform.cli.settings`); every refusal names
+the limit and its value, so an operator knows what to raise.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+
+MiB = 2**20
+
+
+@dataclass(frozen=True)
+class Limits:
+    # 413: too large
+    max_body_bytes: int = 32 * MiB  # one HTTP request body (the app's request_max_body_size)
+    max_value_chars: int = 8 * MiB  # one variable's value, set by a client or given inline
+    max_prompt_chars: int = 8 * MiB  # a call's template; an OpenAI-front prompt, all pieces
+    # 429: too many
+    max_sessions_per_client: int = 4096  # live sessions opened from one client address
+    max_vars_per_session: int = 10_000
+    max_calls_per_session: int = 10_000
+    max_pending_calls: int = 10_000  # calls not finished yet, all sessions together
+
+    def __post_init__(self) -> None:
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"limit {f.name} must be a positive integer, got {value!r}")
+
+
+# The flag of each limit (``--max-value-chars`` ...) and its variable (PARROT_MAX_VALUE_CHARS).
+def flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+def env_name(name: str) -> str:
+    return "PARROT_" + name.upper()
+
+
+def describe(name: str, value: int) -> str:
+    """How a refusal names a limit: ``max_value_chars = 8388608 (--max-value-chars)``."""
+    return f"{name} = {value} ({flag(name)})"
