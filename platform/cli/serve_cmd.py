@@ -104,7 +104,12 @@ def run(args: argparse.Namespace) -> None:
         )
         store = Store(settings.db or sqlite_url(settings.data_dir))
         core = ServeCore(
-            settings.session_timeout_s, store, settings.policy, settings.pressure, settings.health
+            settings.session_timeout_s,
+            store,
+            settings.policy,
+            settings.pressure,
+            settings.health,
+            transform_limits=settings.transforms,
         )
         dashboard = DashboardConfig(enabled=settings.dashboard, require_sign_in=settings.dashboard_auth)
         app = create_app(

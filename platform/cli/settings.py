@@ -21,6 +21,8 @@ flag                              variable                     default: meaning
 ``--memory-high`` / ``-low``      PARROT_MEMORY_HIGH / _LOW    0.9 / 0.75 of an engine's KV blocks
 ``--openai-capacity``             PARROT_OPENAI_CAPACITY       16 requests at once per OpenAI endpoint
 ``--cluster-min-shared``          PARROT_CLUSTER_MIN_SHARED    64 shared tokens: placed together
+``--transform-budget``            PARROT_TRANSFORM_BUDGET      2 s of CPU one transform may take in all
+``--transform-workers``           PARROT_TRANSFORM_WORKERS     2 transforms computed at once (threads)
 ================================  ===========================  =======================================
 
 ``--log-level`` / ``--log-json`` (PARROT_LOG_LEVEL, PARROT_LOG_JSON) belong to the ``parrot``
@@ -39,6 +41,7 @@ from typing import TypeVar
 from parrot.platform.serve.contexts import MemoryPressure
 from parrot.platform.serve.scheduler.health import HealthSettings
 from parrot.platform.serve.scheduler.policy import SchedulingPolicy
+from parrot.platform.serve.transform_runner import TransformLimits
 
 T = TypeVar("T")
 
@@ -87,6 +90,7 @@ class ServeSettings:
     policy: SchedulingPolicy = field(default_factory=SchedulingPolicy)
     pressure: MemoryPressure = field(default_factory=MemoryPressure)
     health: HealthSettings = field(default_factory=HealthSettings)
+    transforms: TransformLimits = field(default_factory=TransformLimits)
 
     def __post_init__(self) -> None:
         if not 0 < self.port < 65536 or not 0 < self.engine_port < 65536:
@@ -127,12 +131,14 @@ class ServeSettings:
                 parent_wait_s=args.parent_wait,
                 openai_capacity=args.openai_capacity,
             ),
+            transforms=TransformLimits(budget_s=args.transform_budget, workers=args.transform_workers),
         )
 
 
 def add_serve_arguments(p: argparse.ArgumentParser, env: Mapping[str, str] | None = None) -> None:
     """The flags of ``parrot serve``, their defaults from ``PARROT_*`` variables."""
     d, policy, pressure, health = ServeSettings, SchedulingPolicy(), MemoryPressure(), HealthSettings()
+    limits = TransformLimits()
 
     def e(name: str, parse: Callable[[str], T], default: T) -> T:
         return from_env(name, parse, default, env)
@@ -179,6 +185,18 @@ def add_serve_arguments(p: argparse.ArgumentParser, env: Mapping[str, str] | Non
         type=int,
         default=e("CLUSTER_MIN_SHARED", int, policy.cluster_min_shared),
         help="a queued prompt sharing this many tokens with a task just placed goes with it (64)",
+    )
+    p.add_argument(
+        "--transform-budget",
+        type=float,
+        default=e("TRANSFORM_BUDGET", float, limits.budget_s),
+        help="seconds one semantic transform may compute, all its steps and values together (2)",
+    )
+    p.add_argument(
+        "--transform-workers",
+        type=int,
+        default=e("TRANSFORM_WORKERS", int, limits.workers),
+        help="transforms computed at once, in worker threads off the event loop (2)",
     )
     p.add_argument(
         "--openai-api-key",

@@ -49,6 +49,7 @@ from parrot.platform.serve.scheduler.slot import EngineSlot
 from parrot.platform.serve.scheduler.task import LATENCY, THROUGHPUT, CompletionTask
 from parrot.platform.serve.template import ParameterSpec, check_binding, parse_template
 from parrot.platform.serve.tokenizer_manager import TokenizerManager
+from parrot.platform.serve.transform_runner import TransformLimits, TransformRunner
 from parrot.platform.serve.variables import Variables
 from parrot.platform.store.models import CallRecord
 from parrot.platform.store.store import Snapshot, Store
@@ -146,6 +147,7 @@ class ServeCore:
         health: HealthSettings | None = None,
         history: LoadHistory | None = None,
         activity: ActivityLog | None = None,
+        transform_limits: TransformLimits | None = None,
     ) -> None:
         if session_timeout_s <= 0:
             raise ValueError("session_timeout_s must be positive")
@@ -156,6 +158,7 @@ class ServeCore:
         self.metrics.watch(self.stats)
         self.variables = Variables(on_change=self._var_changed, on_wait=self.metrics.observe_wait)
         self.tokenizers = TokenizerManager()
+        self.transforms = TransformRunner(transform_limits)
         self.scheduler = GlobalScheduler(
             self.variables, PromptBuilder(self.tokenizers), policy, pressure, health, self.metrics
         )
@@ -193,6 +196,7 @@ class ServeCore:
                 task.cancel()
         await self.scheduler.stop()
         await self.engines.close()
+        self.transforms.close()
         await self.journal.stop()
         if self.journal.store is not None:
             await self.journal.store.close()
@@ -350,9 +354,8 @@ class ServeCore:
         return session, auth
 
     def _new_session(self, session_id: str, auth_hash: str) -> Session:
-        session = Session(
-            session_id, auth_hash, Graph(), GraphExecutor(session_id, self.scheduler, self._task_seq)
-        )
+        executor = GraphExecutor(session_id, self.scheduler, self._task_seq, self.transforms)
+        session = Session(session_id, auth_hash, Graph(), executor)
         self.sessions[session_id] = session
         return session
 
@@ -385,6 +388,8 @@ class ServeCore:
                 await self.expire_idle_sessions()
             except ParrotError as error:  # the store: the next round tries again
                 log.warning("expiring idle sessions failed: %s", error)
+            except Exception:  # a bug: logged, and expiry goes on
+                log.exception("expiring idle sessions failed")
 
     async def delete_session(self, session: Session) -> None:
         """Stop the session's work (queued tasks dropped, running generations aborted on

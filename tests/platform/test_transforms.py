@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import msgspec
 import pytest
 
@@ -73,5 +75,38 @@ def test_bad_definitions_are_rejected_before_running():
 
 def test_catastrophic_regex_times_out_instead_of_hanging():
     pipeline = steps({"type": "regex", "pattern": r"(a|aa)+$"})
-    with pytest.raises(TransformError, match="longer than"):
-        apply(pipeline, ["a" * 60 + "b"])
+    with pytest.raises(TransformError, match="time budget"):
+        apply(pipeline, ["a" * 60 + "b"], budget_s=0.5)
+
+
+@pytest.mark.parametrize(
+    ("value", "message"),
+    [
+        ("[" * 100_000 + "]" * 100_000, "recursion"),  # RecursionError in json.loads
+        ("1" * 5000, "digits"),  # ValueError: an int string over Python's limit
+        ('{"a": "\\ud800"}', r"not valid text: lone surrogate U\+D800 at character 0"),
+    ],
+)
+def test_json_field_on_values_python_cannot_take_fails_with_a_transform_error(value, message):
+    """Issue 14.4: these raised RecursionError / ValueError (or returned a lone surrogate),
+    which nobody caught: the call stayed running and its variable poisoned."""
+    with pytest.raises(TransformError, match=message):
+        apply(steps({"type": "json_field", "path": "a"}), [value])
+
+
+def test_paths_and_format_fields_that_are_not_plain_numbers_are_transform_errors():
+    # "²" is a digit to str.isdigit but not to int(); a 5,000-digit field index overflows int()
+    with pytest.raises(TransformError, match="no field"):
+        apply(steps({"type": "json_field", "path": "²"}), ["[1, 2]"])
+    with pytest.raises(TransformError, match=r"lone '\{'"):
+        apply(steps({"type": "format", "template": "{" + "9" * 5000 + "}"}), ["a"])
+
+
+def test_one_budget_for_all_values_of_a_transform():
+    """Issue 14.1: each of 64 values had its own 0.5 s regex timeout (32 s in all); now the
+    whole transform has one budget, and the reason names it."""
+    pipeline = steps({"type": "regex", "pattern": r"(a|aa)+$"}, {"type": "join"})
+    started = time.monotonic()
+    with pytest.raises(TransformError, match=r"time budget of 0\.3 s"):
+        apply(pipeline, ["a" * 60 + "b"] * 64, budget_s=0.3)
+    assert time.monotonic() - started < 1.0
