@@ -69,7 +69,10 @@ class EngineMonitor:
 
     async def run(self, slots: Callable[[], list[EngineSlot]]) -> None:
         while True:
-            await asyncio.gather(*(self.check(s) for s in slots()))
+            results = await asyncio.gather(*(self.check(s) for s in slots()), return_exceptions=True)
+            for error in results:  # a bug in one engine's check must not end the monitoring
+                if isinstance(error, Exception):
+                    log.error("engine health check failed: %r", error)
             self.on_round()
             await asyncio.sleep(self.settings.interval_s)
 
