@@ -38,6 +38,7 @@ from parrot.platform.serve.graph import Graph, RequestChain, SemanticVariable
 from parrot.platform.serve.graph_executor import GraphExecutor
 from parrot.platform.serve.history import LoadHistory, LoadSample
 from parrot.platform.serve.journal import Journal
+from parrot.platform.serve.memory import MemoryTrimmer
 from parrot.platform.serve.metrics import ServeMetrics
 from parrot.platform.serve.observe import ContextTreeView, SessionDag, SessionSummary
 from parrot.platform.serve.prompt import PromptBuilder
@@ -159,6 +160,7 @@ class ServeCore:
         self.variables = Variables(on_change=self._var_changed, on_wait=self.metrics.observe_wait)
         self.tokenizers = TokenizerManager()
         self.transforms = TransformRunner(transform_limits)
+        self.memory = MemoryTrimmer()  # gives the memory of big prompts back once freed
         self.scheduler = GlobalScheduler(
             self.variables, PromptBuilder(self.tokenizers), policy, pressure, health, self.metrics
         )
@@ -285,6 +287,7 @@ class ServeCore:
     async def _sample_loop(self) -> None:
         while True:
             self.sample_load()
+            await self.memory.after(self.tokenizers.big_at)
             await asyncio.sleep(self.history.interval_s)
 
     async def _activity_loop(self) -> None:

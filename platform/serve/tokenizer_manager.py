@@ -15,6 +15,7 @@ Python objects, which the cache would otherwise keep).
 from __future__ import annotations
 
 import asyncio
+import time
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
@@ -70,6 +71,7 @@ class Encoding:
 class TokenizerManager:
     max_chars: int = 64 * 2**20  # cached text, summed over entries
     max_entry_chars: int = 2**20  # longer texts are tokenized each time, never kept
+    big_at: float | None = None  # time.monotonic() of the last text longer than that
     hits: int = 0
     misses: int = 0
     _cache: OrderedDict[tuple[str, str], Encoding] = field(default_factory=OrderedDict)
@@ -107,7 +109,9 @@ class TokenizerManager:
             encoding = Encoding(tuple(await fetch(text)), None)
         else:
             raise LookupError(f"no tokenizer for model {model!r}")
-        if len(text) <= min(self.max_chars, self.max_entry_chars):
+        if len(text) > self.max_entry_chars:
+            self.big_at = time.monotonic()  # its memory is worth giving back (serve.memory)
+        elif len(text) <= self.max_chars:
             self._cache[key] = encoding
             self._chars += len(text)
             while self._chars > self.max_chars:
