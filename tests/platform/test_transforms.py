@@ -6,6 +6,7 @@ import time
 
 import msgspec
 import pytest
+import regex
 
 from parrot.platform.serve.errors import TransformError
 from parrot.platform.serve.transforms import Steps, apply, validate
@@ -102,11 +103,24 @@ def test_paths_and_format_fields_that_are_not_plain_numbers_are_transform_errors
         apply(steps({"type": "format", "template": "{" + "9" * 5000 + "}"}), ["a"])
 
 
+def slow_value(seconds: float) -> str:
+    """A value on which ``(a|aa)+$|b`` backtracks for about ``seconds``, then matches."""
+    pattern = regex.compile(r"(a|aa)+$|b")
+    for n in range(10, 60):
+        started = time.monotonic()
+        pattern.search("a" * n + "b")
+        if time.monotonic() - started > seconds:
+            return "a" * n + "b"
+    raise AssertionError("no slow value")
+
+
 def test_one_budget_for_all_values_of_a_transform():
-    """Issue 14.1: each of 64 values had its own 0.5 s regex timeout (32 s in all); now the
-    whole transform has one budget, and the reason names it."""
-    pipeline = steps({"type": "regex", "pattern": r"(a|aa)+$"}, {"type": "join"})
+    """Issue 14.1: each value had its own 0.5 s regex timeout, so 256 values that match
+    after 0.2 s each held the server for 50 s; now the whole transform has one budget, and
+    the reason names it."""
+    pipeline = steps({"type": "regex", "pattern": r"(a|aa)+$|b"}, {"type": "join"})
+    value = slow_value(0.05)
     started = time.monotonic()
     with pytest.raises(TransformError, match=r"time budget of 0\.3 s"):
-        apply(pipeline, ["a" * 60 + "b"] * 64, budget_s=0.3)
+        apply(pipeline, [value] * 40, budget_s=0.3)  # 2 s of work in all
     assert time.monotonic() - started < 1.0
