@@ -176,3 +176,23 @@ def test_the_memory_of_a_big_prompt_is_given_back(engine_server, tmp_path):
         assert grown <= 100, f"the ServeCore kept {grown:.0f} MiB after a big prompt (from {before:.0f} MiB)"
     finally:
         process.kill()
+
+
+def test_transform_limits_come_from_flags_and_variables():
+    import argparse
+
+    from parrot.platform.cli.settings import ServeSettings, add_serve_arguments
+
+    def settings(argv: list[str], env: dict[str, str]) -> ServeSettings:
+        parser = argparse.ArgumentParser()
+        add_serve_arguments(parser, env)
+        return ServeSettings.from_args(parser.parse_args(argv))
+
+    default = settings([], {}).transforms
+    assert (default.budget_s, default.workers) == (2.0, 2)
+    env = {"PARROT_TRANSFORM_BUDGET": "0.5", "PARROT_TRANSFORM_WORKERS": "4"}
+    assert settings([], env).transforms.budget_s == 0.5
+    assert settings(["--transform-budget", "3"], env).transforms.budget_s == 3.0
+    assert settings([], env).transforms.workers == 4
+    with pytest.raises(ValueError, match="budget must be positive"):
+        settings(["--transform-budget", "0"], {})
