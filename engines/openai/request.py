@@ -23,6 +23,7 @@ from typing import Any
 from parrot.engines.openai.chat import to_messages
 from parrot.engines.openai.config import CHAT, OpenAIEngineConfig
 from parrot.engines.protocol.sampling import SamplingParams
+from parrot.engines.protocol.text import replace_invalid
 
 
 def build_request(config: OpenAIEngineConfig, text: str, sampling: SamplingParams) -> dict[str, Any]:
@@ -61,11 +62,12 @@ def build_request(config: OpenAIEngineConfig, text: str, sampling: SamplingParam
 
 
 def choice_text(api: str, choice: Any) -> str:
-    """The text of a choice (a whole answer's, or a stream chunk's delta)."""
+    """The text of a choice (a whole answer's, or a stream chunk's delta), as valid text: a
+    lone surrogate the endpoint sent (a JSON escape) becomes U+FFFD."""
     if api != CHAT:
-        return choice.text or ""
+        return replace_invalid(choice.text or "")
     message = getattr(choice, "message", None) or getattr(choice, "delta", None)
-    return (getattr(message, "content", None) or "") if message is not None else ""
+    return replace_invalid((getattr(message, "content", None) or "") if message is not None else "")
 
 
 def usage_counts(usage: Any) -> tuple[int, int]:

@@ -113,6 +113,7 @@ def run(args: argparse.Namespace) -> None:
             settings.pressure,
             settings.health,
             limits=settings.limits,
+            transform_limits=settings.transforms,
         )
         dashboard = DashboardConfig(
             enabled=settings.dashboard,

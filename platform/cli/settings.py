@@ -31,6 +31,8 @@ flag                              variable                     default: meaning
 ``--max-calls-per-session``       PARROT_MAX_CALLS_PER_SESSION 10000 (429)
 ``--max-pending-calls``           PARROT_MAX_PENDING_CALLS     10000 unfinished calls, server-wide (429)
 (no flag: a secret)               PARROT_SECRET_KEY            key file in the data folder (0600)
+``--transform-budget``            PARROT_TRANSFORM_BUDGET      2 s of CPU one transform may take in all
+``--transform-workers``           PARROT_TRANSFORM_WORKERS     2 transforms computed at once (threads)
 ================================  ===========================  =======================================
 
 ``PARROT_SECRET_KEY`` encrypts engine secrets at rest: one Fernet key, or several
@@ -56,6 +58,7 @@ from parrot.platform.serve.contexts import MemoryPressure
 from parrot.platform.serve.limits import Limits, env_name, flag
 from parrot.platform.serve.scheduler.health import HealthSettings
 from parrot.platform.serve.scheduler.policy import SchedulingPolicy
+from parrot.platform.serve.transform_runner import TransformLimits
 
 T = TypeVar("T")
 
@@ -110,6 +113,7 @@ class ServeSettings:
     # PARROT_SECRET_KEY: keys encrypting engine secrets at rest, the first the current one;
     # none: a key file in data_dir (generated once, mode 0600).
     secret_keys: tuple[str, ...] = field(default=(), repr=False)
+    transforms: TransformLimits = field(default_factory=TransformLimits)
 
     def __post_init__(self) -> None:
         if not 0 < self.port < 65536 or not 0 < self.engine_port < 65536:
@@ -154,12 +158,14 @@ class ServeSettings:
             server=server_limits_from_args(args),
             limits=Limits(**{f.name: getattr(args, f.name) for f in fields(Limits)}),
             secret_keys=tuple(args.secret_keys),
+            transforms=TransformLimits(budget_s=args.transform_budget, workers=args.transform_workers),
         )
 
 
 def add_serve_arguments(p: argparse.ArgumentParser, env: Mapping[str, str] | None = None) -> None:
     """The flags of ``parrot serve``, their defaults from ``PARROT_*`` variables."""
     d, policy, pressure, health = ServeSettings, SchedulingPolicy(), MemoryPressure(), HealthSettings()
+    limits = TransformLimits()
 
     def e(name: str, parse: Callable[[str], T], default: T) -> T:
         return from_env(name, parse, default, env)
@@ -206,6 +212,18 @@ def add_serve_arguments(p: argparse.ArgumentParser, env: Mapping[str, str] | Non
         type=int,
         default=e("CLUSTER_MIN_SHARED", int, policy.cluster_min_shared),
         help="a queued prompt sharing this many tokens with a task just placed goes with it (64)",
+    )
+    p.add_argument(
+        "--transform-budget",
+        type=float,
+        default=e("TRANSFORM_BUDGET", float, limits.budget_s),
+        help="seconds one semantic transform may compute, all its steps and values together (2)",
+    )
+    p.add_argument(
+        "--transform-workers",
+        type=int,
+        default=e("TRANSFORM_WORKERS", int, limits.workers),
+        help="transforms computed at once, in worker threads off the event loop (2)",
     )
     p.add_argument(
         "--openai-api-key",

@@ -40,6 +40,7 @@ from parrot.platform.serve.graph_executor import GraphExecutor
 from parrot.platform.serve.history import LoadHistory, LoadSample
 from parrot.platform.serve.journal import Journal
 from parrot.platform.serve.limits import Limits
+from parrot.platform.serve.memory import MemoryTrimmer
 from parrot.platform.serve.metrics import ServeMetrics
 from parrot.platform.serve.observe import ContextTreeView, SessionDag, SessionSummary
 from parrot.platform.serve.orphans import claim_region, region_range
@@ -52,6 +53,7 @@ from parrot.platform.serve.scheduler.slot import EngineSlot
 from parrot.platform.serve.scheduler.task import LATENCY, THROUGHPUT, CompletionTask
 from parrot.platform.serve.template import ParameterSpec, check_binding, parse_template
 from parrot.platform.serve.tokenizer_manager import TokenizerManager
+from parrot.platform.serve.transform_runner import TransformLimits, TransformRunner
 from parrot.platform.serve.variables import Variables
 from parrot.platform.store.models import CallRecord
 from parrot.platform.store.store import Snapshot, Store
@@ -150,6 +152,7 @@ class ServeCore:
         history: LoadHistory | None = None,
         activity: ActivityLog | None = None,
         limits: Limits | None = None,
+        transform_limits: TransformLimits | None = None,
     ) -> None:
         if session_timeout_s <= 0:
             raise ValueError("session_timeout_s must be positive")
@@ -161,6 +164,8 @@ class ServeCore:
         self.metrics.watch(self.stats)
         self.variables = Variables(on_change=self._var_changed, on_wait=self.metrics.observe_wait)
         self.tokenizers = TokenizerManager()
+        self.transforms = TransformRunner(transform_limits)
+        self.memory = MemoryTrimmer()  # gives the memory of big prompts back once freed
         self.scheduler = GlobalScheduler(
             self.variables, PromptBuilder(self.tokenizers), policy, pressure, health, self.metrics
         )
@@ -202,6 +207,7 @@ class ServeCore:
                 task.cancel()
         await self.scheduler.stop()
         await self.engines.close()
+        self.transforms.close()
         await self.journal.stop()
         if self.journal.store is not None:
             await self.journal.store.close()
@@ -290,6 +296,7 @@ class ServeCore:
     async def _sample_loop(self) -> None:
         while True:
             self.sample_load()
+            await self.memory.after(self.tokenizers.big_at)
             await asyncio.sleep(self.history.interval_s)
 
     async def _activity_loop(self) -> None:
@@ -366,9 +373,8 @@ class ServeCore:
         return session, auth
 
     def _new_session(self, session_id: str, auth_hash: str) -> Session:
-        session = Session(
-            session_id, auth_hash, Graph(), GraphExecutor(session_id, self.scheduler, self._task_seq)
-        )
+        executor = GraphExecutor(session_id, self.scheduler, self._task_seq, self.transforms)
+        session = Session(session_id, auth_hash, Graph(), executor)
         self.sessions[session_id] = session
         return session
 
@@ -401,6 +407,8 @@ class ServeCore:
                 await self.expire_idle_sessions()
             except ParrotError as error:  # the store: the next round tries again
                 log.warning("expiring idle sessions failed: %s", error)
+            except Exception:  # a bug: logged, and expiry goes on
+                log.exception("expiring idle sessions failed")
 
     async def delete_session(self, session: Session) -> None:
         """Stop the session's work (queued tasks dropped, running generations aborted on

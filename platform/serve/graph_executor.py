@@ -5,7 +5,12 @@ while it waits, the part of its prompt that is known is filled ahead on an engin
 inputs have values, its prompt is tokenized for the models that may run it and it goes to
 the global scheduler as a :class:`CompletionTask`. A call whose inputs come from several
 calls still running makes those producers a task group: they are ordered and placed
-together, whenever the consumer arrives. Transform calls run right here, on the ServeCore.
+together, whenever the consumer arrives. Transform calls run on the ServeCore, in a worker
+thread (:mod:`parrot.platform.serve.transform_runner`).
+
+Whatever stops a chain here (an error nobody expected included) fails its output variable
+with the reason, so its call ends ``failed`` and its consumers ``producer_failed``: a
+watcher task never dies with its exception unseen and the call left ``running``.
 """
 
 from __future__ import annotations
@@ -16,11 +21,11 @@ import logging
 import time
 
 from parrot.engines.protocol.errors import ParrotError
-from parrot.platform.serve import transforms
 from parrot.platform.serve.errors import TransformError
 from parrot.platform.serve.graph import CompletionChain, RequestChain, TransformGen
 from parrot.platform.serve.scheduler.global_scheduler import GlobalScheduler
 from parrot.platform.serve.scheduler.task import LATENCY, THROUGHPUT, CompletionTask
+from parrot.platform.serve.transform_runner import TransformRunner
 
 log = logging.getLogger(__name__)
 
@@ -28,9 +33,16 @@ log = logging.getLogger(__name__)
 class GraphExecutor:
     """Turns a session's chains into tasks as their inputs become ready."""
 
-    def __init__(self, session_id: str, scheduler: GlobalScheduler, seq: itertools.count) -> None:
+    def __init__(
+        self,
+        session_id: str,
+        scheduler: GlobalScheduler,
+        seq: itertools.count,
+        transforms: TransformRunner,
+    ) -> None:
         self.session_id = session_id
         self.scheduler = scheduler
+        self.transforms = transforms  # the ServeCore's, shared by all sessions
         self.variables = scheduler.variables
         self.seq = seq  # task arrival order, shared by all sessions
         self.app_seq: int | None = None  # submission order of this session's first call
@@ -61,6 +73,15 @@ class GraphExecutor:
         self.scheduler.wake()
 
     async def _when_ready(self, chain: CompletionChain, models: tuple[str, ...], criteria: str) -> None:
+        try:
+            await self._run_when_ready(chain, models, criteria)
+        except asyncio.CancelledError:
+            raise  # its session is gone (or the ServeCore stops): nothing to report
+        except Exception as error:  # a bug: the call still ends, with the reason
+            log.exception("chain %s of call %s failed", chain.key, chain.request.call_id)
+            self.variables.fail(chain.gen.var, f"internal error: {error!r}")
+
+    async def _run_when_ready(self, chain: CompletionChain, models: tuple[str, ...], criteria: str) -> None:
         if chain.settled:
             return  # settled before a restart: nothing to run
         waits = list(chain.input_vars())
@@ -102,11 +123,12 @@ class GraphExecutor:
         self.scheduler.background(self.scheduler.fill_ahead(chain, self.session_id, models, latency))
 
     async def _transform(self, chain: CompletionChain, gen: TransformGen) -> None:
-        """Transforms run here: string work needs no engine (bounded: see transforms)."""
+        """Transforms run on the ServeCore (string work needs no engine), in a worker thread
+        within their time budget."""
         chain.request.engine_id = "servecore"
         chain.request.timings.setdefault("started_at", time.time())
         try:
-            value = transforms.apply(gen.steps, [v.value or "" for v in chain.input_vars()])
+            value = await self.transforms.apply(gen.steps, [v.value or "" for v in chain.input_vars()])
         except TransformError as error:
             self.variables.fail(gen.var, str(error))
         else:

@@ -2,6 +2,10 @@
 
 The waiting state is each variable's own event (:attr:`SemanticVariable.settled`), so it
 goes with the variable when its session goes; nothing here is keyed by variable.
+
+Every value and reason kept here is valid text (storable, encodable as JSON): a produced
+value that is not (a lone surrogate) fails its variable with that reason instead, and a
+reason that quotes one gets it escaped.
 """
 
 from __future__ import annotations
@@ -11,6 +15,7 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
+from parrot.engines.protocol import text
 from parrot.platform.serve.errors import ProducerFailedError
 from parrot.platform.serve.graph import SemanticVariable
 
@@ -23,13 +28,17 @@ class Variables:
     def set_value(self, var: SemanticVariable, value: str) -> None:
         if var.ready or var.error is not None:
             return  # settled once: a late result (a task that ran twice) changes nothing
+        why = text.problem(value)
+        if why is not None:
+            self.fail(var, f"the value produced is not valid text: {why}")
+            return
         var.value = value
         self._changed(var)
 
     def fail(self, var: SemanticVariable, error: str) -> None:
         if var.ready or var.error is not None:
             return
-        var.error = error
+        var.error = text.printable(error)
         self._changed(var)
 
     def close(self, variables: Iterable[SemanticVariable], reason: str) -> None:

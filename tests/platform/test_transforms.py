@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import time
+
 import msgspec
 import pytest
+import regex
 
 from parrot.platform.serve.errors import TransformError
 from parrot.platform.serve.transforms import Steps, apply, validate
@@ -73,5 +76,51 @@ def test_bad_definitions_are_rejected_before_running():
 
 def test_catastrophic_regex_times_out_instead_of_hanging():
     pipeline = steps({"type": "regex", "pattern": r"(a|aa)+$"})
-    with pytest.raises(TransformError, match="longer than"):
-        apply(pipeline, ["a" * 60 + "b"])
+    with pytest.raises(TransformError, match="time budget"):
+        apply(pipeline, ["a" * 60 + "b"], budget_s=0.5)
+
+
+@pytest.mark.parametrize(
+    ("value", "message"),
+    [
+        ("[" * 100_000 + "]" * 100_000, "recursion"),  # RecursionError in json.loads
+        ("1" * 5000, "digits"),  # ValueError: an int string over Python's limit
+        ('{"a": "\\ud800"}', r"not valid text: lone surrogate U\+D800 at character 0"),
+    ],
+)
+def test_json_field_on_values_python_cannot_take_fails_with_a_transform_error(value, message):
+    """Issue 14.4: these raised RecursionError / ValueError (or returned a lone surrogate),
+    which nobody caught: the call stayed running and its variable poisoned."""
+    with pytest.raises(TransformError, match=message):
+        apply(steps({"type": "json_field", "path": "a"}), [value])
+
+
+def test_paths_and_format_fields_that_are_not_plain_numbers_are_transform_errors():
+    # "²" is a digit to str.isdigit but not to int(); a 5,000-digit field index overflows int()
+    with pytest.raises(TransformError, match="no field"):
+        apply(steps({"type": "json_field", "path": "²"}), ["[1, 2]"])
+    with pytest.raises(TransformError, match=r"lone '\{'"):
+        apply(steps({"type": "format", "template": "{" + "9" * 5000 + "}"}), ["a"])
+
+
+def slow_value(seconds: float) -> str:
+    """A value on which ``(a|aa)+$|b`` backtracks for about ``seconds``, then matches."""
+    pattern = regex.compile(r"(a|aa)+$|b")
+    for n in range(10, 60):
+        started = time.monotonic()
+        pattern.search("a" * n + "b")
+        if time.monotonic() - started > seconds:
+            return "a" * n + "b"
+    raise AssertionError("no slow value")
+
+
+def test_one_budget_for_all_values_of_a_transform():
+    """Issue 14.1: each value had its own 0.5 s regex timeout, so 256 values that match
+    after 0.2 s each held the server for 50 s; now the whole transform has one budget, and
+    the reason names it."""
+    pipeline = steps({"type": "regex", "pattern": r"(a|aa)+$|b"}, {"type": "join"})
+    value = slow_value(0.05)
+    started = time.monotonic()
+    with pytest.raises(TransformError, match=r"time budget of 0\.3 s"):
+        apply(pipeline, [value] * 40, budget_s=0.3)  # 2 s of work in all
+    assert time.monotonic() - started < 1.0

@@ -12,7 +12,7 @@ from litestar.response import ServerSentEvent
 from parrot.engines.builtin.engine import BuiltinEngine
 from parrot.engines.builtin.jobs import GenerateResult
 from parrot.engines.builtin.metrics import CONTENT_TYPE
-from parrot.engines.builtin.tokenizer import chat_pieces
+from parrot.engines.builtin.server import text_work
 from parrot.engines.protocol.disconnect import unless_disconnected
 from parrot.engines.protocol.errors import BadRequestError, NotFoundError
 from parrot.engines.protocol.http import exception_handlers
@@ -39,8 +39,8 @@ def _engine(state: State) -> BuiltinEngine:
     return state.engine
 
 
-def _tokens(engine: BuiltinEngine, token_ids: list[int] | None, text: str | None) -> list[int]:
-    return token_ids if token_ids is not None else engine.tokenize(text or "")
+async def _tokens(engine: BuiltinEngine, token_ids: list[int] | None, text: str | None) -> list[int]:
+    return token_ids if token_ids is not None else await text_work.tokenize(engine, text or "")
 
 
 def _checkpoints(data: FillRequest | GenerateRequest) -> list[tuple[int, int]]:
@@ -54,7 +54,7 @@ async def fill(data: JSONBody[FillRequest], state: State, request: Request) -> F
         raise BadRequestError("fill needs exactly one of token_ids or text")
     work = engine.fill(
         data.context_id,
-        _tokens(engine, data.token_ids, data.text),
+        await _tokens(engine, data.token_ids, data.text),
         data.parent_context_id,
         parent_len=data.parent_len,
         priority=data.priority,
@@ -71,10 +71,10 @@ async def fill(data: JSONBody[FillRequest], state: State, request: Request) -> F
     )
 
 
-def _generate_args(engine: BuiltinEngine, data: GenerateRequest) -> dict:
+async def _generate_args(engine: BuiltinEngine, data: GenerateRequest) -> dict:
     if data.token_ids is not None and data.text is not None:
         raise BadRequestError("give the prompt tail as token_ids or as text, not both")
-    tail = _tokens(engine, data.token_ids, data.text) if (data.token_ids or data.text) else []
+    tail = await _tokens(engine, data.token_ids, data.text) if (data.token_ids or data.text) else []
     return {
         "parent_len": data.parent_len,
         "prompt_tokens": tail,
@@ -100,7 +100,7 @@ def _generate_response(result: GenerateResult) -> GenerateResponse:
 async def generate(data: JSONBody[GenerateRequest], state: State, request: Request) -> GenerateResponse:
     """A client that disconnects stops its generation (and the contexts it created go)."""
     engine = _engine(state)
-    args = _generate_args(engine, data)
+    args = await _generate_args(engine, data)
     work = engine.generate(data.context_id, data.sampling, data.parent_context_id, **args)
     return _generate_response(await unless_disconnected(request, work))
 
@@ -108,7 +108,7 @@ async def generate(data: JSONBody[GenerateRequest], state: State, request: Reque
 @post("/generate_stream", status_code=200)
 async def generate_stream(data: JSONBody[GenerateRequest], state: State) -> ServerSentEvent:
     engine = _engine(state)
-    args = _generate_args(engine, data)
+    args = await _generate_args(engine, data)
     stream = engine.generate_stream(data.context_id, data.sampling, data.parent_context_id, **args)
     # Pull the first event before answering, so a bad request still gets its 4xx status.
     first = await anext(stream)
@@ -162,7 +162,7 @@ async def render_chat(data: JSONBody[RenderChatRequest], state: State) -> Render
     """The model's chat template applied for a ServeCore, in message-boundary pieces."""
     messages = [{"role": m.role, "content": m.content} for m in data.messages]
     try:
-        return RenderChatResponse(pieces=chat_pieces(_engine(state).tokenizer, messages))
+        return RenderChatResponse(pieces=await text_work.chat_prompt_pieces(_engine(state), messages))
     except ValueError as error:  # no chat template
         raise BadRequestError(str(error)) from None
     except Exception as error:  # a template that rejects the conversation (raise_exception)
@@ -192,7 +192,7 @@ async def metrics(state: State) -> bytes:
 
 @post("/tokenize", status_code=200)
 async def tokenize(data: JSONBody[TokenizeRequest], state: State) -> TokenizeResponse:
-    return TokenizeResponse(token_ids=_engine(state).tokenize(data.text))
+    return TokenizeResponse(token_ids=await text_work.tokenize(_engine(state), data.text))
 
 
 # A request body at most (413 beyond, naming the limit): far above the token ids of any

@@ -22,6 +22,7 @@ from litestar.response import Stream
 
 from parrot.engines.builtin.engine import BuiltinEngine
 from parrot.engines.builtin.jobs import GenerateResult, TokenEvent
+from parrot.engines.builtin.server import text_work
 from parrot.engines.protocol.errors import BadRequestError
 from parrot.engines.protocol.openai_schemas import (
     ChatCompletionRequest,
@@ -166,7 +167,7 @@ def openai_router() -> Router:
         _check_model(engine, data.model)
         if data.echo or data.logprobs:
             raise BadRequestError("echo and logprobs are not supported")
-        tokens = _prompt_tokens(engine, data.prompt)
+        tokens = await _prompt_tokens(engine, data.prompt)
         sampling = _sampling(data, len(tokens), engine.core.max_model_len, default_max=16)
         run = _Run(engine, ids, tokens, sampling, data.n)
         rid, created, model = f"cmpl-{uuid.uuid4().hex}", int(time.time()), engine.model_name
@@ -191,10 +192,10 @@ def openai_router() -> Router:
             raise BadRequestError("logprobs are not supported")
         messages = [{"role": m.role, "content": content_text(m.content)} for m in data.messages]
         try:
-            text = engine.tokenizer.apply_chat_template(messages, add_generation_prompt=True)
+            text = await text_work.chat_prompt(engine, messages)
         except ValueError as error:
             raise BadRequestError(str(error)) from None
-        tokens = engine.tokenize(text)
+        tokens = await text_work.tokenize(engine, text)
         sampling = _sampling(data, len(tokens), engine.core.max_model_len, default_max=None)
         run = _Run(engine, ids, tokens, sampling, data.n)
         rid, created, model = f"chatcmpl-{uuid.uuid4().hex}", int(time.time()), engine.model_name
@@ -217,13 +218,13 @@ def openai_router() -> Router:
     return Router(path="/v1", route_handlers=[completions, chat_completions, models])
 
 
-def _prompt_tokens(engine: BuiltinEngine, prompt: str | list[int | str]) -> list[int]:
+async def _prompt_tokens(engine: BuiltinEngine, prompt: str | list[int | str]) -> list[int]:
     """A prompt string, a one-element list of strings, or a list of token ids."""
     if isinstance(prompt, list) and any(isinstance(p, str) for p in prompt):
         if len(prompt) != 1 or not isinstance(prompt[0], str):
             raise BadRequestError("send one prompt per request: a string or a list of token ids")
         prompt = prompt[0]
-    tokens = engine.tokenize(prompt) if isinstance(prompt, str) else list(prompt)
+    tokens = await text_work.tokenize(engine, prompt) if isinstance(prompt, str) else list(prompt)
     if not tokens:
         raise BadRequestError("the prompt is empty")
     return tokens

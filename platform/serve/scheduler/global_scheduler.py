@@ -173,13 +173,21 @@ class GlobalScheduler:
         for task in self.queue.ordered():
             if task not in self.queue:
                 continue  # placed with its group or a task sharing its prefix
-            slot = self._pick(task)
-            if slot is None:
-                continue
-            self._start(task, slot)
-            for other in self._companions(task, slot):
-                if slot.fits(self._need(other, slot)):
-                    self._start(other, slot)
+            try:
+                self._dispatch(task)
+            except Exception as error:  # a bug: this task fails, the loop and the rest go on
+                log.exception("dispatching call %s failed", task.chain.request.call_id)
+                self.queue.remove(task)
+                self._fail(task, f"internal error: {error!r}")
+
+    def _dispatch(self, task: CompletionTask) -> None:
+        slot = self._pick(task)
+        if slot is None:
+            return
+        self._start(task, slot)
+        for other in self._companions(task, slot):
+            if slot.fits(self._need(other, slot)):
+                self._start(other, slot)
 
     def _pick(self, task: CompletionTask) -> EngineSlot | None:
         serving = self.serving(task.models)
@@ -296,7 +304,11 @@ class GlobalScheduler:
         async def prepare() -> None:
             try:
                 await self.runner.prompt(task, slot)
-            except ParrotError as error:
+            except asyncio.CancelledError:
+                raise
+            except Exception as error:  # else the task would stay queued, its call pending
+                if not isinstance(error, ParrotError):
+                    log.exception("the prompt of call %s failed", task.chain.request.call_id)
                 self.queue.remove(task)
                 self._fail(task, f"could not tokenize the prompt for {slot.model}: {error}")
             self.wake()

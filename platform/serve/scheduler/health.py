@@ -69,14 +69,19 @@ class EngineMonitor:
 
     async def run(self, slots: Callable[[], list[EngineSlot]]) -> None:
         while True:
-            await asyncio.gather(*(self.check(s) for s in slots()))
+            results = await asyncio.gather(*(self.check(s) for s in slots()), return_exceptions=True)
+            for error in results:  # a bug in one engine's check must not end the monitoring
+                if isinstance(error, Exception):
+                    log.error("engine health check failed: %r", error)
             self.on_round()
             await asyncio.sleep(self.settings.interval_s)
 
     async def check(self, slot: EngineSlot) -> None:
         try:
             info = await asyncio.wait_for(slot.client.ping(self.settings.timeout_s), self.settings.timeout_s)
-        except (ParrotError, TimeoutError) as error:
+        except Exception as error:  # a ParrotError, a timeout, or an answer nobody expected
+            if not isinstance(error, ParrotError | TimeoutError):
+                log.warning("engine %s: unexpected ping failure %r", slot.engine_id, error)
             slot.missed_pings += 1
             if slot.up and slot.missed_pings >= self.settings.max_missed:
                 log.warning("engine %s missed %d pings (%s): down", slot.engine_id, slot.missed_pings, error)

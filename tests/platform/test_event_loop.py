@@ -1,0 +1,201 @@
+"""Issue 14.1: no request stalls the event loop. CPU work (a transform's regexes, tokenizing
+a big prompt, a chat template) runs off the loop, a transform within one time budget for
+all its values; ``/healthz`` (the ServeCore) and ``/ping`` (the engine) keep answering in
+well under a second meanwhile. Measured over real HTTP against real processes."""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, suppress
+
+import httpx
+import pytest
+from conftest import ParrotProcess, free_port
+
+from parrot.platform.serve.memory import malloc_trim
+
+CATASTROPHIC = r"(a|aa)+$"  # on "a" * 60 + "b": exponential backtracking
+STALL_S = 0.3  # p99 allowed: "well under a second" (measured: 7-60 ms; before the fix 0.5-2.8 s)
+
+
+@contextmanager
+def servecore(tmp_path, **env: str) -> Iterator[str]:
+    """``parrot serve`` without an engine (transforms need none), as a child process."""
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    env = {**os.environ, "PARROT_ADMIN_TOKEN": "admin", **env}
+    args = ["serve", "--port", str(port), "--no-engine", "--data-dir", str(tmp_path), "--no-dashboard"]
+    process = ParrotProcess(args, env)
+    try:
+        process.wait_ready(lambda: httpx.get(f"{url}/healthz", timeout=2).status_code == 200, "serve")
+        yield url
+    finally:
+        process.kill()
+
+
+def percentile(samples: list[float], q: float) -> float:
+    ordered = sorted(samples)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def probe(url: str, busy: Callable[[], bool], at_most_s: float) -> list[float]:
+    """Latencies of GET ``url``, one after another, while ``busy()`` (and at most
+    ``at_most_s``); a probe that gets no answer within 5 s counts as 5 s."""
+    latencies = []
+    deadline = time.monotonic() + at_most_s
+    with httpx.Client(timeout=5) as client:
+        while busy() and time.monotonic() < deadline:
+            started = time.monotonic()
+            with suppress(httpx.TimeoutException):
+                assert client.get(url).status_code == 200
+            latencies.append(time.monotonic() - started)
+            time.sleep(0.01)
+    return latencies
+
+
+def test_healthz_answers_while_a_64_input_catastrophic_regex_transform_runs(tmp_path):
+    """Before: each of the 64 values had its own 0.5 s regex timeout, run one after another
+    on the event loop (32 s without an answer). Now the transform runs in a worker thread
+    (the regex search releases the GIL) and fails when its one budget is spent."""
+    budget = 1.5
+    with (
+        servecore(tmp_path, PARROT_TRANSFORM_BUDGET=str(budget)) as url,
+        httpx.Client(base_url=url, timeout=60) as api,
+    ):
+        s = api.post("/v1/session").json()
+        sid, auth = s["session_id"], {"Authorization": f"Bearer {s['session_auth']}"}
+        body = {
+            "session_id": sid,
+            "inputs": [{"value": "a" * 60 + "b"}] * 64,
+            "steps": [{"type": "regex", "pattern": CATASTROPHIC}, {"type": "join"}],
+            "output": "matched",
+        }
+        started = time.monotonic()
+        call = api.post("/v1/semantic_transform", json=body, headers=auth)
+        assert call.status_code == 201, call.text
+        state = {}
+
+        def running() -> bool:
+            state.update(
+                api.get(
+                    f"/v1/semantic_call/{call.json()['call_id']}", params={"session_id": sid}, headers=auth
+                ).json()
+            )
+            return state["state"] != "failed"
+
+        latencies = probe(f"{url}/healthz", running, at_most_s=budget + 5)
+        took = time.monotonic() - started
+        assert state["state"] == "failed" and "time budget of 1.5 s" in state["error"], state
+        assert took < budget + 3, f"the transform took {took:.1f} s: not one budget for all its values"
+        assert len(latencies) >= 10, latencies
+        p99 = percentile(latencies, 0.99)
+        assert p99 < STALL_S, f"/healthz p99 {p99 * 1000:.0f} ms during the transform ({len(latencies)})"
+        var = api.get(
+            f"/v1/semantic_var/{call.json()['outputs']['matched']}", params={"session_id": sid}, headers=auth
+        )
+        assert var.status_code == 424 and "time budget" in var.json()["error"]["message"], var.text
+
+
+BIG_PROMPT_CHARS = 2 * 2**20  # 2 MiB (the issue's 4 MiB: scripts/... see docs/reliability.md)
+
+
+def big_prompt() -> str:
+    # Words, as in a real document: ~4 characters a token for the default model.
+    return " ".join(f"word{n % 997}" for n in range(BIG_PROMPT_CHARS // 8))[:BIG_PROMPT_CHARS]
+
+
+def while_posting(url: str, body: dict, probe_url: str) -> tuple[httpx.Response, list[float]]:
+    """POST ``body`` to ``url`` in a thread; probe ``probe_url`` until the answer comes."""
+    answer: list[httpx.Response] = []
+
+    def post() -> None:
+        answer.append(httpx.post(url, json=body, timeout=300))
+
+    thread = threading.Thread(target=post)
+    thread.start()
+    try:
+        latencies = probe(probe_url, thread.is_alive, at_most_s=300)
+    finally:
+        thread.join()
+    return answer[0], latencies
+
+
+def test_healthz_answers_while_the_openai_front_tokenizes_a_big_prompt(parrot_url):
+    """The unauthenticated ``/v1/completions`` of the ServeCore tokenizes the prompt itself."""
+    body = {"prompt": big_prompt(), "max_tokens": 1}
+    answer, latencies = while_posting(f"{parrot_url}/v1/completions", body, f"{parrot_url}/healthz")
+    # (the front answers the engine's refusal as the one-shot call's failure: 424)
+    assert answer.status_code in (400, 424) and "context length" in answer.text, answer.text
+    p99 = percentile(latencies, 0.99)
+    assert p99 < STALL_S, f"/healthz p99 {p99 * 1000:.0f} ms while a big prompt was tokenized"
+
+
+@pytest.mark.parametrize("route", ["/v1/completions", "/v1/chat/completions", "/tokenize"])
+def test_the_engine_answers_pings_while_it_tokenizes_a_big_prompt(engine_server, route):
+    """The builtin engine's own routes tokenized (and rendered chat templates) on its loop."""
+    text = big_prompt()
+    body = {
+        "/v1/completions": {"prompt": text, "max_tokens": 1},
+        "/v1/chat/completions": {"messages": [{"role": "user", "content": text}], "max_tokens": 1},
+        "/tokenize": {"text": text},
+    }[route]
+    url = engine_server.url
+    answer, latencies = while_posting(f"{url}{route}", body, f"{url}/ping")
+    if route == "/tokenize":
+        assert answer.status_code == 200 and len(answer.json()["token_ids"]) > 100_000
+    else:
+        assert answer.status_code == 400 and answer.json()["error"]["code"] == "prompt_too_long", answer.text
+    p99 = percentile(latencies, 0.99)
+    assert p99 < STALL_S, f"/ping p99 {p99 * 1000:.0f} ms while {route} tokenized ({len(latencies)} probes)"
+
+
+def rss_mib(pid: int) -> float:
+    with open(f"/proc/{pid}/statm") as statm:
+        return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+
+
+@pytest.mark.skipif(malloc_trim() is None, reason="glibc's malloc_trim is what gives memory back")
+def test_the_memory_of_a_big_prompt_is_given_back(engine_server, tmp_path):
+    """Before: the ServeCore kept ~400 MB more after one 2 MiB prompt, for good (glibc's
+    malloc keeps what the prompt's objects freed). Now it trims after big prompts."""
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    env = {**os.environ, "PARROT_ADMIN_TOKEN": "admin"}
+    args = ["serve", "--port", str(port), "--engine", engine_server.url, "--data-dir", str(tmp_path)]
+    process = ParrotProcess([*args, "--no-dashboard"], env)
+    try:
+        process.wait_ready(lambda: httpx.get(f"{url}/healthz", timeout=2).json()["engines_up"] == 1, "serve")
+        small = httpx.post(f"{url}/v1/completions", json={"prompt": "Hi", "max_tokens": 1}, timeout=120)
+        assert small.status_code == 200, small.text
+        before = rss_mib(process.proc.pid)
+        big = httpx.post(f"{url}/v1/completions", json={"prompt": big_prompt(), "max_tokens": 1}, timeout=300)
+        assert big.status_code in (400, 424), big.text
+        deadline = time.monotonic() + 15
+        while (grown := rss_mib(process.proc.pid) - before) > 100 and time.monotonic() < deadline:
+            time.sleep(0.5)
+        assert grown <= 100, f"the ServeCore kept {grown:.0f} MiB after a big prompt (from {before:.0f} MiB)"
+    finally:
+        process.kill()
+
+
+def test_transform_limits_come_from_flags_and_variables():
+    import argparse
+
+    from parrot.platform.cli.settings import ServeSettings, add_serve_arguments
+
+    def settings(argv: list[str], env: dict[str, str]) -> ServeSettings:
+        parser = argparse.ArgumentParser()
+        add_serve_arguments(parser, env)
+        return ServeSettings.from_args(parser.parse_args(argv))
+
+    default = settings([], {}).transforms
+    assert (default.budget_s, default.workers) == (2.0, 2)
+    env = {"PARROT_TRANSFORM_BUDGET": "0.5", "PARROT_TRANSFORM_WORKERS": "4"}
+    assert settings([], env).transforms.budget_s == 0.5
+    assert settings(["--transform-budget", "3"], env).transforms.budget_s == 3.0
+    assert settings([], env).transforms.workers == 4
+    with pytest.raises(ValueError, match="budget must be positive"):
+        settings(["--transform-budget", "0"], {})
