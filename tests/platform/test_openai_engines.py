@@ -96,3 +96,44 @@ def test_bad_openai_registrations_leak_no_key(servecore, caplog):
     assert servecore.get("/v1/engines").json() == []
     leaks = [r for r in caplog.records if SECRET in r.getMessage()]
     assert not leaks, [(r.name, r.getMessage()[:300]) for r in leaks]
+
+
+def test_a_builtin_and_an_openai_engine_of_one_model_each_get_their_own_prompt(servecore, engine_server):
+    """The same model behind a builtin engine (token contexts) and an OpenAI endpoint (text
+    contexts): each call's prompt is built for the engine it lands on. Calls used to fail
+    with "Expected int, got str (token_ids[0])": the prompts were kept per model name, so a
+    text prompt went to the builtin engine (or token ids to the endpoint)."""
+    builtin = servecore.post("/v1/engines", json={"url": engine_server.url}, headers=ADMIN)
+    assert builtin.status_code == 201, builtin.text
+    body = {
+        "kind": "openai",
+        "base_url": f"{engine_server.url}/v1",
+        "model": served_model(engine_server),
+        "capacity": 1,  # one task at a time: the others go to the builtin engine
+    }
+    openai = servecore.post("/v1/engines", json=body, headers=ADMIN)
+    assert openai.status_code == 201, openai.text
+    assert builtin.json()["model"] == openai.json()["model"]
+    s = servecore.post("/v1/session").json()
+    sid, auth = s["session_id"], {"Authorization": f"Bearer {s['session_auth']}"}
+    calls = []
+    for i in range(8):  # enough calls at once that both engines take some
+        ask = f"<|im_start|>user\nName sea creature number {i}.<|im_end|>\n"
+        template = ask + "<|im_start|>assistant\n{{a}}"
+        r = servecore.post(
+            "/v1/semantic_call",
+            headers=auth,
+            json={"session_id": sid, "template": template, "parameters": [out("a")]},
+        )
+        assert r.status_code == 201, r.text
+        calls.append(r.json())
+    engines = set()
+    for call in calls:
+        var = servecore.get(
+            f"/v1/semantic_var/{call['outputs']['a']}", params={"session_id": sid}, headers=auth
+        )
+        assert var.status_code == 200 and var.json()["value"], var.text
+        info = servecore.get(f"/v1/semantic_call/{call['call_id']}", params={"session_id": sid}, headers=auth)
+        assert info.json()["state"] == "done", info.text
+        engines.add(info.json()["engine"])
+    assert engines == {builtin.json()["engine_id"], openai.json()["engine_id"]}

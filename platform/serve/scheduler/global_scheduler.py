@@ -203,7 +203,7 @@ class GlobalScheduler:
             self._fail(task, f"cannot run for models {list(task.models) or 'any'}: {reason}")
             return None
         task.stranded_at = None
-        ready = [s for s in candidates if s.model in task.prompts]
+        ready = [s for s in candidates if s.prompt_key in task.prompts]
         if not ready:  # an engine of a model its prompt was not made for: make it first
             self._prepare_prompt(task, candidates[0])
             return None
@@ -212,7 +212,7 @@ class GlobalScheduler:
             return None
 
         def key(slot: EngineSlot) -> int:
-            symbols = task.prompts[slot.model].symbols
+            symbols = task.prompts[slot.prompt_key].symbols
             return self.policy.placement(task, slot.contexts.matched(symbols), slot.load, len(symbols))
 
         return min(free, key=key)
@@ -223,19 +223,19 @@ class GlobalScheduler:
         engine does not hold (or is not computing) already. Counting the whole prompt made
         64 users of one 2,048-token system prompt look like 134k tokens on a 46k-token
         engine: they ran in three waves."""
-        symbols = task.prompts[slot.model].symbols
-        return task.need(slot.model) - slot.contexts.matched(symbols)
+        symbols = task.prompts[slot.prompt_key].symbols
+        return task.need(slot.prompt_key) - slot.contexts.matched(symbols)
 
     def _companions(self, task: CompletionTask, slot: EngineSlot) -> list[CompletionTask]:
         """Queued tasks that should go where ``task`` went: its task group, and (context
         affinity) prompts sharing a long prefix with it, so the engine batches them."""
         out: list[CompletionTask] = []
         if self.policy.task_groups and task.group is not None:
-            out += [t for t in self.queue.in_group(task.group) if slot.model in t.prompts]
+            out += [t for t in self.queue.in_group(task.group) if slot.prompt_key in t.prompts]
         if self.policy.context_affinity:
-            mine = task.prompts[slot.model].symbols
+            mine = task.prompts[slot.prompt_key].symbols
             for other in self.queue.ordered():
-                theirs = other.prompts.get(slot.model)
+                theirs = other.prompts.get(slot.prompt_key)
                 if other in out or theirs is None or other.latency != task.latency:
                     continue
                 if common_prefix(mine, theirs.symbols) >= self.policy.cluster_min_shared:
@@ -246,7 +246,7 @@ class GlobalScheduler:
         self.queue.remove(task)
         self.release_ahead(task.key)
         need = self._need(task, slot)  # before placing: the task's own context joins the tree
-        placed = self.runner.place(task, slot, task.prompts[slot.model])
+        placed = self.runner.place(task, slot, task.prompts[slot.prompt_key])
         slot.running[task.key] = task
         slot.load += need
         task.engine_id = slot.engine_id
@@ -322,7 +322,7 @@ class GlobalScheduler:
         self.background(free_on_engine(slot.client, [c.context_id for c in contexts]))
 
     def _protected(self, slot: EngineSlot) -> set[int]:
-        prompts = [t.prompts[slot.model].symbols for t in self.queue if slot.model in t.prompts]
+        prompts = [t.prompts[slot.prompt_key].symbols for t in self.queue if slot.prompt_key in t.prompts]
         keep = slot.contexts.protected_by(prompts)
         keep.update(c.context_id for ahead in self._ahead.values() for s, c in ahead.held if s is slot)
         return keep

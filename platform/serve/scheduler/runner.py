@@ -82,11 +82,11 @@ class TaskRunner:
         self.free = free  # forget contexts and free them on their engine, off the critical path
 
     async def prompt(self, task: CompletionTask, slot: EngineSlot) -> Prompt:
-        prompt = task.prompts.get(slot.model)
+        prompt = task.prompts.get(slot.prompt_key)
         if prompt is None:
             fetch = None if slot.text else slot.tokenize
             prompt = await self.prompts.build(task.chain, slot.model, fetch, slot.text)
-            task.prompts[slot.model] = prompt
+            task.prompts[slot.prompt_key] = prompt
         return prompt
 
     def place(self, task: CompletionTask, slot: EngineSlot, prompt: Prompt) -> Placement:

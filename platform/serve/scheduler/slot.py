@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 
 from parrot.platform.serve.contexts import ContextTree
 from parrot.platform.serve.engine_client import Engine
-from parrot.platform.serve.scheduler.task import CompletionTask
+from parrot.platform.serve.scheduler.task import CompletionTask, PromptKey
 from parrot.platform.serve.tokenizer_manager import Tokenize
 
 
@@ -34,6 +34,10 @@ class EngineSlot:
     @property
     def text(self) -> bool:
         return self.contexts.text
+
+    @property
+    def prompt_key(self) -> PromptKey:
+        return (self.model, self.text)
 
     def fits(self, need: int) -> bool:
         """Room for one more task needing ``need`` KV tokens (an idle engine takes any)."""

@@ -8,6 +8,9 @@ from parrot.platform.serve.graph import CompletionChain, PlaceholderGen
 from parrot.platform.serve.prompt import Prompt
 
 LATENCY, THROUGHPUT = "latency", "throughput"
+# Whose prompt: an engine's model, and whether its contexts are text (an OpenAI endpoint)
+# or tokens (a builtin engine). Two engines of one model name may differ in that.
+PromptKey = tuple[str, bool]
 
 
 @dataclass(eq=False)
@@ -18,7 +21,7 @@ class CompletionTask:
     app_seq: int  # arrival order of its session's first call, for app-FIFO
     criteria: str = THROUGHPUT  # as submitted; a latency get downstream makes it latency-critical
     models: tuple[str, ...] = ()
-    prompts: dict[str, Prompt] = field(default_factory=dict)  # model -> its prompt there
+    prompts: dict[PromptKey, Prompt] = field(default_factory=dict)  # its prompt on each kind of engine
     engine_id: str | None = None
     attempts: int = 0  # runs started (a rerun after an engine went away counts)
     streamed: bool = False  # some of its output already went to a streaming client
@@ -45,7 +48,7 @@ class CompletionTask:
     def group(self) -> tuple[int, int] | None:
         return self.chain.group
 
-    def need(self, model: str) -> int:
-        """KV tokens the task may add on an engine of ``model`` (its prompt, its output)."""
-        prompt = self.prompts.get(model)
+    def need(self, key: PromptKey) -> int:
+        """KV tokens the task may add on an engine of ``key`` (its prompt, its output)."""
+        prompt = self.prompts.get(key)
         return (len(prompt) if prompt is not None else 0) + self.gen.sampling.max_tokens
