@@ -18,6 +18,7 @@ from litestar.datastructures import State
 from litestar.params import JSONBody
 from litestar.response import Stream
 
+from parrot.engines.protocol.error_docs import ADMIN, BODY, CREATES, error_responses
 from parrot.engines.protocol.errors import BadRequestError, NotFoundError
 from parrot.engines.protocol.openai_schemas import (
     ChatCompletionRequest,
@@ -76,10 +77,8 @@ def _final_usage(data, run: OneShot):
     return run.usage if data.stream_options and data.stream_options.include_usage else None
 
 
-@post("/completions", status_code=200)
-async def completions(
-    data: JSONBody[CompletionRequest], state: State
-) -> CompletionResponse | Stream:
+@post("/completions", status_code=200, responses=error_responses(BODY, ADMIN, 404, CREATES, 503))
+async def completions(data: JSONBody[CompletionRequest], state: State) -> CompletionResponse | Stream:
     core: ServeCore = state.core
     if data.echo or data.logprobs:
         raise BadRequestError("echo and logprobs are not supported")
@@ -96,7 +95,7 @@ async def completions(
     return EventStream(body)
 
 
-@post("/chat/completions", status_code=200)
+@post("/chat/completions", status_code=200, responses=error_responses(BODY, ADMIN, 404, CREATES, 503))
 async def chat_completions(
     data: JSONBody[ChatCompletionRequest], state: State
 ) -> ChatCompletionResponse | Stream:
@@ -118,7 +117,7 @@ async def chat_completions(
     return EventStream(body)
 
 
-@get("/models")
+@get("/models", responses=error_responses(ADMIN))
 async def models(state: State) -> ModelList:
     return ModelList(data=[ModelCard(id=m, created=0) for m in models_served(state.core)])
 

@@ -22,6 +22,7 @@ from litestar.response import Stream
 
 from parrot.engines.builtin.engine import BuiltinEngine
 from parrot.engines.builtin.jobs import GenerateResult, TokenEvent
+from parrot.engines.protocol.error_docs import BODY, error_responses
 from parrot.engines.protocol.errors import BadRequestError
 from parrot.engines.protocol.openai_schemas import (
     ChatCompletionRequest,
@@ -160,7 +161,7 @@ class _Run:
 def openai_router() -> Router:
     ids = _Contexts()
 
-    @post("/completions", status_code=200)
+    @post("/completions", status_code=200, responses=error_responses(BODY, 409, 503))
     async def completions(data: JSONBody[CompletionRequest], state: State) -> CompletionResponse | Stream:
         engine = _engine(state)
         _check_model(engine, data.model)
@@ -181,7 +182,7 @@ def openai_router() -> Router:
         body = completion_stream(run.deltas(first, events), rid, created, model, final_usage)
         return EventStream(body)
 
-    @post("/chat/completions", status_code=200)
+    @post("/chat/completions", status_code=200, responses=error_responses(BODY, 409, 503))
     async def chat_completions(
         data: JSONBody[ChatCompletionRequest], state: State
     ) -> ChatCompletionResponse | Stream:
