@@ -38,6 +38,7 @@ from parrot.engines.protocol.openai_stream import (
     sampling_params,
 )
 from parrot.engines.protocol.schemas import ChatTurn
+from parrot.engines.protocol.stream_docs import JsonOrEventStream
 from parrot.platform.api.auth import openai_key_guard
 from parrot.platform.serve.core import ServeCore
 from parrot.platform.serve.oneshot import OneShot, render_chat
@@ -77,7 +78,12 @@ def _final_usage(data, run: OneShot):
     return run.usage if data.stream_options and data.stream_options.include_usage else None
 
 
-@post("/completions", status_code=200, responses=error_responses(BODY, ADMIN, 404, CREATES, 503))
+@post(
+    "/completions",
+    status_code=200,
+    responses=error_responses(BODY, ADMIN, 404, CREATES, 503),
+    operation_class=JsonOrEventStream,
+)
 async def completions(data: JSONBody[CompletionRequest], state: State) -> CompletionResponse | Stream:
     core: ServeCore = state.core
     if data.echo or data.logprobs:
@@ -95,7 +101,12 @@ async def completions(data: JSONBody[CompletionRequest], state: State) -> Comple
     return EventStream(body)
 
 
-@post("/chat/completions", status_code=200, responses=error_responses(BODY, ADMIN, 404, CREATES, 503))
+@post(
+    "/chat/completions",
+    status_code=200,
+    responses=error_responses(BODY, ADMIN, 404, CREATES, 503),
+    operation_class=JsonOrEventStream,
+)
 async def chat_completions(
     data: JSONBody[ChatCompletionRequest], state: State
 ) -> ChatCompletionResponse | Stream:

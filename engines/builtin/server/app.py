@@ -34,6 +34,7 @@ from parrot.engines.protocol.schemas import (
     TokenizeResponse,
     TokenStreamEvent,
 )
+from parrot.engines.protocol.stream_docs import EventStreamOnly
 
 
 def _engine(state: State) -> BuiltinEngine:
@@ -106,7 +107,12 @@ async def generate(data: JSONBody[GenerateRequest], state: State, request: Reque
     return _generate_response(await unless_disconnected(request, work))
 
 
-@post("/generate_stream", status_code=200, responses=error_responses(BODY, 404, 409, 503))
+@post(
+    "/generate_stream",
+    status_code=200,
+    responses=error_responses(BODY, 404, 409, 503),
+    operation_class=EventStreamOnly,
+)
 async def generate_stream(data: JSONBody[GenerateRequest], state: State) -> ServerSentEvent:
     engine = _engine(state)
     args = _generate_args(engine, data)

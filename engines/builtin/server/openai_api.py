@@ -47,6 +47,7 @@ from parrot.engines.protocol.openai_stream import (
     usage,
 )
 from parrot.engines.protocol.sampling import SamplingParams
+from parrot.engines.protocol.stream_docs import JsonOrEventStream
 
 
 class _Contexts:
@@ -161,7 +162,12 @@ class _Run:
 def openai_router() -> Router:
     ids = _Contexts()
 
-    @post("/completions", status_code=200, responses=error_responses(BODY, 409, 503))
+    @post(
+        "/completions",
+        status_code=200,
+        responses=error_responses(BODY, 409, 503),
+        operation_class=JsonOrEventStream,
+    )
     async def completions(data: JSONBody[CompletionRequest], state: State) -> CompletionResponse | Stream:
         engine = _engine(state)
         _check_model(engine, data.model)
@@ -182,7 +188,12 @@ def openai_router() -> Router:
         body = completion_stream(run.deltas(first, events), rid, created, model, final_usage)
         return EventStream(body)
 
-    @post("/chat/completions", status_code=200, responses=error_responses(BODY, 409, 503))
+    @post(
+        "/chat/completions",
+        status_code=200,
+        responses=error_responses(BODY, 409, 503),
+        operation_class=JsonOrEventStream,
+    )
     async def chat_completions(
         data: JSONBody[ChatCompletionRequest], state: State
     ) -> ChatCompletionResponse | Stream:
