@@ -43,6 +43,7 @@ def assert_bad_bodies_rejected(client: httpx.Client, credentials: Callable[[str]
         for body in (DEEP_ARRAY, DEEP_OBJECT):
             assert_error(client.request(method, path, content=body, **send), 400, "nested too deeply")
         assert_error(client.request(method, path, content=BAD_UTF8, **send), 400, "not valid UTF-8")
+        assert_error(client.request(method, path, content=b'{"a": [1,', **send), 400, "not valid JSON")
         plain = {"headers": {**headers, "content-type": "text/plain"}}
         assert_error(
             client.request(method, path, content=b"{}", **plain), 415, "application/json", "text/plain"

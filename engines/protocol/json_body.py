@@ -1,12 +1,13 @@
 """How every Parrot app reads a JSON request body (the ServeCore's and the builtin engine's).
 
 Litestar decodes a JSON body on the first ``request.json()`` and turns only msgspec's
-``DecodeError`` into a 400; a body nested thousands of levels deep (``RecursionError``) or
-with invalid UTF-8 inside a string (``UnicodeDecodeError``) escaped as a 500. It also
-decoded any body as JSON whatever its ``Content-Type``: a ``text/plain`` POST is a "simple"
-cross-origin request that a browser sends without a CORS preflight, so a web page could
-drive the API. :class:`JsonRequest` (an app's ``request_class``) checks both, and raises
-errors of the one hierarchy, so the one translator answers them with a clear 4xx.
+``DecodeError`` into a 400 (here: ``invalid_json``, like the others); a body nested
+thousands of levels deep (``RecursionError``) or with invalid UTF-8 inside a string
+(``UnicodeDecodeError``) escaped as a 500. It also decoded any body as JSON whatever its
+``Content-Type``: a ``text/plain`` POST is a "simple" cross-origin request that a browser
+sends without a CORS preflight, so a web page could drive the API. :class:`JsonRequest`
+(an app's ``request_class``) checks both, and raises errors of the one hierarchy, so the
+one translator answers them with a clear 4xx.
 
 Routes without a JSON body (the dashboard's form posts) never call ``json()``: they are
 not affected.
@@ -17,6 +18,7 @@ from __future__ import annotations
 from typing import Any
 
 from litestar import Request
+from litestar.exceptions import SerializationException
 
 from parrot.engines.protocol.errors import InvalidJsonError, UnsupportedMediaTypeError
 
@@ -41,6 +43,8 @@ class JsonRequest(Request):
             )
         try:
             return await super().json()
+        except SerializationException as error:  # malformed JSON (msgspec's DecodeError)
+            raise InvalidJsonError(f"the request body is not valid JSON: {error.detail}") from None
         except RecursionError:
             raise InvalidJsonError("the JSON body is nested too deeply") from None
         except UnicodeDecodeError as error:

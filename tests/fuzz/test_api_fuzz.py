@@ -93,7 +93,8 @@ def _replace_keys(value: object, keys: tuple[str, ...], pick) -> None:
 # -- the ServeCore ------------------------------------------------------------------------
 class ServeCoreWorld:
     """Real things for the fuzzer to name: a session with a variable holding a value, one
-    waiting for its value and the output of a finished transform, and the engine."""
+    waiting for its value, the outputs of a finished and of a failed transform, and the
+    engine."""
 
     def __init__(self, http: httpx.Client) -> None:
         self.http = http
@@ -104,8 +105,11 @@ class ServeCoreWorld:
         empty = self._post("/v1/semantic_var", {"name": "later"})
         steps = [{"type": "strip"}, {"type": "upper"}]
         call = self._post("/v1/semantic_transform", {"inputs": [{"var_id": var}], "steps": steps})
-        self.var_ids = [var, empty, call["outputs"]["result"]]
-        self.call_ids = [call["call_id"]]
+        # a call that fails (the input is no JSON): its output answers 424 with the reason
+        broken = [{"type": "json_field", "path": "a"}]
+        failed = self._post("/v1/semantic_transform", {"inputs": [{"value": "not json"}], "steps": broken})
+        self.var_ids = [var, empty, call["outputs"]["result"], failed["outputs"]["result"]]
+        self.call_ids = [call["call_id"], failed["call_id"]]
 
     def new_session(self) -> tuple[str, str]:
         body = self.http.post("/v1/session").raise_for_status().json()
