@@ -94,3 +94,13 @@ def test_non_ascii_bearer_token_on_the_openai_front(keyed_front):
         == 200
     )
     assert keyed_front.get("/v1/models", headers={"Authorization": "Bearer plain-key"}).status_code == 200
+
+
+def test_a_call_naming_only_models_nobody_serves_is_a_404(api):
+    sid, auth = new_session(api)
+    out = {"name": "a", "is_output": True, "sampling": {"max_tokens": 2}}
+    body = {"session_id": sid, "template": "Q: {{a}}", "parameters": [out], "models": ["no-such-model"]}
+    r = api.post("/v1/semantic_call", json=body, headers=auth)
+    assert_error(r, 404, "no registered engine serves the 1 model(s) asked for")
+    assert r.json()["error"]["code"] == "unknown_model"
+    assert api.get(f"/v1/session/{sid}", headers=auth).json()["calls"] == []
