@@ -173,20 +173,27 @@ def _keep_on_this_machine(body: dict) -> None:
 
 
 @pytest.fixture(scope="module")
-def servecore(engine_server, tmp_path_factory) -> Iterator[str]:
+def servecore(engine_server, tmp_path_factory) -> Iterator[tuple[str, ServeCore]]:
     core = ServeCore(store=Store(sqlite_url(tmp_path_factory.mktemp("fuzz-db"))))
     app = create_app(core, engine_urls=(engine_server.url,), admin_token=ADMIN)
     with ServerThread(app) as server:
-        yield server.url
+        yield server.url, core
 
 
-def test_fuzz_the_servecore_api(servecore):
-    with httpx.Client(base_url=servecore, timeout=60) as http:
+def test_fuzz_the_servecore_api(servecore, client):
+    url, core = servecore
+    with httpx.Client(base_url=url, timeout=60) as http:
         world = ServeCoreWorld(http)
-        schema = schemathesis.openapi.from_url(f"{servecore}/schema/openapi.json")
+        schema = schemathesis.openapi.from_url(f"{url}/schema/openapi.json")
         report = fuzz(schema, "ServeCore", world.prepare, EXAMPLES, SEED)
         assert http.get("/healthz").json()["status"] == "ok"
         http.delete(f"/v1/session/{world.session_id}", headers={"Authorization": f"Bearer {world.auth}"})
+    # The shared prompt prefixes this ServeCore keeps on the shared engine go with it.
+    (slot,) = core.scheduler.engines.values()
+    held = list(slot.contexts.contexts)
+    if held:
+        assert client.post("/abort", json={"context_ids": held}).status_code == 200
+    print(f"ServeCore fuzz: freed the {len(held)} contexts it held on the engine")
     assert_clean(report)
 
 
