@@ -33,13 +33,17 @@ def same_secret(sent: str, secret: str) -> bool:
     """Whether ``sent`` (a header's value) is ``secret``, compared in constant time as bytes:
     ``hmac.compare_digest`` on ``str`` raises TypeError for non-ASCII text. Header bytes
     reach us decoded as latin-1, so encoding back gives the bytes sent, which match a
-    non-ASCII secret as its UTF-8 (``surrogatepass``: a secret from the command line may
-    hold surrogate escapes)."""
+    non-ASCII secret as its UTF-8 (``surrogateescape``: a secret from the command line or
+    the environment holds the bytes that are not UTF-8 as surrogate escapes)."""
     try:
         wire = sent.encode("latin-1")
     except UnicodeEncodeError:  # not from a header: compare its UTF-8
         wire = sent.encode(errors="surrogatepass")
-    return hmac.compare_digest(wire, secret.encode(errors="surrogatepass"))
+    try:
+        expected = secret.encode(errors="surrogateescape")
+    except UnicodeEncodeError:  # a lone surrogate no argv or environment gives
+        expected = secret.encode(errors="surrogatepass")
+    return hmac.compare_digest(wire, expected)
 
 
 def admin_guard(connection: ASGIConnection, _: BaseRouteHandler) -> None:

@@ -5,12 +5,15 @@ server is healthy and a normal request still works."""
 
 from __future__ import annotations
 
+import os
+
 import httpx
 import pytest
 from bad_bodies import assert_bad_bodies_rejected, assert_error
 from conftest import ADMIN_TOKEN, ServerThread
 
 from parrot.platform.api.app import create_app
+from parrot.platform.api.auth import same_secret
 from parrot.platform.serve.core import ServeCore
 from parrot.platform.store.store import Store, sqlite_url
 
@@ -104,3 +107,11 @@ def test_a_call_naming_only_models_nobody_serves_is_a_404(api):
     assert_error(r, 404, "no registered engine serves the 1 model(s) asked for")
     assert r.json()["error"]["code"] == "unknown_model"
     assert api.get(f"/v1/session/{sid}", headers=auth).json()["calls"] == []
+
+
+def test_secrets_compare_as_the_bytes_sent():
+    # header values arrive decoded as latin-1; configured secrets are text (argv and the
+    # environment carry bytes that are not UTF-8 as surrogate escapes)
+    assert same_secret("sk-pärrot".encode().decode("latin-1"), "sk-pärrot")
+    assert same_secret("\xff", os.fsdecode(b"\xff"))
+    assert not same_secret("sk-parrot", "sk-pärrot") and not same_secret("x", "\ud800")
