@@ -95,6 +95,19 @@ class ModelLoadError(ParrotError):
     code = "model_load_error"
 
 
+class InvalidJsonError(BadRequestError):
+    """The request body is not JSON that can be read: malformed, nested too deeply, or not UTF-8."""
+
+    code = "invalid_json"
+
+
+class UnsupportedMediaTypeError(ParrotError):
+    """A JSON route got a body whose Content-Type is not JSON."""
+
+    status_code = 415
+    code = "unsupported_media_type"
+
+
 class EngineUnavailableError(ParrotError):
     """An engine could not be reached (connection refused, timed out, died mid-request)."""
 

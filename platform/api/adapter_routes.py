@@ -13,6 +13,7 @@ from litestar import Router, get, post
 from litestar.datastructures import State
 from litestar.params import FromPath, FromQuery, JSONBody
 
+from parrot.engines.protocol.error_docs import BODY, PARAMS, SESSION, error_responses
 from parrot.engines.protocol.errors import NotFoundError
 from parrot.platform.api.adapter_bodies import CallUsage, RenderChat, RenderedChat, SessionUsage
 from parrot.platform.api.auth import Sessions
@@ -31,7 +32,7 @@ def _served_model(core: ServeCore, asked: str | None) -> str:
     raise NotFoundError(f"model {asked!r} is not served here; the engines serve {served}")
 
 
-@post("/render_chat", status_code=200)
+@post("/render_chat", status_code=200, responses=error_responses(BODY, 404, 503))
 async def render_chat_text(data: JSONBody[RenderChat], state: State) -> RenderedChat:
     core: ServeCore = state.core
     model = _served_model(core, data.model)
@@ -50,7 +51,7 @@ def _call_usage(request: RequestChain) -> CallUsage:
     )
 
 
-@get("/session/{session_id:str}/usage")
+@get("/session/{session_id:str}/usage", responses=error_responses(PARAMS, SESSION))
 async def session_usage(
     session_id: FromPath[str],
     sessions: Sessions,

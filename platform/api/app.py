@@ -10,7 +10,9 @@ from litestar.datastructures import State
 from litestar.logging.config import LoggingConfig
 from litestar.params import FromPath, FromQuery, JSONBody, QueryParameter
 
+from parrot.engines.protocol.error_docs import ADMIN, BODY, CREATES, PARAMS, SESSION, STORE, error_responses
 from parrot.engines.protocol.http import exception_handlers
+from parrot.engines.protocol.json_body import JsonRequest
 from parrot.platform.api.adapter_routes import adapter_routes
 from parrot.platform.api.auth import SESSIONS, Sessions, admin_guard
 from parrot.platform.api.openai_front import openai_front
@@ -60,7 +62,7 @@ def _call_info(request: RequestChain) -> CallInfo:
     )
 
 
-@post("/v1/session", status_code=201)
+@post("/v1/session", status_code=201, responses=error_responses(CREATES, STORE))
 async def create_session(request: Request, state: State) -> SessionCreated:
     # Counted per client address (behind a reverse proxy: the address it forwards, when
     # uvicorn trusts it: --forwarded-allow-ips), for the sessions-per-client limit.
@@ -69,7 +71,7 @@ async def create_session(request: Request, state: State) -> SessionCreated:
     return SessionCreated(session_id=session.session_id, session_auth=auth)
 
 
-@get("/v1/session/{session_id:str}")
+@get("/v1/session/{session_id:str}", responses=error_responses(PARAMS, SESSION))
 async def session_info(session_id: FromPath[str], sessions: Sessions, state: State) -> SessionInfo:
     session = sessions(session_id)
     return SessionInfo(
@@ -79,7 +81,7 @@ async def session_info(session_id: FromPath[str], sessions: Sessions, state: Sta
     )
 
 
-@get("/v1/session/{session_id:str}/dag")
+@get("/v1/session/{session_id:str}/dag", responses=error_responses(PARAMS, SESSION))
 async def session_dag(session_id: FromPath[str], sessions: Sessions, state: State) -> SessionDag:
     """The session's calls and variables as a DAG (values cut to a preview), with each
     call's state, engine, timings and filled-in template. Needs the session's auth."""
@@ -87,26 +89,24 @@ async def session_dag(session_id: FromPath[str], sessions: Sessions, state: Stat
     return _core(state).session_dag(session_id)
 
 
-@delete("/v1/session/{session_id:str}", status_code=204)
+@delete("/v1/session/{session_id:str}", status_code=204, responses=error_responses(PARAMS, SESSION, STORE))
 async def delete_session(session_id: FromPath[str], sessions: Sessions, state: State) -> None:
     await _core(state).delete_session(sessions(session_id))
 
 
-@post("/v1/semantic_var", status_code=201)
+@post("/v1/semantic_var", status_code=201, responses=error_responses(BODY, SESSION, CREATES, STORE))
 async def create_var(data: JSONBody[CreateVar], sessions: Sessions, state: State) -> VarInfo:
     session = sessions(data.session_id)
     return _var_info(await _core(state).create_var(session, data.name, data.value), with_value=False)
 
 
-@put("/v1/semantic_var/{var_id:str}")
-async def set_var(
-    var_id: FromPath[str], data: JSONBody[SetVar], sessions: Sessions, state: State
-) -> VarInfo:
+@put("/v1/semantic_var/{var_id:str}", responses=error_responses(BODY, SESSION, STORE))
+async def set_var(var_id: FromPath[str], data: JSONBody[SetVar], sessions: Sessions, state: State) -> VarInfo:
     session = sessions(data.session_id)
     return _var_info(await _core(state).set_var(session, var_id, data.value), with_value=False)
 
 
-@get("/v1/semantic_var/{var_id:str}")
+@get("/v1/semantic_var/{var_id:str}", responses=error_responses(PARAMS, SESSION, 408, 424))
 async def get_var(
     var_id: FromPath[str],
     sessions: Sessions,
@@ -119,7 +119,7 @@ async def get_var(
     return _var_info(await _core(state).get_var(session, var_id, criteria, timeout))
 
 
-@post("/v1/semantic_call", status_code=201)
+@post("/v1/semantic_call", status_code=201, responses=error_responses(BODY, SESSION, 409, CREATES, STORE))
 async def submit_call(data: JSONBody[SubmitCall], sessions: Sessions, state: State) -> CallSubmitted:
     session = sessions(data.session_id)
     call, outputs = await _core(state).submit_call(
@@ -132,7 +132,9 @@ async def submit_call(data: JSONBody[SubmitCall], sessions: Sessions, state: Sta
     return CallSubmitted(call_id=call.call_id, outputs=outputs, param_info=info)
 
 
-@post("/v1/semantic_transform", status_code=201)
+@post(
+    "/v1/semantic_transform", status_code=201, responses=error_responses(BODY, SESSION, 409, CREATES, STORE)
+)
 async def submit_transform(
     data: JSONBody[SubmitTransform], sessions: Sessions, state: State
 ) -> CallSubmitted:
@@ -143,7 +145,7 @@ async def submit_transform(
     return CallSubmitted(call_id=call.call_id, outputs=outputs, param_info=info)
 
 
-@get("/v1/semantic_call/{call_id:str}")
+@get("/v1/semantic_call/{call_id:str}", responses=error_responses(PARAMS, SESSION))
 async def call_info(
     call_id: FromPath[str], sessions: Sessions, state: State, session_id: FromQuery[str]
 ) -> CallInfo:
@@ -168,19 +170,30 @@ async def list_engines(state: State) -> list[EngineInfo]:
     return [_engine_info(v) for v in _core(state).engine_views()]
 
 
-@post("/v1/engines", status_code=201, guards=[admin_guard])
+@post(
+    "/v1/engines", status_code=201, guards=[admin_guard], responses=error_responses(BODY, ADMIN, 409, STORE)
+)
 async def register_engine(data: JSONBody[RegisterEngine], state: State) -> EngineInfo:
     core = _core(state)
     slot = await core.register(data.spec())
     return _engine_info(core.engine_view(slot.engine_id))
 
 
-@delete("/v1/engines/{engine_id:str}", status_code=204, guards=[admin_guard])
+@delete(
+    "/v1/engines/{engine_id:str}",
+    status_code=204,
+    guards=[admin_guard],
+    responses=error_responses(PARAMS, ADMIN, 404, STORE),
+)
 async def remove_engine(engine_id: FromPath[str], state: State) -> None:
     await _core(state).remove_engine(engine_id)
 
 
-@get("/v1/engines/{engine_id:str}/contexts", guards=[admin_guard])
+@get(
+    "/v1/engines/{engine_id:str}/contexts",
+    guards=[admin_guard],
+    responses=error_responses(PARAMS, ADMIN, 404),
+)
 async def engine_contexts(engine_id: FromPath[str], state: State) -> ContextTreeView:
     """The prefix tree of the contexts held on an engine, with the sessions holding each
     node. Needs the admin token (it shows every session's use of the engine)."""
@@ -256,6 +269,7 @@ def create_app(
         ),
         exception_handlers=exception_handlers(),
         request_max_body_size=core.limits.max_body_bytes,
+        request_class=JsonRequest,
         on_startup=[start],
         on_shutdown=[stop],
     )

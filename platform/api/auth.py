@@ -29,11 +29,28 @@ def bearer_token(connection: ASGIConnection) -> str | None:
     return token.strip() if scheme.lower() == "bearer" and token.strip() else None
 
 
+def same_secret(sent: str, secret: str) -> bool:
+    """Whether ``sent`` (a header's value) is ``secret``, compared in constant time as bytes:
+    ``hmac.compare_digest`` on ``str`` raises TypeError for non-ASCII text. Header bytes
+    reach us decoded as latin-1, so encoding back gives the bytes sent, which match a
+    non-ASCII secret as its UTF-8 (``surrogateescape``: a secret from the command line or
+    the environment holds the bytes that are not UTF-8 as surrogate escapes)."""
+    try:
+        wire = sent.encode("latin-1")
+    except UnicodeEncodeError:  # not from a header: compare its UTF-8
+        wire = sent.encode(errors="surrogatepass")
+    try:
+        expected = secret.encode(errors="surrogateescape")
+    except UnicodeEncodeError:  # a lone surrogate no argv or environment gives
+        expected = secret.encode(errors="surrogatepass")
+    return hmac.compare_digest(wire, expected)
+
+
 def admin_guard(connection: ASGIConnection, _: BaseRouteHandler) -> None:
     token = bearer_token(connection)
     if not token:
         raise UnauthorizedError("this route needs 'Authorization: Bearer <admin token>'")
-    if not hmac.compare_digest(token, connection.app.state.admin_token):
+    if not same_secret(token, connection.app.state.admin_token):
         raise ForbiddenError("wrong admin token")
 
 
@@ -44,7 +61,7 @@ def openai_key_guard(connection: ASGIConnection, _: BaseRouteHandler) -> None:
     token = bearer_token(connection)
     if not token:
         raise UnauthorizedError("this API needs 'Authorization: Bearer <api key>'")
-    if not any(hmac.compare_digest(token, key) for key in keys):
+    if not any(same_secret(token, key) for key in keys):
         raise ForbiddenError("unknown API key")
 
 

@@ -18,6 +18,7 @@ from litestar.datastructures import State
 from litestar.params import JSONBody
 from litestar.response import Stream
 
+from parrot.engines.protocol.error_docs import ADMIN, BODY, CREATES, error_responses
 from parrot.engines.protocol.errors import BadRequestError, NotFoundError
 from parrot.engines.protocol.openai_schemas import (
     ChatCompletionRequest,
@@ -37,6 +38,7 @@ from parrot.engines.protocol.openai_stream import (
     sampling_params,
 )
 from parrot.engines.protocol.schemas import ChatTurn
+from parrot.engines.protocol.stream_docs import JsonOrEventStream
 from parrot.platform.api.auth import openai_key_guard
 from parrot.platform.serve.core import ServeCore
 from parrot.platform.serve.oneshot import OneShot, render_chat
@@ -76,10 +78,13 @@ def _final_usage(data, run: OneShot):
     return run.usage if data.stream_options and data.stream_options.include_usage else None
 
 
-@post("/completions", status_code=200)
-async def completions(
-    data: JSONBody[CompletionRequest], state: State
-) -> CompletionResponse | Stream:
+@post(
+    "/completions",
+    status_code=200,
+    responses=error_responses(BODY, ADMIN, 404, CREATES, 503),
+    operation_class=JsonOrEventStream,
+)
+async def completions(data: JSONBody[CompletionRequest], state: State) -> CompletionResponse | Stream:
     core: ServeCore = state.core
     if data.echo or data.logprobs:
         raise BadRequestError("echo and logprobs are not supported")
@@ -96,7 +101,12 @@ async def completions(
     return EventStream(body)
 
 
-@post("/chat/completions", status_code=200)
+@post(
+    "/chat/completions",
+    status_code=200,
+    responses=error_responses(BODY, ADMIN, 404, CREATES, 503),
+    operation_class=JsonOrEventStream,
+)
 async def chat_completions(
     data: JSONBody[ChatCompletionRequest], state: State
 ) -> ChatCompletionResponse | Stream:
@@ -118,7 +128,7 @@ async def chat_completions(
     return EventStream(body)
 
 
-@get("/models")
+@get("/models", responses=error_responses(ADMIN))
 async def models(state: State) -> ModelList:
     return ModelList(data=[ModelCard(id=m, created=0) for m in models_served(state.core)])
 

@@ -33,6 +33,7 @@ from parrot.platform.serve.errors import (
     NoEngineError,
     SessionClosedError,
     UnauthorizedError,
+    UnknownModelError,
     WaitTimeoutError,
 )
 from parrot.platform.serve.graph import Graph, RequestChain, SemanticVariable
@@ -669,11 +670,11 @@ class ServeCore:
         serving = self.scheduler.serving(tuple(models))
         if not serving:
             served = self.models()
-            raise NoEngineError(
+            if not served:
+                raise NoEngineError("no engine is registered")
+            raise UnknownModelError(
                 f"no registered engine serves the {len(models)} model(s) asked for; "
                 f"the engines serve {served[:16]}"
-                if models
-                else "no engine is registered"
             )
         if not any(s.up for s in serving):
             raise EngineUnavailableError("every engine that serves the model(s) asked for is down")

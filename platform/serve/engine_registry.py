@@ -21,6 +21,7 @@ from parrot.engines.protocol.errors import BadRequestError, ConflictError, NotFo
 from parrot.engines.protocol.urls import public_url
 from parrot.platform.serve.contexts import ContextTree
 from parrot.platform.serve.engine_client import Engine, HttpEngine
+from parrot.platform.serve.engine_url import check_engine_url
 from parrot.platform.serve.journal import Journal
 from parrot.platform.serve.orphans import free_orphans
 from parrot.platform.serve.scheduler.global_scheduler import GlobalScheduler
@@ -62,8 +63,7 @@ class EngineSpec:
 
 def _connect(spec: EngineSpec, health: HealthSettings) -> Engine:
     if spec.kind == BUILTIN:
-        if not spec.url.startswith(("http://", "https://")):
-            raise BadRequestError(f"engine url must start with http:// or https://, got {spec.public_url!r}")
+        check_engine_url(spec.url)
         return HttpEngine(spec.url, timeout_s=health.request_timeout_s, ping_timeout_s=health.timeout_s)
     if spec.kind == OPENAI:
         from parrot.engines.openai.config import OpenAIEngineConfig

@@ -53,6 +53,13 @@ class NoEngineError(ParrotError):
     code = "no_engine"
 
 
+class UnknownModelError(NotFoundError):
+    """A call names only models that no registered engine serves (a client error, as the
+    OpenAI front's unknown ``model`` is; 503 is for engines that exist but are down)."""
+
+    code = "unknown_model"
+
+
 class StoreError(ParrotError):
     """The database did not take a write: nothing that depends on it was acknowledged."""
 

@@ -10,7 +10,6 @@ import pytest
 
 from parrot.sdk.api import (
     AsyncClient,
-    EngineUnavailableError,
     Input,
     NotFoundError,
     Output,
@@ -99,7 +98,7 @@ def test_outputs_into_existing_vars_and_per_call_options(parrot):
         assert target.get()
         longer = name_a("bird", name=Output(max_tokens=6, temperature=0), output_criteria="latency")
         assert longer.get()
-        with pytest.raises(EngineUnavailableError, match="no registered engine serves"):
+        with pytest.raises(NotFoundError, match="no registered engine serves"):
             name_a("tree", models=["no-such-model"])  # refused at once: no engine could run it
 
 

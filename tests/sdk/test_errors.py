@@ -4,8 +4,11 @@ connection), carrying the server's status, code and message."""
 from __future__ import annotations
 
 import pytest
-from conftest import free_port
+from conftest import ServerThread, free_port
 
+from parrot.platform.api.app import create_app
+from parrot.platform.serve.core import ServeCore
+from parrot.platform.store.store import Store, sqlite_url
 from parrot.sdk.api import (
     AuthError,
     BadRequestError,
@@ -103,11 +106,16 @@ def test_wait_timeout_and_producer_failed(parrot):
         assert not doomed.ready
 
 
-def test_engine_unavailable(parrot):
+def test_no_engine_registered(tmp_path):
+    core = ServeCore(store=Store(sqlite_url(tmp_path)))
+    with ServerThread(create_app(core)) as server, Client(server.url) as client, client.session():
+        error = raised(EngineUnavailableError, 503, "no_engine", lambda: answer("Why?"))
+        assert "no engine is registered" in str(error)
+
+
+def test_unknown_model(parrot):
     with parrot.session():
-        error = raised(
-            EngineUnavailableError, 503, "no_engine", lambda: answer("Why?", models=["no-such-model"])
-        )
+        error = raised(NotFoundError, 404, "unknown_model", lambda: answer("Why?", models=["no-such-model"]))
         assert "no registered engine serves the 1 model(s) asked for" in str(error)
 
 

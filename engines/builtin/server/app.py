@@ -14,8 +14,10 @@ from parrot.engines.builtin.jobs import GenerateResult
 from parrot.engines.builtin.metrics import CONTENT_TYPE
 from parrot.engines.builtin.server import text_work
 from parrot.engines.protocol.disconnect import unless_disconnected
+from parrot.engines.protocol.error_docs import BODY, error_responses
 from parrot.engines.protocol.errors import BadRequestError, NotFoundError
 from parrot.engines.protocol.http import exception_handlers
+from parrot.engines.protocol.json_body import JsonRequest
 from parrot.engines.protocol.schemas import (
     AbortRangeRequest,
     AbortRequest,
@@ -33,6 +35,7 @@ from parrot.engines.protocol.schemas import (
     TokenizeResponse,
     TokenStreamEvent,
 )
+from parrot.engines.protocol.stream_docs import EventStreamOnly
 
 
 def _engine(state: State) -> BuiltinEngine:
@@ -47,7 +50,7 @@ def _checkpoints(data: FillRequest | GenerateRequest) -> list[tuple[int, int]]:
     return [(c.context_id, c.length) for c in data.checkpoints]
 
 
-@post("/fill", status_code=200)
+@post("/fill", status_code=200, responses=error_responses(BODY, 404, 409, 503))
 async def fill(data: JSONBody[FillRequest], state: State, request: Request) -> FillResponse:
     engine = _engine(state)
     if (data.token_ids is None) == (data.text is None):
@@ -96,7 +99,7 @@ def _generate_response(result: GenerateResult) -> GenerateResponse:
     )
 
 
-@post("/generate", status_code=200)
+@post("/generate", status_code=200, responses=error_responses(BODY, 404, 409, 503))
 async def generate(data: JSONBody[GenerateRequest], state: State, request: Request) -> GenerateResponse:
     """A client that disconnects stops its generation (and the contexts it created go)."""
     engine = _engine(state)
@@ -105,7 +108,12 @@ async def generate(data: JSONBody[GenerateRequest], state: State, request: Reque
     return _generate_response(await unless_disconnected(request, work))
 
 
-@post("/generate_stream", status_code=200)
+@post(
+    "/generate_stream",
+    status_code=200,
+    responses=error_responses(BODY, 404, 409, 503),
+    operation_class=EventStreamOnly,
+)
 async def generate_stream(data: JSONBody[GenerateRequest], state: State) -> ServerSentEvent:
     engine = _engine(state)
     args = await _generate_args(engine, data)
@@ -135,20 +143,20 @@ async def generate_stream(data: JSONBody[GenerateRequest], state: State) -> Serv
     return ServerSentEvent(events())
 
 
-@post("/free_context", status_code=200)
+@post("/free_context", status_code=200, responses=error_responses(BODY, 503))
 async def free_context(data: JSONBody[FreeContextRequest], state: State) -> FreeContextResponse:
     freed = await _engine(state).free_context(data.context_id)
     return FreeContextResponse(context_id=data.context_id, freed_tokens=freed)
 
 
-@post("/abort", status_code=200)
+@post("/abort", status_code=200, responses=error_responses(BODY, 503))
 async def abort(data: JSONBody[AbortRequest], state: State) -> AbortResponse:
     """Stop the jobs on these contexts (their requests fail with ``aborted``) and free them."""
     jobs, freed = await _engine(state).abort(data.context_ids)
     return AbortResponse(aborted_jobs=jobs, freed_contexts=freed)
 
 
-@post("/abort_range", status_code=200)
+@post("/abort_range", status_code=200, responses=error_responses(BODY))
 async def abort_range(data: JSONBody[AbortRangeRequest], state: State) -> AbortResponse:
     """:func:`abort` for every context with ``start <= id < end`` (a dead ServeCore's)."""
     if data.end <= data.start:
@@ -157,7 +165,7 @@ async def abort_range(data: JSONBody[AbortRangeRequest], state: State) -> AbortR
     return AbortResponse(aborted_jobs=jobs, freed_contexts=freed)
 
 
-@post("/render_chat", status_code=200)
+@post("/render_chat", status_code=200, responses=error_responses(BODY))
 async def render_chat(data: JSONBody[RenderChatRequest], state: State) -> RenderChatResponse:
     """The model's chat template applied for a ServeCore, in message-boundary pieces."""
     messages = [{"role": m.role, "content": m.content} for m in data.messages]
@@ -169,7 +177,7 @@ async def render_chat(data: JSONBody[RenderChatRequest], state: State) -> Render
         raise BadRequestError(f"the model's chat template rejects these messages: {error}") from None
 
 
-@get("/tokenizer", media_type="application/json")
+@get("/tokenizer", media_type="application/json", responses=error_responses(404))
 async def tokenizer_file(state: State) -> Response:
     """The model's ``tokenizer.json``, so a ServeCore can tokenize prompts itself (once per
     model) and send token ids; 404 for a tokenizer without one."""
@@ -190,7 +198,7 @@ async def metrics(state: State) -> bytes:
     return _engine(state).metrics.render()
 
 
-@post("/tokenize", status_code=200)
+@post("/tokenize", status_code=200, responses=error_responses(BODY))
 async def tokenize(data: JSONBody[TokenizeRequest], state: State) -> TokenizeResponse:
     return TokenizeResponse(token_ids=await text_work.tokenize(_engine(state), data.text))
 
@@ -235,6 +243,7 @@ def create_app(
         state=State({"engine": engine}),
         exception_handlers=exception_handlers(),
         request_max_body_size=max_body_bytes,
+        request_class=JsonRequest,
         on_startup=[start] if manage_engine else [],
         on_shutdown=[stop] if manage_engine else [],
         debug=False,

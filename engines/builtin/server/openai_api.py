@@ -23,6 +23,7 @@ from litestar.response import Stream
 from parrot.engines.builtin.engine import BuiltinEngine
 from parrot.engines.builtin.jobs import GenerateResult, TokenEvent
 from parrot.engines.builtin.server import text_work
+from parrot.engines.protocol.error_docs import BODY, error_responses
 from parrot.engines.protocol.errors import BadRequestError
 from parrot.engines.protocol.openai_schemas import (
     ChatCompletionRequest,
@@ -47,6 +48,7 @@ from parrot.engines.protocol.openai_stream import (
     usage,
 )
 from parrot.engines.protocol.sampling import SamplingParams
+from parrot.engines.protocol.stream_docs import JsonOrEventStream
 
 
 class _Contexts:
@@ -161,7 +163,12 @@ class _Run:
 def openai_router() -> Router:
     ids = _Contexts()
 
-    @post("/completions", status_code=200)
+    @post(
+        "/completions",
+        status_code=200,
+        responses=error_responses(BODY, 409, 503),
+        operation_class=JsonOrEventStream,
+    )
     async def completions(data: JSONBody[CompletionRequest], state: State) -> CompletionResponse | Stream:
         engine = _engine(state)
         _check_model(engine, data.model)
@@ -182,7 +189,12 @@ def openai_router() -> Router:
         body = completion_stream(run.deltas(first, events), rid, created, model, final_usage)
         return EventStream(body)
 
-    @post("/chat/completions", status_code=200)
+    @post(
+        "/chat/completions",
+        status_code=200,
+        responses=error_responses(BODY, 409, 503),
+        operation_class=JsonOrEventStream,
+    )
     async def chat_completions(
         data: JSONBody[ChatCompletionRequest], state: State
     ) -> ChatCompletionResponse | Stream:
