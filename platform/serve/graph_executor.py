@@ -113,9 +113,10 @@ class GraphExecutor:
         self.scheduler.submit(task)
 
     async def _prompts(self, task: CompletionTask) -> None:
-        """The task's prompt for every model that may run it (usually one)."""
-        slots = {s.model: s for s in self.scheduler.serving(task.models) if s.up}
-        for _model, slot in slots.items():
+        """The task's prompt for every kind of engine that may run it (usually one: a model,
+        on builtin engines)."""
+        slots = {s.prompt_key: s for s in self.scheduler.serving(task.models) if s.up}
+        for slot in slots.values():
             await self.scheduler.runner.prompt(task, slot)
 
     def _fill_ahead(self, chain: CompletionChain, models: tuple[str, ...], criteria: str) -> None:

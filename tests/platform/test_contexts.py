@@ -125,14 +125,14 @@ def test_a_task_needs_only_the_kv_its_engine_does_not_hold_yet():
     def user(question: int):
         symbols = tuple(range(2048)) + (10_000 + question,) * 40  # a shared prompt, then its own
         return SimpleNamespace(
-            prompts={"m": SimpleNamespace(symbols=symbols)}, need=lambda model: len(symbols) + 32
+            prompts={slot.prompt_key: SimpleNamespace(symbols=symbols)}, need=lambda key: len(symbols) + 32
         )
 
     slot = EngineSlot("e", "m", client=None, contexts=ContextTree(itertools.count(1)))
     slot.token_capacity, slot.running = 46_592, {"first": None}
     first, second = user(1), user(2)
     assert GlobalScheduler._need(first, slot) == 2048 + 40 + 32  # nothing held yet
-    slot.contexts.add(first.prompts["m"].symbols, owner="s1")  # placed (still computing)
+    slot.contexts.add(first.prompts[slot.prompt_key].symbols, owner="s1")  # placed (still computing)
     slot.load = 2048 + 40 + 32  # what the first one added
     assert GlobalScheduler._need(second, slot) == 40 + 32  # the shared prompt is there
     # 64 such users fit in a 46k-token engine together (their whole prompts would not).

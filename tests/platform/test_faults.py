@@ -19,6 +19,7 @@ import time
 import httpx
 import pytest
 from conftest import ServerThread
+from httpx_sse import connect_sse
 from sqlalchemy import event
 
 from parrot.platform.api.app import create_app
@@ -178,11 +179,9 @@ def test_clients_that_go_away_lose_nothing_and_leak_nothing(served, engine_serve
     assert all(get_value(api, sid, auth, o)["value"] for o in outs)
     # 3. A streaming completion closed after a few chunks (the OpenAI front).
     body = {"prompt": "Once upon a time", "max_tokens": 64, "stream": True, "temperature": 0}
-    with api.stream("POST", "/v1/completions", json=body) as stream:
-        assert stream.status_code == 200
-        chunks = 0
-        for line in stream.iter_lines():
-            chunks += line.startswith("data:")
+    with connect_sse(api, "POST", "/v1/completions", json=body) as source:
+        assert source.response.status_code == 200
+        for chunks, _event in enumerate(source.iter_sse(), 1):
             if chunks >= 3:
                 break
     # Nothing lost: the session's values are all there; the server is healthy.
