@@ -10,6 +10,10 @@ is replaced by U+FFFD, as the builtin engine does with bytes that are not UTF-8,
 streamed text and the final value agree. Values a transform produces: the transform fails
 with the reason. And the ServeCore's variables take no invalid value whatever its source
 (the call fails with the reason).
+
+U+0000 (NUL) is valid Unicode but no text a store keeps: PostgreSQL's text types cannot
+hold it. So it is refused (or replaced) wherever a lone surrogate is, and a deployment
+keeps working when it moves from SQLite to PostgreSQL.
 """
 
 from __future__ import annotations
@@ -29,6 +33,9 @@ def surrogate_at(text: str) -> int | None:
 
 def problem(text: str) -> str | None:
     """Why ``text`` is not valid text (None: it is)."""
+    nul = text.find("\x00")
+    if nul >= 0:
+        return f"NUL character (U+0000) at character {nul} (no text may hold U+0000)"
     at = surrogate_at(text)
     if at is None:
         return None
@@ -41,10 +48,12 @@ def problem(text: str) -> str | None:
 def replace_invalid(text: str) -> str:
     """``text`` with each lone surrogate replaced by U+FFFD, as a decoder replaces bytes that
     are not UTF-8 (how the builtin engine's detokenizer treats a broken character)."""
+    text = text.replace("\x00", "\ufffd")
     return text if surrogate_at(text) is None else SURROGATE.sub("\ufffd", text)
 
 
 def printable(text: str) -> str:
     """``text`` made storable as is: any lone surrogate written as its escape (for reasons
     and messages, which may quote what they were given)."""
+    text = text.replace("\x00", "\\x00")
     return text if surrogate_at(text) is None else text.encode("utf-8", "backslashreplace").decode("utf-8")

@@ -11,7 +11,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
-from parrot.engines.protocol.errors import PayloadTooLargeError, TooManyRequestsError
+from parrot.engines.protocol import text
+from parrot.engines.protocol.errors import BadRequestError, PayloadTooLargeError, TooManyRequestsError
 from parrot.platform.serve.limits import Limits, describe
 
 if TYPE_CHECKING:
@@ -27,13 +28,21 @@ class Admission:
         self._client_of: dict[str, str] = {}  # session id -> client address
         self._pending: dict[str, RequestChain] = {}  # call id -> call not finished yet
 
-    # -- sizes (413) ---------------------------------------------------------------------
+    # -- sizes (413), and text that can be stored (400) ------------------------------------
     def check_value(self, value: str | None, what: str) -> None:
         limit = self.limits.max_value_chars
         if value is not None and len(value) > limit:
             raise PayloadTooLargeError(
                 f"{what} has {len(value)} characters, over the limit {describe('max_value_chars', limit)}"
             )
+        self.check_text(value, what)
+
+    @staticmethod
+    def check_text(value: str | None, what: str) -> None:
+        """400 for text no store keeps (a NUL; a lone surrogate, which JSON bodies cannot bring)."""
+        why = None if value is None else text.problem(value)
+        if why is not None:
+            raise BadRequestError(f"{what} is not valid text: {why}")
 
     def check_prompt(self, chars: int, what: str) -> None:
         limit = self.limits.max_prompt_chars

@@ -165,7 +165,7 @@ class ServeCore:
         self.metrics.watch(self.stats)
         self.variables = Variables(on_change=self._var_changed, on_wait=self.metrics.observe_wait)
         self.tokenizers = TokenizerManager()
-        self.transforms = TransformRunner(transform_limits)
+        self.transforms = TransformRunner(transform_limits, self.admission.limits.max_value_chars)
         self.memory = MemoryTrimmer()  # gives the memory of big prompts back once freed
         self.scheduler = GlobalScheduler(
             self.variables, PromptBuilder(self.tokenizers), policy, pressure, health, self.metrics
@@ -447,6 +447,7 @@ class ServeCore:
         )
 
     async def create_var(self, session: Session, name: str, value: str | None = None) -> SemanticVariable:
+        self.admission.check_text(name, "the variable name")
         self.admission.check_value(value, f"the value of variable {name!r}")
         self.admission.check_session_growth(session.session_id, len(session.vars), 1, len(session.calls), 0)
         var = SemanticVariable(_new_id("var"), name, value)
@@ -527,6 +528,7 @@ class ServeCore:
         if output_criteria is not None and output_criteria not in CRITERIA:
             raise BadRequestError(f"output_criteria must be one of {CRITERIA}, got {output_criteria!r}")
         self.admission.check_prompt(len(template), "the template")
+        self.admission.check_text(template, "the template")
         for p in parameters:
             self.admission.check_value(p.value, f"input {p.name!r}")
         chunks = parse_template(template)
@@ -568,6 +570,7 @@ class ServeCore:
     ) -> tuple[RequestChain, dict[str, str]]:
         """A call that derives ``output`` from ``inputs`` by native string transforms."""
         transforms.validate(steps)
+        self.admission.check_text(output, "the output name")
         if not inputs:
             raise BadRequestError("a transform needs at least one input")
         bound: dict[str, SemanticVariable] = {}
@@ -659,6 +662,8 @@ class ServeCore:
         are constant text: each piece's end is a prefix every session may share (a system
         prompt, the turns of a chat), kept as a context of its own on the engine."""
         self.admission.check_prompt(sum(len(piece) for piece in pieces), "the prompt")
+        for piece in pieces:
+            self.admission.check_text(piece, "the prompt")
         self._require_engine(models)
         out = SemanticVariable(_new_id("var"), "completion")
         request = RequestChain.prompt(_new_id("call"), pieces, out, sampling, on_token)

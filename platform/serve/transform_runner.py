@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from functools import partial
 
 from parrot.platform.serve import transforms
 
@@ -32,8 +33,9 @@ class TransformLimits:
 
 
 class TransformRunner:
-    def __init__(self, limits: TransformLimits | None = None) -> None:
+    def __init__(self, limits: TransformLimits | None = None, max_chars: int = 8 * 2**20) -> None:
         self.limits = limits or TransformLimits()
+        self.max_chars = max_chars  # the longest value a transform may make (a value's limit)
         self._pool: ThreadPoolExecutor | None = None  # made on first use, in the serving process
 
     async def apply(self, steps: list[transforms.Step], inputs: list[str]) -> str:
@@ -41,7 +43,8 @@ class TransformRunner:
         if self._pool is None:
             self._pool = ThreadPoolExecutor(self.limits.workers, thread_name_prefix="parrot-transform")
         loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._pool, transforms.apply, steps, inputs, self.limits.budget_s)
+        work = partial(transforms.apply, steps, inputs, self.limits.budget_s, self.max_chars)
+        return await loop.run_in_executor(self._pool, work)
 
     def close(self) -> None:
         """Drop queued transforms; running ones end within their budget."""

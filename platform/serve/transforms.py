@@ -26,7 +26,9 @@ from parrot.engines.protocol import text
 from parrot.platform.serve.errors import TransformError
 
 MAX_PATTERN = 512
-FIELD = re.compile(r"\{(\d+)\}")
+# A format field {N} (at most 6 digits); "{{0}}" is counted as a field too, an overestimate
+# that only matters at the size limit.
+FORMAT_FIELD = re.compile(r"\{([0-9]{1,6})\}")
 INDEX = re.compile(r"-?[0-9]{1,18}")  # a list index in a json_field path (ASCII digits only)
 
 
@@ -94,13 +96,16 @@ def validate(steps: list[Step]) -> None:
                 raise TransformError(f"invalid regex {step.pattern!r}: {error}") from None
 
 
-def apply(steps: list[Step], inputs: list[str], budget_s: float = 2.0) -> str:
+def apply(steps: list[Step], inputs: list[str], budget_s: float = 2.0, max_chars: int = 8 * 2**20) -> str:
     """The transform's result; raises :class:`TransformError` (with the step and the reason)
-    when it cannot be applied, or takes longer than ``budget_s`` in all."""
+    when it cannot be applied, takes longer than ``budget_s`` in all, or would build a value
+    longer than ``max_chars`` (checked before it is built: 256 inputs joined could make
+    gigabytes)."""
     deadline = Deadline(budget_s)
     values = list(inputs)
     for n, step in enumerate(steps, 1):
         try:
+            _check_size(step, values, max_chars)
             values = _apply(step, values, deadline)
         except TransformError as error:
             raise TransformError(f"step {n} ({type(step).__name__}): {error}") from None
@@ -110,6 +115,20 @@ def apply(steps: list[Step], inputs: list[str], budget_s: float = 2.0) -> str:
     if why is not None:
         raise TransformError(f"the result is not valid text: {why}")
     return values[0]
+
+
+def _check_size(step: Step, values: list[str], max_chars: int) -> None:
+    """A step that combines values must not build more than a value may hold."""
+    match step:
+        case Join(separator=sep):
+            size = sum(map(len, values)) + len(sep) * max(len(values) - 1, 0)
+        case Format(template=template):
+            fields = [int(n) for n in FORMAT_FIELD.findall(template)]
+            size = len(template) + sum(len(values[n]) for n in fields if n < len(values))
+        case _:
+            return
+    if size > max_chars:
+        raise TransformError(f"it would make a value of {size} characters, over the limit of {max_chars}")
 
 
 def _apply(step: Step, values: list[str], deadline: Deadline) -> list[str]:

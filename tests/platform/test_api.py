@@ -552,3 +552,37 @@ def test_session_dag_and_engine_context_tree_routes(api):
         assert api.delete(f"/v1/session/{s}", headers=a).status_code == 204
     # A closed session's DAG stays visible to the dashboard (as it was), not to the API.
     assert api.get(f"/v1/session/{sid}/dag", headers=auth).status_code == 404
+
+
+def test_text_with_a_nul_is_refused_with_a_400_on_every_store(api):
+    """U+0000 is valid JSON and Unicode, but PostgreSQL's text cannot hold it: values, names,
+    templates and OpenAI-front prompts with one are refused up front (400 saying where),
+    never a store error after the fact; nothing is created and the session keeps working."""
+    sid, auth = new_session(api)
+    bad = [
+        ("/v1/semantic_var", {"session_id": sid, "name": "v", "value": "a\x00b"}, "at character 1"),
+        ("/v1/semantic_var", {"session_id": sid, "name": "v\x00", "value": "ok"}, "variable name"),
+        (
+            "/v1/semantic_call",
+            {"session_id": sid, "template": "Hi\x00 {{a}}", "parameters": [out("a")]},
+            "the template",
+        ),
+        (
+            "/v1/semantic_transform",
+            {"session_id": sid, "inputs": [{"value": "x\x00"}], "steps": [{"type": "strip"}]},
+            "transform input 0",
+        ),
+        ("/v1/completions", {"model": "m", "prompt": "a\x00"}, "the prompt"),
+    ]
+    for path, body, where in bad:
+        r = api.post(path, json=body, headers=auth)
+        assert r.status_code == 400, (path, r.text)
+        message = r.json()["error"]["message"]
+        assert "NUL character (U+0000)" in message and where in message, (path, message)
+    assert api.get(f"/v1/session/{sid}", headers=auth).json()["vars"] == []
+    v = api.post("/v1/semantic_var", json={"session_id": sid, "name": "v", "value": "ok"}, headers=auth)
+    assert v.status_code == 201, v.text
+    var = f"/v1/semantic_var/{v.json()['var_id']}"
+    put = api.put(var, json={"session_id": sid, "value": "\x00"}, headers=auth)
+    assert put.status_code == 400 and "NUL" in put.text, put.text
+    assert api.get("/healthz").json()["status"] == "ok"

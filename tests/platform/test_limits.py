@@ -222,3 +222,27 @@ def test_limits_come_from_flags_and_variables_with_documented_defaults():
         settings(["--max-vars-per-session", "0"], {})
     with pytest.raises(ValueError, match="PARROT_MAX_CALLS_PER_SESSION"):
         settings([], {"PARROT_MAX_CALLS_PER_SESSION": "many"})
+
+
+def test_a_transform_cannot_build_a_value_over_the_value_limit(api):
+    """Each input is within the value limit; their join is not. The call fails with the
+    reason (the result is never built), and the session goes on."""
+    sid, auth = new_session(api)
+    big = var(api, sid, auth, "big", "x" * 900).json()["var_id"]
+    r = api.post(
+        "/v1/semantic_transform",
+        headers=auth,
+        json={
+            "session_id": sid,
+            "inputs": [{"var_id": big}] * 4,
+            "steps": [{"type": "join", "separator": " "}],
+            "output": "joined",
+        },
+    )
+    assert r.status_code == 201, r.text
+    got = api.get(
+        f"/v1/semantic_var/{r.json()['outputs']['joined']}", params={"session_id": sid}, headers=auth
+    )
+    assert got.status_code == 424, got.text
+    assert "would make a value of 3603 characters, over the limit of 1000" in got.json()["error"]["message"]
+    healthy(api)

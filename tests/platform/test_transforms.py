@@ -124,3 +124,16 @@ def test_one_budget_for_all_values_of_a_transform():
     with pytest.raises(TransformError, match=r"time budget of 0\.3 s"):
         apply(pipeline, [value] * 40, budget_s=0.3)  # 2 s of work in all
     assert time.monotonic() - started < 1.0
+
+
+def test_a_join_or_format_that_would_outgrow_a_value_fails_before_it_is_built():
+    """256 inputs of a value's largest size joined would make gigabytes: the size is checked
+    from the inputs' lengths, before the string exists."""
+    steps = msgspec.convert([{"type": "join", "separator": ", "}], Steps)
+    assert apply(steps, ["abc"] * 3, max_chars=13) == "abc, abc, abc"
+    with pytest.raises(TransformError, match="would make a value of 14 characters, over the limit of 13"):
+        apply(msgspec.convert([{"type": "join", "separator": ",  "}], Steps), ["abc"] * 3, max_chars=13)
+    fmt = msgspec.convert([{"type": "format", "template": "{0}{0}{1}!"}], Steps)
+    assert apply(fmt, ["ab", "c"], max_chars=6) == "ababc!"
+    with pytest.raises(TransformError, match="over the limit of 5"):
+        apply(fmt, ["ab", "c"], max_chars=5)
