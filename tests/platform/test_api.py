@@ -559,6 +559,7 @@ def test_text_with_a_nul_is_refused_with_a_400_on_every_store(api):
     templates and OpenAI-front prompts with one are refused up front (400 saying where),
     never a store error after the fact; nothing is created and the session keeps working."""
     sid, auth = new_session(api)
+    model = api.get("/v1/models").json()["data"][0]["id"]
     bad = [
         ("/v1/semantic_var", {"session_id": sid, "name": "v", "value": "a\x00b"}, "at character 1"),
         ("/v1/semantic_var", {"session_id": sid, "name": "v\x00", "value": "ok"}, "variable name"),
@@ -572,7 +573,7 @@ def test_text_with_a_nul_is_refused_with_a_400_on_every_store(api):
             {"session_id": sid, "inputs": [{"value": "x\x00"}], "steps": [{"type": "strip"}]},
             "transform input 0",
         ),
-        ("/v1/completions", {"model": "m", "prompt": "a\x00"}, "the prompt"),
+        ("/v1/completions", {"model": model, "prompt": "a\x00"}, "the prompt"),
     ]
     for path, body, where in bad:
         r = api.post(path, json=body, headers=auth)

@@ -131,7 +131,7 @@ def test_a_join_or_format_that_would_outgrow_a_value_fails_before_it_is_built():
     from the inputs' lengths, before the string exists."""
     steps = msgspec.convert([{"type": "join", "separator": ", "}], Steps)
     assert apply(steps, ["abc"] * 3, max_chars=13) == "abc, abc, abc"
-    with pytest.raises(TransformError, match="would make a value of 14 characters, over the limit of 13"):
+    with pytest.raises(TransformError, match="would make a value of 15 characters, over the limit of 13"):
         apply(msgspec.convert([{"type": "join", "separator": ",  "}], Steps), ["abc"] * 3, max_chars=13)
     fmt = msgspec.convert([{"type": "format", "template": "{0}{0}{1}!"}], Steps)
     assert apply(fmt, ["ab", "c"], max_chars=6) == "ababc!"
