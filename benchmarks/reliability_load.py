@@ -8,8 +8,8 @@ script starts, or on ``--engine URL``):
   sessions keeping the engine busy (32; ``--quick`` 8);
 - ``acceptance``: issue 14's acceptance 3: a 64-input catastrophic-regex transform
   (``(a|aa)+$`` on ``"a" * 40 + "b"``: the ``regex`` module takes ``(a+)+$`` in well under
-  a millisecond, so the classic example would test nothing), a 4 MiB prompt on ``/v1/completions`` and 2,000 slow
-  clients (``--quick``: 200) in flight together.
+  a millisecond, so the classic example would test nothing), a 4 MiB prompt on
+  ``/v1/completions`` and 2,000 slow clients (``--quick``: 200) in flight together.
 
 ``/healthz`` is probed on a fresh connection every 50 ms throughout; p50/p99 (and max) are
 reported with throughput, 5xx count, lost values and leaked contexts. ``--write`` puts the

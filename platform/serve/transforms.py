@@ -123,8 +123,10 @@ def _check_size(step: Step, values: list[str], max_chars: int) -> None:
         case Join(separator=sep):
             size = sum(map(len, values)) + len(sep) * max(len(values) - 1, 0)
         case Format(template=template):
-            fields = [int(n) for n in FORMAT_FIELD.findall(template)]
-            size = len(template) + sum(len(values[n]) for n in fields if n < len(values))
+            size = len(template)
+            for field in FORMAT_FIELD.finditer(template):
+                n = int(field.group(1))
+                size += (len(values[n]) if n < len(values) else 0) - len(field.group(0))
         case _:
             return
     if size > max_chars:
