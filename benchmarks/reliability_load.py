@@ -38,7 +38,7 @@ import httpx
 from benchmarks._servers import free_port
 from benchmarks.reliability.dag import dag_load, leaked_contexts
 from benchmarks.reliability.flood import slow_flood
-from benchmarks.reliability.health import HealthProbe, probe_health
+from benchmarks.reliability.health import HealthProbe, ProbeProcess
 from parrot.engines.protocol.server import raise_fd_limit
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -106,14 +106,15 @@ def servecore(engine_url: str) -> Iterator[str]:
 
 
 async def _probed(url: str, work) -> tuple[HealthProbe, object]:
+    """Run ``work`` while ``/healthz`` is probed from a separate process (see ProbeProcess)."""
     stop = asyncio.Event()
-    probing = asyncio.create_task(probe_health(url, stop, interval_s=0.05, timeout_s=5.0))
-    await asyncio.sleep(0.5)  # a few probes of the idle server first
-    try:
-        result = await work(stop)
-    finally:
-        stop.set()
-    return await probing, result
+    with ProbeProcess(url, interval_s=0.05, timeout_s=5.0) as probing:
+        await asyncio.sleep(1.0)  # the prober's start, and a few probes of the idle server
+        try:
+            result = await work(stop)
+        finally:
+            stop.set()
+    return probing.result, result
 
 
 def _row(name: str, probe: HealthProbe, detail: str) -> dict:
