@@ -7,12 +7,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import signal
 import socket
 import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import httpx
@@ -28,11 +29,20 @@ def free_port() -> int:
 
 
 @contextlib.contextmanager
-def serving(cmd: list[str], port: int, what: str, timeout_s: float = 300) -> Iterator[str]:
-    url = f"http://127.0.0.1:{port}"
+def launched(
+    cmd: list[str],
+    ready: Callable[[], bool],
+    what: str,
+    timeout_s: float = 300,
+    env: dict | None = None,
+    stop: int = signal.SIGTERM,
+) -> Iterator[subprocess.Popen]:
+    """Run ``cmd`` until the ``with`` block ends, once ``ready()`` says it serves (its
+    HTTP errors and odd answers count as not yet); ``stop`` is the signal that ends it
+    (SIGINT lets ``parrot serve`` stop the engine it started)."""
     # Its log goes to a file: a pipe nobody reads fills up and blocks the server.
     with tempfile.TemporaryFile(mode="w+") as log:
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, text=True)
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, text=True, env=env)
         try:
             deadline = time.monotonic() + timeout_s
             while True:
@@ -41,18 +51,35 @@ def serving(cmd: list[str], port: int, what: str, timeout_s: float = 300) -> Ite
                     raise RuntimeError(f"{what} exited: {log.read()[-2000:]}")
                 if time.monotonic() > deadline:
                     raise RuntimeError(f"{what} did not start within {timeout_s:.0f} s")
-                with contextlib.suppress(httpx.HTTPError):
-                    if httpx.get(f"{url}/v1/models", timeout=2).status_code == 200:
+                with contextlib.suppress(httpx.HTTPError, ValueError, KeyError):
+                    if ready():
                         break
                 time.sleep(0.5)
-            yield url
+            yield proc
         finally:
-            proc.terminate()
+            proc.send_signal(stop)
             try:
-                proc.wait(timeout=30)
+                proc.wait(timeout=60)
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
+
+
+def parrot_command(*args: str) -> list[str]:
+    """``parrot ARGS`` with this interpreter (a fresh process of the same venv)."""
+    return [sys.executable, "-m", "parrot.platform.cli.main", *args]
+
+
+@contextlib.contextmanager
+def serving(cmd: list[str], port: int, what: str, timeout_s: float = 300) -> Iterator[str]:
+    """An OpenAI-compatible server: ready once it lists its models."""
+    url = f"http://127.0.0.1:{port}"
+
+    def ready() -> bool:
+        return httpx.get(f"{url}/v1/models", timeout=2).status_code == 200
+
+    with launched(cmd, ready, what, timeout_s):
+        yield url
 
 
 def parrot_server(dtype: str, weights: str, threads: int):

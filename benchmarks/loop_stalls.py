@@ -15,15 +15,13 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
-import subprocess
-import sys
 import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
 
 import httpx
-from _servers import free_port
+from _servers import free_port, launched, parrot_command
 
 CATASTROPHIC = r"(a|aa)+$"  # on "a" * 60 + "b": exponential backtracking in the regex module
 SLOW_MATCH = r"(a|aa)+$|b"  # the same backtracking, then a match: each value takes long, not forever
@@ -46,26 +44,8 @@ def slow_value(seconds: float = 0.2) -> str:
 @contextlib.contextmanager
 def process(args: list[str], ready: Callable[[str], bool], port: int, env: dict) -> Iterator[tuple[str, int]]:
     url = f"http://127.0.0.1:{port}"
-    with tempfile.TemporaryFile(mode="w+") as log:
-        cmd = [sys.executable, "-m", "parrot.platform.cli.main", *args, "--port", str(port)]
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
-        try:
-            deadline = time.monotonic() + 300
-            while True:
-                if proc.poll() is not None or time.monotonic() > deadline:
-                    log.seek(0)
-                    raise RuntimeError(f"{args[0]} did not start: {log.read()[-2000:]}")
-                with contextlib.suppress(httpx.HTTPError, ValueError, KeyError):
-                    if ready(url):
-                        break
-                time.sleep(0.5)
-            yield url, proc.pid
-        finally:
-            proc.terminate()
-            try:
-                proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
+    with launched(parrot_command(*args, "--port", str(port)), lambda: ready(url), args[0], env=env) as proc:
+        yield url, proc.pid
 
 
 def rss_mib(pid: int) -> float:

@@ -24,8 +24,7 @@ import argparse
 import asyncio
 import contextlib
 import os
-import subprocess
-import sys
+import signal
 import tempfile
 import time
 from collections.abc import Iterator
@@ -35,7 +34,7 @@ from urllib.parse import urlsplit
 
 import httpx
 
-from benchmarks._servers import free_port
+from benchmarks._servers import free_port, launched, parrot_command
 from benchmarks.reliability.dag import dag_load, leaked_contexts
 from benchmarks.reliability.flood import slow_flood
 from benchmarks.reliability.health import HealthProbe, ProbeProcess
@@ -50,39 +49,14 @@ FLOOD_HOLD_S = 30.0
 QUICK = {"dag_sessions": 16, "flood": 300, "flood_sessions": 8, "acceptance_slow": 200}
 
 
-def _wait(url: str, proc: subprocess.Popen, log, what: str, timeout_s: float = 600) -> None:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        if proc.poll() is not None:
-            log.seek(0)
-            raise RuntimeError(f"{what} exited: {log.read()[-3000:]}")
-        with contextlib.suppress(httpx.HTTPError):
-            if httpx.get(url, timeout=2).status_code == 200:
-                return
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"{what} did not start in {timeout_s:.0f} s")
-        time.sleep(0.5)
-
-
 @contextlib.contextmanager
 def process(args: list[str], ready_url: str, what: str) -> Iterator[None]:
-    with tempfile.TemporaryFile(mode="w+") as log:  # a pipe nobody reads would block it
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "parrot.platform.cli.main", *args],
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            cwd=ROOT,
-        )
-        try:
-            _wait(ready_url, proc, log, what)
-            yield
-        finally:
-            proc.send_signal(2)
-            try:
-                proc.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+    def ready() -> bool:
+        return httpx.get(ready_url, timeout=2).status_code == 200
+
+    # SIGINT: ``parrot serve`` stops as on Ctrl-C, with what it holds on the engine.
+    with launched(parrot_command(*args), ready, what, timeout_s=600, stop=signal.SIGINT):
+        yield
 
 
 @contextlib.contextmanager
