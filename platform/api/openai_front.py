@@ -13,11 +13,12 @@ from __future__ import annotations
 import time
 import uuid
 
-from litestar import Router, get, post
+from litestar import Request, Router, get, post
 from litestar.datastructures import State
 from litestar.params import JSONBody
 from litestar.response import Stream
 
+from parrot.engines.protocol.disconnect import unless_disconnected
 from parrot.engines.protocol.error_docs import ADMIN, BODY, CREATES, error_responses
 from parrot.engines.protocol.errors import BadRequestError, NotFoundError
 from parrot.engines.protocol.openai_schemas import (
@@ -84,7 +85,9 @@ def _final_usage(data, run: OneShot):
     responses=error_responses(BODY, ADMIN, 404, CREATES, 503),
     operation_class=JsonOrEventStream,
 )
-async def completions(data: JSONBody[CompletionRequest], state: State) -> CompletionResponse | Stream:
+async def completions(
+    data: JSONBody[CompletionRequest], state: State, request: Request
+) -> CompletionResponse | Stream:
     core: ServeCore = state.core
     if data.echo or data.logprobs:
         raise BadRequestError("echo and logprobs are not supported")
@@ -93,7 +96,8 @@ async def completions(data: JSONBody[CompletionRequest], state: State) -> Comple
     run = await OneShot.start(core, [_prompt(data.prompt)], sampling, data.n, model, stream=data.stream)
     rid, created = f"cmpl-{uuid.uuid4().hex}", int(time.time())
     if not data.stream:
-        answers = await run.answers()
+        # A client that gives up stops the generation (its session is closed).
+        answers = await unless_disconnected(request, run.answers())
         return completion_response(
             rid, created, model, answers, run.usage(sum(a.completion_tokens for a in answers))
         )
@@ -108,7 +112,7 @@ async def completions(data: JSONBody[CompletionRequest], state: State) -> Comple
     operation_class=JsonOrEventStream,
 )
 async def chat_completions(
-    data: JSONBody[ChatCompletionRequest], state: State
+    data: JSONBody[ChatCompletionRequest], state: State, request: Request
 ) -> ChatCompletionResponse | Stream:
     core: ServeCore = state.core
     if data.logprobs:
@@ -120,7 +124,8 @@ async def chat_completions(
     run = await OneShot.start(core, pieces, sampling, data.n, model, stream=data.stream)
     rid, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
     if not data.stream:
-        answers = await run.answers()
+        # A client that gives up stops the generation (its session is closed).
+        answers = await unless_disconnected(request, run.answers())
         return chat_response(
             rid, created, model, answers, run.usage(sum(a.completion_tokens for a in answers))
         )

@@ -4,6 +4,7 @@ streaming completions and chat, one shared system prompt held once, keys, bad re
 from __future__ import annotations
 
 import asyncio
+import time
 
 import httpx
 import openai
@@ -166,3 +167,23 @@ def test_api_keys_guard_the_front_when_configured(engine_server):
 
 def test_streams_are_labelled_event_streams(front, oai):
     assert_event_streams(front[0].url, model_name(oai))
+
+
+def test_a_client_that_gives_up_stops_its_generation(front, engine_server):
+    """Issue 14 item 3 through the ServeCore: a plain completion whose client gave up kept
+    the engine generating all its tokens for nobody."""
+    server, _ = front
+
+    def engine_stats() -> dict:
+        return httpx.get(f"{engine_server.url}/ping", timeout=10).json()
+
+    before = engine_stats()["tokens_generated"]
+    body = {"prompt": "Tell me a very long story.", "max_tokens": 300, "temperature": 0, "ignore_eos": True}
+    with pytest.raises(httpx.TimeoutException):  # 300 tokens never come back in half a second
+        httpx.post(f"{server.url}/v1/completions", json=body, timeout=0.5)
+    deadline = time.monotonic() + 30
+    while engine_stats()["num_running"] and time.monotonic() < deadline:
+        time.sleep(0.1)
+    stats = engine_stats()
+    assert stats["num_running"] == 0 and stats["num_waiting"] == 0
+    assert stats["tokens_generated"] - before < 150

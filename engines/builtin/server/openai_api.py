@@ -15,7 +15,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator
 
-from litestar import Router, get, post
+from litestar import Request, Router, get, post
 from litestar.datastructures import State
 from litestar.params import JSONBody
 from litestar.response import Stream
@@ -23,6 +23,7 @@ from litestar.response import Stream
 from parrot.engines.builtin.engine import BuiltinEngine
 from parrot.engines.builtin.jobs import GenerateResult, TokenEvent
 from parrot.engines.builtin.server import text_work
+from parrot.engines.protocol.disconnect import unless_disconnected
 from parrot.engines.protocol.error_docs import BODY, error_responses
 from parrot.engines.protocol.errors import BadRequestError
 from parrot.engines.protocol.openai_schemas import (
@@ -169,7 +170,9 @@ def openai_router() -> Router:
         responses=error_responses(BODY, 409, 503),
         operation_class=JsonOrEventStream,
     )
-    async def completions(data: JSONBody[CompletionRequest], state: State) -> CompletionResponse | Stream:
+    async def completions(
+        data: JSONBody[CompletionRequest], state: State, request: Request
+    ) -> CompletionResponse | Stream:
         engine = _engine(state)
         _check_model(engine, data.model)
         if data.echo or data.logprobs:
@@ -179,7 +182,8 @@ def openai_router() -> Router:
         run = _Run(engine, ids, tokens, sampling, data.n)
         rid, created, model = f"cmpl-{uuid.uuid4().hex}", int(time.time()), engine.model_name
         if not data.stream:
-            answers = await run.answers()
+            # A client that gives up stops the generation (its contexts are freed).
+            answers = await unless_disconnected(request, run.answers())
             return completion_response(
                 rid, created, model, answers, run.usage(sum(a.completion_tokens for a in answers))
             )
@@ -196,7 +200,7 @@ def openai_router() -> Router:
         operation_class=JsonOrEventStream,
     )
     async def chat_completions(
-        data: JSONBody[ChatCompletionRequest], state: State
+        data: JSONBody[ChatCompletionRequest], state: State, request: Request
     ) -> ChatCompletionResponse | Stream:
         engine = _engine(state)
         _check_model(engine, data.model)
@@ -212,7 +216,8 @@ def openai_router() -> Router:
         run = _Run(engine, ids, tokens, sampling, data.n)
         rid, created, model = f"chatcmpl-{uuid.uuid4().hex}", int(time.time()), engine.model_name
         if not data.stream:
-            answers = await run.answers()
+            # A client that gives up stops the generation (its contexts are freed).
+            answers = await unless_disconnected(request, run.answers())
             return chat_response(
                 rid, created, model, answers, run.usage(sum(a.completion_tokens for a in answers))
             )

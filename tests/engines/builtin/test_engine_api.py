@@ -284,3 +284,40 @@ def test_closing_a_stream_stops_its_generation(client, ids):
     r = client.post("/generate", json={"context_id": cid, "sampling": greedy(3)})
     assert r.status_code == 200 and len(r.json()["token_ids"]) == 3
     client.post("/free_context", json={"context_id": cid})
+
+
+def _idle_after(client: httpx.Client, before: int) -> int:
+    """Tokens generated since ``before`` once the engine has no job left (waits up to 30 s)."""
+    deadline = time.monotonic() + 30
+    while ping(client)["num_running"] and time.monotonic() < deadline:
+        time.sleep(0.1)
+    stats = ping(client)
+    assert stats["num_running"] == 0 and stats["num_waiting"] == 0
+    return stats["tokens_generated"] - before
+
+
+def test_openai_clients_that_go_away_stop_their_generation(client, engine_server):
+    """Issue 14 item 3 on the OpenAI routes: a streaming chat closed after 5 chunks, and a
+    plain completion whose client gave up, used to generate all their tokens for nobody."""
+    chat = {
+        "messages": [{"role": "user", "content": "Tell me a very long story."}],
+        "max_tokens": 300,
+        "temperature": 0,
+        "ignore_eos": True,
+        "stream": True,
+    }
+    before = ping(client)["tokens_generated"]
+    with connect_sse(client, "POST", "/v1/chat/completions", json=chat) as source:
+        for got, _ in enumerate(source.iter_sse(), 1):
+            if got == 5:
+                break
+    assert _idle_after(client, before) < 150
+    before = ping(client)["tokens_generated"]
+    plain = {"prompt": PROMPT, "max_tokens": 300, "temperature": 0, "ignore_eos": True}
+    try:
+        httpx.post(f"{engine_server.url}/v1/completions", json=plain, timeout=0.5)
+    except httpx.TimeoutException:
+        pass  # the client gives up: the server sees the disconnect
+    else:  # pragma: no cover - 300 tokens never come back in half a second on a CPU
+        raise AssertionError("the completion answered before its client gave up")
+    assert _idle_after(client, before) < 150
