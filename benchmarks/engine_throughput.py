@@ -3,7 +3,8 @@
 One run measures, each side in a fresh process of its own:
 
 - decode tokens/s at batch 1 / 4 / 16 / 64 of the engine in every mode (``DTYPE/WEIGHTS``:
-  float32/exact, bfloat16/exact, float32/int8, float32/int4, float32/gguf) and of
+  float32/exact, bfloat16/exact, float32/int8, float32/int4, float32/gguf; and
+  float32/exact/torch, the exact mode without numpy's BLAS for its decode steps) and of
   transformers ``generate`` (float32), prefill excluded on both sides;
 - the same batches as concurrent requests to two servers' ``/v1/completions``: ``parrot
   engine`` in the exact and the fastest mode, and llama.cpp's server (llama-cpp-python, built
@@ -45,7 +46,16 @@ PROMPT = (
     "<|im_start|>user\nTell me a long story about a lighthouse keeper number {i}.<|im_end|>\n"
     "<|im_start|>assistant\n"
 )
-MODES = ["float32/exact", "bfloat16/exact", "float32/int8", "float32/int4", "float32/gguf"]
+# DTYPE/WEIGHTS[/CPU_MATMUL]: float32/exact/torch is the exact mode with torch's matmuls for
+# every step, the baseline of float32/exact's BLAS steps (engines/builtin/model/blas_linear.py)
+MODES = [
+    "float32/exact",
+    "float32/exact/torch",
+    "bfloat16/exact",
+    "float32/int8",
+    "float32/int4",
+    "float32/gguf",
+]
 
 
 def measure_bandwidth() -> float:
@@ -139,10 +149,11 @@ def hf_decode(model, tokenizer, batch: int, new_tokens: int) -> float:
 
 
 def engine_part(args) -> dict:
-    dtype, weights = args.mode.split("/")
+    dtype, weights, *matmul = args.mode.split("/")
     config = EngineConfig(
         dtype=dtype,
         weights=weights,
+        cpu_matmul=matmul[0] if matmul else "auto",
         kv_cache_bytes=4 * 2**30,
         num_threads=args.threads,
         scheduler=SchedulerConfig(max_batched_tokens=2048, max_running=64),

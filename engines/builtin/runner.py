@@ -24,6 +24,9 @@ class ModelRunner:
         """Computes the items' tokens into the KV cache; logits [num_sampled, vocab] or None."""
         hidden = None
         inputs = None
+        route = self.model.matmul_route
+        if route is not None:
+            route.begin_step(sum(item.num_tokens for item in items) or len(items))
         if any(item.num_tokens for item in items):
             inputs = build_step(items, self.pool.block_size, self.policy, self.device)
             if inputs.attention.uses_shared_prefix:

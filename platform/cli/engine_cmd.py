@@ -69,6 +69,13 @@ def add_parser(commands) -> None:
         help="take the shared-prefix path when (seqs - 1) * prefix tokens reaches this",
     )
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads")
+    p.add_argument(
+        "--cpu-matmul",
+        default=None,
+        choices=["auto", "torch", "blas"],
+        help="float32 exact weights on the CPU: multiply decode steps on numpy's BLAS or torch "
+        "(default auto: BLAS where it measures faster at start)",
+    )
     add_server_arguments(p)
     p.add_argument(
         "--max-body-bytes",
@@ -104,6 +111,7 @@ def config_from_args(args: argparse.Namespace) -> EngineConfig:
         ),
         attention_backend=args.attention_backend,
         num_threads=args.threads,
+        cpu_matmul=args.cpu_matmul,
     )
 
 

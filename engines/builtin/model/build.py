@@ -9,13 +9,16 @@ rows or more (large batches, prefill), where the packed kernels are slower.
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 import torch
+from threadpoolctl import threadpool_limits
 from torch import nn
 
 from parrot.engines.builtin.attention.base import AttentionBackend
 from parrot.engines.builtin.config import EngineConfig
+from parrot.engines.builtin.model.blas_linear import AUTO_MIN_SPEEDUP, BlasLinear, MatmulRoute, blas_speedup
 from parrot.engines.builtin.model.config import ModelConfig
 from parrot.engines.builtin.model.gguf_weights import GGUFWeights
 from parrot.engines.builtin.model.llama import LlamaForCausalLM
@@ -29,6 +32,8 @@ from parrot.engines.builtin.model.quant import (
     int4_fits,
     quantize_int4,
 )
+
+log = logging.getLogger(__name__)
 
 
 def build_model(
@@ -44,6 +49,9 @@ def build_model(
         gguf_path = Path(config.model).expanduser() if config.model else default_model_path()
         gguf = GGUFWeights(gguf_path, model_config.num_heads, model_config.num_kv_heads)
         load_gguf_linears(model, gguf, config.dense_rows)
+    if config.uses_cpu_matmul_choice():
+        threads = config.num_threads or torch.get_num_threads()
+        route_linears_to_blas(model, config.cpu_matmul, config.blas_rows, threads)
     return model.eval()
 
 
@@ -116,3 +124,24 @@ def load_gguf_linears(model: LlamaForCausalLM, gguf: GGUFWeights, dense_rows: in
             mlp.down_proj = linear([f"{blk}ffn_down.weight"], mlp.down_proj)
         head = "output.weight" if "output.weight" in gguf else "token_embd.weight"
         model.set_head(linear([head], None))
+
+
+def route_linears_to_blas(model: LlamaForCausalLM, choice: str, max_rows: int, threads: int) -> None:
+    """Swap the float32 linears (and the LM head) for BLAS ones, if ``choice`` says so.
+
+    "auto" multiplies one row by the LM head, the largest matrix, on both libraries and
+    takes BLAS when that is at least ``AUTO_MIN_SPEEDUP`` times faster. The model keeps
+    the route, which the runner sets before each step.
+    """
+    threadpool_limits(limits=threads, user_api="blas")
+    if choice == "auto":
+        speedup = blas_speedup(model.head_weight(), threads)
+        log.info("cpu matmul: numpy's BLAS is %.2fx torch on the LM head at one row", speedup)
+        if speedup < AUTO_MIN_SPEEDUP:
+            return
+    route = MatmulRoute(max_rows=max_rows, threads=threads)
+    for parent, name in linear_slots(model):
+        old: nn.Linear = getattr(parent, name)
+        setattr(parent, name, BlasLinear(old.weight, old.bias, route))
+    model.set_head(BlasLinear(model.head_weight(), None, route))
+    model.matmul_route = route

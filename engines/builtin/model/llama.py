@@ -12,6 +12,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from parrot.engines.builtin.attention.base import AttentionBackend, AttentionBatch
+from parrot.engines.builtin.model.blas_linear import MatmulRoute
 from parrot.engines.builtin.model.config import ModelConfig
 from parrot.engines.builtin.model.rope import RotaryEmbedding
 from parrot.engines.protocol.errors import ModelLoadError
@@ -111,8 +112,10 @@ class LlamaForCausalLM(nn.Module):
             if config.tie_word_embeddings
             else nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         )
-        # A packed (quantized) LM head, set by a weight format; it replaces the float one.
+        # An LM head that replaces the float one: packed by a weight format, or on BLAS.
         self.packed_head: nn.Module | None = None
+        # Set when float32 linears run on numpy's BLAS: the runner routes each step by its rows.
+        self.matmul_route: MatmulRoute | None = None
         self._cache_views: tuple[torch.Tensor, list[tuple[torch.Tensor, torch.Tensor]]] | None = None
 
     @torch.inference_mode()
