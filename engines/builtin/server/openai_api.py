@@ -104,22 +104,36 @@ class _Run:
     def usage(self, completion_tokens: int) -> Usage:
         return usage(len(self.tokens), completion_tokens, self.cached_tokens)
 
+    def prompt_in_job(self) -> list[int]:
+        """With one choice, the generate job fills the prompt itself: its first token comes in
+        the prompt's own step, not in a step after a separate fill job's answer."""
+        return self.tokens if self.n == 1 else []
+
     async def generate_all(self) -> list[GenerateResult]:
-        await self.fill()
-        return list(
-            await asyncio.gather(
-                *(self.engine.generate(cid, self.sampling, self.parent()) for cid in self.child_ids)
+        prompt = self.prompt_in_job()
+        if not prompt:
+            await self.fill()
+        results = await asyncio.gather(
+            *(
+                self.engine.generate(cid, self.sampling, self.parent(), prompt_tokens=prompt)
+                for cid in self.child_ids
             )
         )
+        if prompt:
+            self.cached_tokens = results[0].cached_tokens
+        return list(results)
 
     async def stream_all(self) -> AsyncIterator[tuple[int, TokenEvent | GenerateResult]]:
         """Merged events of all n generations, tagged with their choice index."""
-        await self.fill()
+        prompt = self.prompt_in_job()
+        if not prompt:
+            await self.fill()
         queue: asyncio.Queue = asyncio.Queue()
 
         async def pump(index: int, cid: int) -> None:
             try:
-                async for event in self.engine.generate_stream(cid, self.sampling, self.parent()):
+                events = self.engine.generate_stream(cid, self.sampling, self.parent(), prompt_tokens=prompt)
+                async for event in events:
                     await queue.put((index, event))
             except BaseException as error:
                 await queue.put((index, error))
@@ -133,6 +147,8 @@ class _Run:
                     raise event
                 if isinstance(event, GenerateResult):
                     done += 1
+                    if prompt:
+                        self.cached_tokens = event.cached_tokens
                 yield index, event
         finally:
             for task in tasks:

@@ -101,3 +101,20 @@ def test_openai_errors_are_4xx_with_messages(oai):
 
 def test_streams_are_labelled_event_streams(engine_server):
     assert_event_streams(engine_server.url)
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_one_choice_request_gets_its_first_token_in_the_prompt_step(oai, engine, stream):
+    """The generate job fills the prompt itself: one model step for prompt and first token
+    (a separate fill job made it two, the token waiting a step behind the prompt)."""
+    before = engine.stats_now()["steps"]
+    created = oai.completions.create(
+        model="", prompt="A lighthouse keeper counts", max_tokens=1, temperature=0, stream=stream
+    )
+    if stream:
+        text = "".join(c.choices[0].text for c in created if c.choices)
+    else:
+        text = created.choices[0].text
+        assert created.usage.completion_tokens == 1
+    assert text
+    assert engine.stats_now()["steps"] - before == 1
