@@ -63,11 +63,15 @@ def new_session(api: httpx.Client) -> tuple[str, dict]:
     return body["session_id"], {"Authorization": f"Bearer {body['session_auth']}"}
 
 
-def submit(api, sid, auth, topic: str, max_tokens: int) -> str:
-    """A call whose prompt starts with session data (no shared prefix context); its output id."""
+def submit(api, sid, auth, topic: str, max_tokens: int, ignore_eos: bool = False) -> str:
+    """A call whose prompt starts with session data (no shared prefix context); its output id.
+
+    ``ignore_eos`` makes it generate all ``max_tokens``: a call that must still run when a
+    client gives up cannot be allowed to end at an early end-of-sequence token."""
     var = api.post("/v1/semantic_var", json={"session_id": sid, "name": "t", "value": topic}, headers=auth)
     assert var.status_code == 201, var.text
-    out = {"name": "a", "is_output": True, "sampling": {"max_tokens": max_tokens, "temperature": 0}}
+    sampling = {"max_tokens": max_tokens, "temperature": 0, "ignore_eos": ignore_eos}
+    out = {"name": "a", "is_output": True, "sampling": sampling}
     body = {
         "session_id": sid,
         "template": "{{t}}, in one line: {{a}}",
@@ -153,7 +157,7 @@ def test_clients_that_go_away_lose_nothing_and_leak_nothing(served, engine_serve
     others = engine_contexts(engine_server.url)["num_contexts"] - len(core.engine_slots()[0].contexts)
     # 1. A client gives up on a get of a long call: the call goes on, its value is kept.
     sid, auth = new_session(api)
-    long_out = submit(api, sid, auth, "The history of lighthouses", 96)
+    long_out = submit(api, sid, auth, "The history of lighthouses", 96, ignore_eos=True)
     with pytest.raises(httpx.ReadTimeout):
         api.get(
             f"/v1/semantic_var/{long_out}",
@@ -164,7 +168,7 @@ def test_clients_that_go_away_lose_nothing_and_leak_nothing(served, engine_serve
     value = get_value(api, sid, auth, long_out)
     assert value["ready"] and value["value"]
     # 2. Many clients go away mid-get at once, from their own connections.
-    outs = [submit(api, sid, auth, f"Fact number {i} about rivers", 48) for i in range(6)]
+    outs = [submit(api, sid, auth, f"Fact number {i} about rivers", 48, ignore_eos=True) for i in range(6)]
 
     async def give_up_on_all() -> None:
         async with httpx.AsyncClient(base_url=str(api.base_url), timeout=0.3) as quick:
