@@ -68,6 +68,7 @@ class EngineConfig:
     # torch; auto: BLAS where a one-row product through the LM head measures faster at load.
     cpu_matmul: str = "auto"
     blas_rows: int = 64  # steps of at most this many rows use BLAS; larger ones (prefill) torch
+    blas_keys: int = 8192  # ... and attending at most this many keys in all (long contexts: torch)
 
     def __post_init__(self) -> None:
         if self.block_size < 1 or self.block_size > 1024:
@@ -82,8 +83,9 @@ class EngineConfig:
             raise ValueError(f"cpu_matmul must be one of {', '.join(CPU_MATMULS)}, got {self.cpu_matmul!r}")
         if self.cpu_matmul == "blas" and not self._float32_exact_on_cpu():
             raise ValueError("--cpu-matmul blas runs float32 exact weights on the CPU only")
-        if self.blas_rows < 1:
-            raise ValueError(f"blas_rows must be positive, got {self.blas_rows}")
+        if self.blas_rows < 1 or self.blas_keys < 1:
+            got = f"{self.blas_rows} and {self.blas_keys}"
+            raise ValueError(f"blas_rows and blas_keys must be positive, got {got}")
         if self.dense_rows < 0:
             raise ValueError(f"dense_rows must be 0 (never) or positive, got {self.dense_rows}")
         if self.weights != "exact":

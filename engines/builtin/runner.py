@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 
+from parrot.engines.builtin.attention.base import AttentionBatch
 from parrot.engines.builtin.batch import SharedPrefixPolicy, StepItem, build_step
 from parrot.engines.builtin.context import ContextPool
 from parrot.engines.builtin.model.llama import LlamaForCausalLM
@@ -25,12 +26,12 @@ class ModelRunner:
         hidden = None
         inputs = None
         route = self.model.matmul_route
-        if route is not None:
-            route.begin_step(sum(item.num_tokens for item in items) or len(items))
         if any(item.num_tokens for item in items):
             inputs = build_step(items, self.pool.block_size, self.policy, self.device)
             if inputs.attention.uses_shared_prefix:
                 self.shared_prefix_steps += 1
+            if route is not None:
+                route.begin_step(inputs.attention.num_tokens, attended_keys(items, inputs.attention))
             hidden = self.model(inputs.input_ids, inputs.positions, inputs.attention, self.pool.kv_cache)
         last = None
         if inputs is not None:
@@ -48,4 +49,14 @@ class ModelRunner:
                 rows.append(ctx.last_hidden)
         if not rows:
             return None
+        if route is not None and inputs is None:
+            route.begin_step(len(rows))  # sampling only: the LM head's product
         return self.model.compute_logits(torch.stack(rows))
+
+
+def attended_keys(items: list[StepItem], attention: AttentionBatch) -> int:
+    """Keys the step's queries attend in all, a shared prefix counted once per group."""
+    keys = sum(item.start + item.num_tokens for item in items if item.num_tokens)
+    for group in attention.shared_groups:
+        keys -= (group.num_seqs - 1) * len(group.prefix_blocks) * group.block_size
+    return keys

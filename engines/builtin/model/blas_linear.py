@@ -4,14 +4,14 @@ torch's float32 matrix-vector products (MKL sgemv) read weights at 16 GB/s on th
 machine's AMD EPYC, a third of its memory bandwidth (a sum reads 43 GB/s); numpy's
 OpenBLAS reads them at 43 GB/s. A decode step of the default model is one pass over its
 538 MB of weights, so that is the difference between 36 and 17 ms per step (measured:
-docs/benchmarks.md, ``cpu-matmul``). The linears stay the same float32 products, only
+docs/benchmarks.md, "CPU engine speed, second pass"). The linears stay the same float32 products, only
 summed in another order; the exact mode's parity tests run on this path.
 
 The two libraries keep a thread pool each, and idle threads of one spin against the
 workers of the other: with both busy in one step, a 128-token prefill took 1.1 s instead
-of 0.2 s. So each step uses one of them (:class:`MatmulRoute`): steps of at most
-``max_rows`` rows multiply on BLAS with torch single-threaded (its other ops are tiny at
-decode sizes), larger steps (prefill) on torch with all its threads while BLAS idles.
+of 0.2 s. So each step uses one of them (:class:`MatmulRoute`): decode-sized steps multiply on BLAS
+with torch single-threaded (its other ops are tiny there), larger steps (prefill, long
+contexts) on torch with all its threads while BLAS idles.
 """
 
 from __future__ import annotations
@@ -29,14 +29,22 @@ AUTO_MIN_SPEEDUP = 1.15  # "auto" takes BLAS when it is at least this much faste
 
 @dataclass
 class MatmulRoute:
-    """Which library a step's float32 linears use; set by the runner before each step."""
+    """Which library a step's float32 linears use; set by the runner before each step.
 
-    max_rows: int  # steps of at most this many rows go to BLAS
-    threads: int  # torch threads for large steps, and BLAS threads
+    A step goes to BLAS when it has few rows and attends few keys: single-threaded,
+    torch's decode attention costs ~2 us more per attended key and step than on two
+    threads, which outweighs BLAS's faster products from about 10,000 keys on (measured
+    on the default model: 8 x 1,024 keys 82 ms on BLAS against 97 ms on torch, 16 x 1,024
+    keys 235 against 193 ms).
+    """
+
+    max_rows: int  # steps of at most this many rows go to BLAS ...
+    max_keys: int  # ... if their sequences attend at most this many keys in all
+    threads: int  # torch threads for the other steps, and BLAS threads
     blas: bool = False  # what the current step uses
 
-    def begin_step(self, rows: int) -> None:
-        blas = rows <= self.max_rows
+    def begin_step(self, rows: int, keys: int = 0) -> None:
+        blas = rows <= self.max_rows and keys <= self.max_keys
         if blas != self.blas:
             torch.set_num_threads(1 if blas else self.threads)
             self.blas = blas

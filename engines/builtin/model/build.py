@@ -51,7 +51,8 @@ def build_model(
         load_gguf_linears(model, gguf, config.dense_rows)
     if config.uses_cpu_matmul_choice():
         threads = config.num_threads or torch.get_num_threads()
-        route_linears_to_blas(model, config.cpu_matmul, config.blas_rows, threads)
+        route = MatmulRoute(config.blas_rows, config.blas_keys, threads)
+        route_linears_to_blas(model, config.cpu_matmul, route)
     return model.eval()
 
 
@@ -126,20 +127,19 @@ def load_gguf_linears(model: LlamaForCausalLM, gguf: GGUFWeights, dense_rows: in
         model.set_head(linear([head], None))
 
 
-def route_linears_to_blas(model: LlamaForCausalLM, choice: str, max_rows: int, threads: int) -> None:
+def route_linears_to_blas(model: LlamaForCausalLM, choice: str, route: MatmulRoute) -> None:
     """Swap the float32 linears (and the LM head) for BLAS ones, if ``choice`` says so.
 
     "auto" multiplies one row by the LM head, the largest matrix, on both libraries and
     takes BLAS when that is at least ``AUTO_MIN_SPEEDUP`` times faster. The model keeps
     the route, which the runner sets before each step.
     """
-    threadpool_limits(limits=threads, user_api="blas")
+    threadpool_limits(limits=route.threads, user_api="blas")
     if choice == "auto":
-        speedup = blas_speedup(model.head_weight(), threads)
+        speedup = blas_speedup(model.head_weight(), route.threads)
         log.info("cpu matmul: numpy's BLAS is %.2fx torch on the LM head at one row", speedup)
         if speedup < AUTO_MIN_SPEEDUP:
             return
-    route = MatmulRoute(max_rows=max_rows, threads=threads)
     for parent, name in linear_slots(model):
         old: nn.Linear = getattr(parent, name)
         setattr(parent, name, BlasLinear(old.weight, old.bias, route))

@@ -23,13 +23,13 @@ from parrot.engines.builtin.model.build import build_model
 from parrot.engines.builtin.model.config import ModelConfig
 
 
-def build(folder, cpu_matmul: str, blas_rows: int = 64, num_blocks: int = 128, block_size: int = 16):
-    config = EngineConfig(cpu_matmul=cpu_matmul, blas_rows=blas_rows)
+def build(folder, cpu_matmul: str, blas_rows: int = 64, blas_keys: int = 8192, num_blocks: int = 128):
+    config = EngineConfig(cpu_matmul=cpu_matmul, blas_rows=blas_rows, blas_keys=blas_keys)
     mc = ModelConfig.from_folder(folder)
     backend = create_backend("torch", mc.num_heads, mc.num_kv_heads, mc.head_dim)
     model = build_model(config, mc, folder, backend)
-    cache = allocate_kv_cache(mc, num_blocks, block_size, torch.float32, torch.device("cpu"))
-    return model, ContextPool(BlockManager(num_blocks, block_size), cache)
+    cache = allocate_kv_cache(mc, num_blocks, 16, torch.float32, torch.device("cpu"))
+    return model, ContextPool(BlockManager(num_blocks, 16), cache)
 
 
 def routed_chunks(model, pool, ctx: Context, chunks: list[int]) -> tuple[torch.Tensor, list[bool]]:
@@ -99,11 +99,15 @@ def test_greedy_generation_on_blas_matches_transformers(engine):
 
 def test_a_route_switches_torch_threads_per_step():
     threads = torch.get_num_threads()
-    route = MatmulRoute(max_rows=4, threads=threads)
+    route = MatmulRoute(max_rows=4, max_keys=100, threads=threads)
     try:
-        route.begin_step(4)
+        route.begin_step(4, 100)
         assert (route.blas, torch.get_num_threads()) == (True, 1)
-        route.begin_step(5)
+        route.begin_step(5, 10)  # too many rows
+        assert (route.blas, torch.get_num_threads()) == (False, threads)
+        route.begin_step(1, 10)
+        assert (route.blas, torch.get_num_threads()) == (True, 1)
+        route.begin_step(1, 101)  # too many keys: attention wants torch's threads
         assert (route.blas, torch.get_num_threads()) == (False, threads)
     finally:
         torch.set_num_threads(threads)
@@ -112,7 +116,7 @@ def test_a_route_switches_torch_threads_per_step():
 def test_a_blas_linear_is_the_torch_linear():
     torch.manual_seed(0)
     linear = torch.nn.Linear(96, 40)
-    route = MatmulRoute(max_rows=8, threads=torch.get_num_threads())
+    route = MatmulRoute(max_rows=8, max_keys=100, threads=torch.get_num_threads())
     layer = BlasLinear(linear.weight, linear.bias, route)
     x = torch.randn(3, 96)
     with torch.inference_mode():
@@ -135,7 +139,8 @@ def test_torch_keeps_the_model_on_torch(engine):
         ({"cpu_matmul": "mkl"}, "cpu_matmul must be one of auto, torch, blas"),
         ({"cpu_matmul": "blas", "dtype": "bfloat16"}, "float32 exact weights on the CPU"),
         ({"cpu_matmul": "blas", "weights": "int4"}, "float32 exact weights on the CPU"),
-        ({"blas_rows": 0}, "blas_rows must be positive"),
+        ({"blas_rows": 0}, "blas_rows and blas_keys must be positive"),
+        ({"blas_keys": 0}, "blas_rows and blas_keys must be positive"),
     ],
 )
 def test_bad_cpu_matmul_settings_are_refused(overrides, message):
@@ -151,3 +156,57 @@ def test_cli_and_environment_pass_the_choice(monkeypatch):
     assert config_from_args(args).cpu_matmul == "torch"
     monkeypatch.setenv("PARROT_CPU_MATMUL", "blas")
     assert config_from_args(build_parser().parse_args(["engine"])).cpu_matmul == "blas"
+
+
+def test_the_runner_routes_each_step_by_its_rows(engine):
+    """Prefill steps past blas_rows run on torch with its threads, decode steps on BLAS
+    until the context holds more than blas_keys keys."""
+    from parrot.engines.builtin.batch import SharedPrefixPolicy, StepItem
+    from parrot.engines.builtin.runner import ModelRunner
+
+    threads = torch.get_num_threads()
+    prompt = engine.tokenize("The lighthouse keeper wrote in his log. " * 3)
+    model, pool = build(engine.model_folder, "blas", blas_rows=8, blas_keys=len(prompt) + 1)
+    runner = ModelRunner(model, pool, SharedPrefixPolicy(), torch.device("cpu"))
+    ctx = Context(context_id=1, token_ids=prompt, materialized=True)
+    pool.contexts[1] = ctx
+    seen = []
+    try:
+        for _ in range(3):
+            assert pool.ensure_blocks(ctx, len(ctx.token_ids))
+            n = len(ctx.token_ids) - ctx.num_computed
+            logits = runner.run([StepItem(ctx, ctx.num_computed, n, True)])
+            seen.append((n, model.matmul_route.blas, torch.get_num_threads()))
+            ctx.token_ids.append(int(logits[0].argmax()))
+    finally:
+        model.matmul_route.begin_step(9)
+        torch.set_num_threads(threads)
+    assert seen[0][0] > 8 and seen[0][1:] == (False, threads)
+    # the first decode step attends len(prompt) + 1 keys, the second one more
+    assert seen[1:] == [(1, True, 1), (1, False, threads)]
+
+
+@pytest.mark.parametrize(("speedup", "routed"), [(1.0, False), (1.1, False), (1.2, True), (3.0, True)])
+def test_auto_takes_blas_only_when_it_measures_faster(engine, monkeypatch, speedup, routed):
+    from parrot.engines.builtin.model import build as build_module
+
+    monkeypatch.setattr(build_module, "blas_speedup", lambda weight, threads: speedup)
+    model, _ = build(engine.model_folder, "auto", num_blocks=4)
+    assert (model.matmul_route is not None) == routed
+    assert isinstance(model.packed_head, BlasLinear) == routed
+
+
+def test_a_shared_prefix_counts_once_among_the_attended_keys():
+    from types import SimpleNamespace
+
+    from parrot.engines.builtin.batch import StepItem
+    from parrot.engines.builtin.runner import attended_keys
+
+    items = [StepItem(Context(context_id=i, token_ids=[1] * 101), 100, 1, True) for i in range(4)]
+    items.append(StepItem(Context(context_id=9, token_ids=[1] * 20), 0, 20, False))  # a prefill
+    plain = SimpleNamespace(shared_groups=())
+    assert attended_keys(items, plain) == 4 * 101 + 20
+    # the four decodes share 96 keys (6 blocks of 16): attended once, not four times
+    group = SimpleNamespace(num_seqs=4, prefix_blocks=[0] * 6, block_size=16)
+    shared = SimpleNamespace(shared_groups=(group,))
+    assert attended_keys(items, shared) == 4 * 101 + 20 - 3 * 96
