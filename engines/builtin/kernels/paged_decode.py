@@ -17,7 +17,7 @@ from parrot.engines.builtin.kernels.checks import (
     check_block_table,
     check_tensor,
 )
-from parrot.engines.builtin.kernels.online_softmax import finish, online_softmax_step
+from parrot.engines.builtin.kernels.online_softmax import finish, online_softmax_step, tile_dot
 
 
 @triton.jit
@@ -44,6 +44,7 @@ def _paged_decode_kernel(
     GROUP_PAD: tl.constexpr,
     BLOCK_SIZE: tl.constexpr,
     HEAD_DIM: tl.constexpr,
+    EXACT: tl.constexpr,  # float32 cache: IEEE products, not TF32
     BLOCKS_PER_SPLIT: tl.constexpr,
 ):
     seq = tl.program_id(0)
@@ -72,9 +73,9 @@ def _paged_decode_kernel(
             offsets = slots[:, None] * stride_cs + kv_head * stride_ch + d[None, :]
             k = tl.load(k_cache_ptr + offsets, mask=token_mask[:, None], other=0.0).to(tl.float32)
             v = tl.load(v_cache_ptr + offsets, mask=token_mask[:, None], other=0.0).to(tl.float32)
-            s = tl.dot(q, tl.trans(k)) * scale  # [GROUP_PAD, BLOCK_SIZE]
+            s = tile_dot(q, tl.trans(k), HEAD_DIM, BLOCK_SIZE, EXACT) * scale  # [GROUP_PAD, BLOCK_SIZE]
             s = tl.where(token_mask[None, :], s, float("-inf"))
-            m_i, l_i, acc = online_softmax_step(s, v, m_i, l_i, acc)
+            m_i, l_i, acc = online_softmax_step(s, v, m_i, l_i, acc, BLOCK_SIZE, HEAD_DIM, EXACT)
     out, lse = finish(m_i, l_i, acc)
     o_offsets = seq * stride_os + heads[:, None] * stride_oh + split * stride_osp + d[None, :]
     tl.store(part_out_ptr + o_offsets, out, mask=head_mask[:, None])
@@ -182,6 +183,7 @@ def paged_decode_attention(
         GROUP_PAD=max(16, triton.next_power_of_2(group)),
         BLOCK_SIZE=block_size,
         HEAD_DIM=head_dim,
+        EXACT=k_cache.dtype == torch.float32,
         BLOCKS_PER_SPLIT=blocks_per_split,
     )
     _reduce_splits_kernel[(num_seqs, num_heads)](

@@ -8,7 +8,7 @@ import triton
 import triton.language as tl
 
 from parrot.engines.builtin.kernels.checks import check, check_attention_inputs, check_block_table
-from parrot.engines.builtin.kernels.online_softmax import finish, online_softmax_step
+from parrot.engines.builtin.kernels.online_softmax import finish, online_softmax_step, tile_dot
 
 
 @triton.jit
@@ -36,6 +36,7 @@ def _paged_prefill_kernel(
     BLOCK_M: tl.constexpr,
     BLOCK_SIZE: tl.constexpr,
     HEAD_DIM: tl.constexpr,
+    EXACT: tl.constexpr,  # float32 cache: IEEE products, not TF32
 ):
     tile = tl.program_id(0)
     head = tl.program_id(1)
@@ -63,10 +64,10 @@ def _paged_prefill_kernel(
         offsets = (block * BLOCK_SIZE + t)[:, None] * stride_cs + kv_head * stride_ch + d[None, :]
         k = tl.load(k_cache_ptr + offsets, mask=key_mask[:, None], other=0.0).to(tl.float32)
         v = tl.load(v_cache_ptr + offsets, mask=key_mask[:, None], other=0.0).to(tl.float32)
-        s = tl.dot(q, tl.trans(k)) * scale  # [BLOCK_M, BLOCK_SIZE]
+        s = tile_dot(q, tl.trans(k), HEAD_DIM, BLOCK_SIZE, EXACT) * scale  # [BLOCK_M, BLOCK_SIZE]
         allowed = key_mask[None, :] & (k_pos[None, :] <= q_pos[:, None])
         s = tl.where(allowed, s, float("-inf"))
-        m_i, l_i, acc = online_softmax_step(s, v, m_i, l_i, acc)
+        m_i, l_i, acc = online_softmax_step(s, v, m_i, l_i, acc, BLOCK_SIZE, HEAD_DIM, EXACT)
     out, lse = finish(m_i, l_i, acc)
     tl.store(
         out_ptr + rows[:, None] * stride_ot + head * stride_oh + d[None, :],
@@ -126,5 +127,6 @@ def paged_prefill_attention(
         BLOCK_M=block_m,
         BLOCK_SIZE=block_size,
         HEAD_DIM=head_dim,
+        EXACT=k_cache.dtype == torch.float32,
     )
     return out, lse

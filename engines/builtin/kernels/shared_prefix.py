@@ -10,7 +10,7 @@ import triton
 import triton.language as tl
 
 from parrot.engines.builtin.kernels.checks import check, check_attention_inputs, check_block_table
-from parrot.engines.builtin.kernels.online_softmax import finish, online_softmax_step
+from parrot.engines.builtin.kernels.online_softmax import finish, online_softmax_step, tile_dot
 
 
 @triton.jit
@@ -36,6 +36,7 @@ def _shared_prefix_kernel(
     BLOCK_M: tl.constexpr,
     BLOCK_SIZE: tl.constexpr,
     HEAD_DIM: tl.constexpr,
+    EXACT: tl.constexpr,  # float32 cache: IEEE products, not TF32
 ):
     tile = tl.program_id(0)
     kv_head = tl.program_id(1)
@@ -58,8 +59,9 @@ def _shared_prefix_kernel(
         offsets = (block * BLOCK_SIZE + t)[:, None] * stride_cs + kv_head * stride_ch + d[None, :]
         k = tl.load(k_cache_ptr + offsets).to(tl.float32)  # [BLOCK_SIZE, HEAD_DIM]
         v = tl.load(v_cache_ptr + offsets).to(tl.float32)
-        s = tl.dot(q, tl.trans(k)) * scale  # [BLOCK_M, BLOCK_SIZE]; the prefix is all visible
-        m_i, l_i, acc = online_softmax_step(s, v, m_i, l_i, acc)
+        # [BLOCK_M, BLOCK_SIZE]; the prefix is all visible
+        s = tile_dot(q, tl.trans(k), HEAD_DIM, BLOCK_SIZE, EXACT) * scale
+        m_i, l_i, acc = online_softmax_step(s, v, m_i, l_i, acc, BLOCK_SIZE, HEAD_DIM, EXACT)
     out, lse = finish(m_i, l_i, acc)
     tl.store(
         out_ptr + token[:, None] * stride_ot + head[:, None] * stride_oh + d[None, :],
@@ -112,5 +114,6 @@ def shared_prefix_attention(
         BLOCK_M=block_m,
         BLOCK_SIZE=block_size,
         HEAD_DIM=head_dim,
+        EXACT=k_cache.dtype == torch.float32,
     )
     return out, lse
