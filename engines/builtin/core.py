@@ -402,12 +402,8 @@ class EngineCore:
         if log.isEnabledFor(logging.DEBUG):  # a step trace, for profiling a workload
             log.debug(
                 "step %d: %d items, %d tokens (%d prefill items), %d sampled, %.1f ms",
-                self.steps,
-                len(items),
-                computed,
-                sum(item.num_tokens > 1 for item in items),
-                len(tokens),
-                1000 * (time.perf_counter() - started),
+                self.steps, len(items), computed, sum(item.num_tokens > 1 for item in items),
+                len(tokens), 1000 * (time.perf_counter() - started),
             )
         return True
 

@@ -6,7 +6,7 @@ import argparse
 
 from parrot.engines.builtin.attention import available_backends
 from parrot.engines.builtin.batch import SharedPrefixPolicy
-from parrot.engines.builtin.config import EngineConfig, parse_size
+from parrot.engines.builtin.config import CPU_MATMULS, EngineConfig, parse_size
 from parrot.engines.builtin.scheduler import SchedulerConfig
 from parrot.platform.cli.server_flags import add_server_arguments, server_limits_from_args
 
@@ -72,7 +72,7 @@ def add_parser(commands) -> None:
     p.add_argument(
         "--cpu-matmul",
         default=None,
-        choices=["auto", "torch", "blas"],
+        choices=CPU_MATMULS,
         help="float32 exact weights on the CPU: multiply decode steps on numpy's BLAS or torch "
         "(default auto: BLAS where it measures faster at start)",
     )

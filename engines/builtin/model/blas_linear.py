@@ -4,14 +4,14 @@ torch's float32 matrix-vector products (MKL sgemv) read weights at 16 GB/s on th
 machine's AMD EPYC, a third of its memory bandwidth (a sum reads 43 GB/s); numpy's
 OpenBLAS reads them at 43 GB/s. A decode step of the default model is one pass over its
 538 MB of weights, so that is the difference between 36 and 17 ms per step (measured:
-docs/benchmarks.md, "CPU engine speed, second pass"). The linears stay the same float32 products, only
-summed in another order; the exact mode's parity tests run on this path.
+docs/benchmarks.md, "CPU engine speed, second pass"). The linears stay the same float32
+products, only summed in another order; the exact mode's parity tests run on this path.
 
 The two libraries keep a thread pool each, and idle threads of one spin against the
 workers of the other: with both busy in one step, a 128-token prefill took 1.1 s instead
-of 0.2 s. So each step uses one of them (:class:`MatmulRoute`): decode-sized steps multiply on BLAS
-with torch single-threaded (its other ops are tiny there), larger steps (prefill, long
-contexts) on torch with all its threads while BLAS idles.
+of 0.2 s. So each step uses one of them (:class:`MatmulRoute`): decode-sized steps
+multiply on BLAS with torch single-threaded (its other ops are tiny there), larger steps
+(prefill, long contexts) on torch with all its threads while BLAS idles.
 """
 
 from __future__ import annotations
