@@ -21,10 +21,14 @@ def add_parser(commands) -> None:
     p.set_defaults(run=run)
 
 
-def _port_in_use(port: int) -> bool:
+def port_in_use(port: int, host: str = "127.0.0.1") -> bool:
+    """Whether a process holds ``port``. SO_REUSEADDR, as every server sets it (uvicorn
+    too): without it, the TIME_WAIT sockets that a stopped engine leaves for about a minute
+    count as "in use" and a restart fails; with it, only a socket really bound there does."""
     with socket.socket() as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
-            sock.bind(("127.0.0.1", port))
+            sock.bind((host, port))
         except OSError:
             return True
     return False
@@ -40,7 +44,7 @@ def _die_with_parent() -> None:
 
 def start_engine(settings: ServeSettings) -> tuple[subprocess.Popen, str]:
     """A ``parrot engine`` child process; returns it once it answers ``/ping``."""
-    if _port_in_use(settings.engine_port):  # else another engine there would answer our pings
+    if port_in_use(settings.engine_port):  # else another engine there would answer our pings
         raise SystemExit(
             f"parrot serve: port {settings.engine_port} for the builtin engine is in use "
             "(another engine? pass --engine URL to use it, or --engine-port)"
