@@ -34,7 +34,7 @@ from parrot.engines.builtin.runner import ModelRunner
 from parrot.engines.builtin.scheduler import LocalScheduler
 from parrot.engines.builtin.tokenizer import Tokenizer
 from parrot.engines.protocol.errors import EngineShutdownError
-from parrot.engines.protocol.sampling import SamplingParams
+from parrot.wire.sampling import SamplingParams
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")

@@ -14,7 +14,7 @@ from parrot.engines.builtin.batch import SharedPrefixPolicy
 from parrot.engines.builtin.config import EngineConfig
 from parrot.engines.builtin.engine import BuiltinEngine
 from parrot.engines.builtin.scheduler import SchedulerConfig
-from parrot.engines.protocol.sampling import SamplingParams
+from parrot.wire.sampling import SamplingParams
 
 
 @pytest.fixture(scope="module")
