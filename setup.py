@@ -9,7 +9,7 @@ import os
 
 from setuptools import setup
 
-ROOTS = ("platform", "engines", "sdk", "adapters", "web")
+ROOTS = ("platform", "engines", "sdk", "adapters", "web", "wire")
 
 
 def _packages() -> list[str]:
