@@ -20,7 +20,10 @@ from pathlib import Path
 import pytest
 from conftest import REPO_ROOT
 
-SOURCES = ("pyproject.toml", "setup.py", "README.md", "platform", "engines", "sdk", "adapters", "web", "wire")
+SOURCES = (
+    *("pyproject.toml", "setup.py", "README.md"),
+    *("platform", "engines", "sdk", "adapters", "web", "wire", "migrations"),
+)
 
 CLIENT_APP = """
 import json, sys
