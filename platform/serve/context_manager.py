@@ -19,12 +19,11 @@ was removed is sent to the engine, so none is freed twice.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections import Counter
 from collections.abc import Callable, Coroutine, Iterable, Sequence
-from dataclasses import dataclass, field
 
-from parrot.engines.protocol.schemas import GenerateResponse, StreamEnd
 from parrot.platform.serve.contexts import (
     READY,
     ContextTree,
@@ -33,98 +32,33 @@ from parrot.platform.serve.contexts import (
     context_ids,
     free_on_engine,
 )
+from parrot.platform.serve.leases import AheadFill, AheadLease, Lease, Result
 from parrot.platform.serve.orphans import claim_region, free_orphans, region_range
 from parrot.platform.serve.prompt import Prompt
 from parrot.platform.serve.scheduler.slot import EngineSlot
 from parrot.platform.serve.scheduler.task import CompletionTask
 
 log = logging.getLogger(__name__)
-Result = GenerateResponse | StreamEnd
+
+
+def spawn(tasks: set[asyncio.Task], work: Coroutine) -> None:
+    """Run ``work`` off the critical path, kept in ``tasks`` while it runs (to be awaited or
+    cancelled at stop); a failure is logged, not raised to anyone."""
+    task = asyncio.create_task(work)
+    tasks.add(task)
+    task.add_done_callback(tasks.discard)
+    task.add_done_callback(_log_failure)
+
+
+def _log_failure(task: asyncio.Task) -> None:
+    if not task.cancelled() and task.exception() is not None:
+        with contextlib.suppress(Exception):
+            log.warning("background work failed: %r", task.exception())
 
 
 class ContextAccountingError(RuntimeError):
     """The context manager's bookkeeping does not add up (a bug: some code changed a
     context behind its owner's back, or forgot to end a lease)."""
-
-
-@dataclass(eq=False)
-class Lease:
-    """A task's contexts on its engine, from its placement until its request is done: the
-    context it forks from (held, so it is not evicted under it), the context it generates
-    into and the checkpoint contexts its request makes at its prompt's shared prefixes.
-    They join the tree when the task is placed, so the tasks placed right after it see its
-    prompt there. Ended by exactly one of :meth:`settle` and :meth:`discard`."""
-
-    manager: ContextManager
-    slot: EngineSlot
-    tree: ContextTree  # the engine's tree when it was placed (an engine lost gets a new one)
-    prompt: Prompt
-    context: EngineContext
-    parent: EngineContext | None
-    length: int  # symbols taken from the parent
-    checkpoints: list[EngineContext]
-
-    @property
-    def tail(self) -> Sequence:
-        """What the request sends: the prompt past what it forks."""
-        return self.prompt.symbols[self.length :]
-
-    @property
-    def parent_id(self) -> int | None:
-        return self.parent.context_id if self.parent is not None else None
-
-    @property
-    def parent_pending(self) -> bool:
-        """Its parent's own request may still be on its way to the engine."""
-        return self.parent is not None and self.parent.state != READY
-
-    def request(self) -> dict:
-        """The arguments of its engine request that come from its contexts."""
-        return {
-            "parent_len": self.length if self.parent is not None else None,
-            "checkpoints": [(c.context_id, c.length) for c in self.checkpoints],
-            **({"text": self.tail} if self.slot.text else {"token_ids": list(self.tail)}),
-        }
-
-    def refs(self) -> list[EngineContext]:
-        """The contexts whose ``refs`` count this lease while it lives."""
-        return [c for c in (self.parent, self.context) if c is not None]
-
-    def settle(self, result: Result) -> None:
-        """The request succeeded: its contexts are computed; the generation context holds
-        prompt and output and stays cached."""
-        self.manager._settle(self, result)
-
-    def discard(self) -> None:
-        """The request failed: its contexts are gone or useless on the engine."""
-        self.manager._discard(self)
-
-
-@dataclass(eq=False)
-class AheadLease(Lease):
-    """A fill-ahead request's contexts. Its context is held for the waiting chain (the
-    hold, not the lease, counts in its ``refs``) until the chain runs or never will."""
-
-    key: str = ""  # the chain's
-
-    def refs(self) -> list[EngineContext]:
-        return [self.parent] if self.parent is not None else []
-
-    def settle(self, result: Result | None = None) -> None:
-        self.manager._settle_ahead(self)
-
-    def discard(self) -> None:
-        """The fill failed: the chain fills its prompt when it runs."""
-        self.manager.release_hold(self.key)
-        self.manager._discard(self)
-
-
-@dataclass(eq=False)
-class AheadFill:
-    """Contexts filled ahead for a waiting chain of a session, held until it runs."""
-
-    session_id: str
-    held: list[AheadLease] = field(default_factory=list)
 
 
 class ContextManager:
@@ -203,7 +137,7 @@ class ContextManager:
         self._leases.add(lease)
         return lease
 
-    def _settle(self, lease: Lease, result: Result) -> None:
+    def settle(self, lease: Lease, result: Result) -> None:
         self._end(lease)
         ctx = lease.context
         ctx.state = READY
@@ -214,7 +148,7 @@ class ContextManager:
         else:  # a stop string cut the text: its KV holds more than the value; not reusable
             self._free(lease.slot, lease.tree, [ctx])
 
-    def _discard(self, lease: Lease) -> None:
+    def discard(self, lease: Lease) -> None:
         self._free(lease.slot, lease.tree, [lease.context, *lease.checkpoints])
         self._end(lease)
 
@@ -257,7 +191,7 @@ class ContextManager:
         self._leases.add(lease)
         return lease
 
-    def _settle_ahead(self, lease: AheadLease) -> None:
+    def settle_ahead(self, lease: AheadLease) -> None:
         self._end(lease)
         lease.context.state = READY
         for mark in lease.checkpoints:
@@ -364,9 +298,7 @@ class ContextManager:
             self._free(lease.slot, lease.tree, [ctx])
 
     def _background(self, work: Coroutine) -> None:
-        task = asyncio.create_task(work)
-        self._frees.add(task)
-        task.add_done_callback(self._frees.discard)
+        spawn(self._frees, work)
 
     def check_integrity(self) -> None:
         """Raise :class:`ContextAccountingError` unless the bookkeeping adds up (see the

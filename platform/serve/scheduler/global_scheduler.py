@@ -13,15 +13,15 @@ manager's (platform/serve/context_manager.py).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections.abc import Callable, Coroutine
 
 from parrot.engines.protocol.errors import ParrotError
-from parrot.platform.serve.context_manager import ContextManager, Lease
+from parrot.platform.serve.context_manager import ContextManager, spawn
 from parrot.platform.serve.contexts import MemoryPressure
 from parrot.platform.serve.graph import CompletionChain
+from parrot.platform.serve.leases import Lease
 from parrot.platform.serve.metrics import ServeMetrics
 from parrot.platform.serve.prompt import PromptBuilder
 from parrot.platform.serve.radix import common_prefix
@@ -92,7 +92,7 @@ class GlobalScheduler:
         jobs = [job for _, job in self._jobs.values()]
         for task in [*self._loops, *jobs, *self._background]:
             task.cancel()
-        await asyncio.gather(*self._loops, *jobs, return_exceptions=True)
+        await asyncio.gather(*self._loops, *jobs, *self._background, return_exceptions=True)
         await self.contexts.stop(free_timeout_s)
 
     def wake(self) -> None:
@@ -335,13 +335,4 @@ class GlobalScheduler:
         self.stats.filled_ahead += len(lease.tail)
 
     def background(self, work: Coroutine) -> None:
-        task = asyncio.create_task(work)
-        self._background.add(task)
-        task.add_done_callback(self._background.discard)
-        task.add_done_callback(_log_failure)
-
-
-def _log_failure(task: asyncio.Task) -> None:
-    if not task.cancelled() and task.exception() is not None:
-        with contextlib.suppress(Exception):
-            log.warning("background work failed: %r", task.exception())
+        spawn(self._background, work)
