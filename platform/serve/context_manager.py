@@ -286,7 +286,11 @@ class ContextManager:
         return tree.remove(ctx)
 
     def _free(self, slot: EngineSlot, tree: ContextTree, contexts: list[EngineContext]) -> None:
-        """Forget contexts and free them on their engine, off the critical path."""
+        """Forget contexts and free them on their engine, off the critical path. Those of
+        a tree from before the engine went down stay in it: they are freed all at once if
+        the engine answers again."""
+        if tree is not slot.contexts:
+            return
         gone = [c for c in contexts if c.context_id in tree.contexts]
         for ctx in gone:
             self._forget(slot, tree, ctx)
@@ -323,7 +327,7 @@ class ContextManager:
                             f"engine {slot.engine_id}: context {ctx.context_id} has refs={ctx.refs}, "
                             f"but {expected[ctx]} leases and holds use it"
                         )
-                    if ctx.doomed and ctx.refs <= 0:
+                    if ctx.doomed and ctx.refs <= 0 and tree is slot.contexts:
                         problems.append(
                             f"engine {slot.engine_id}: doomed context {ctx.context_id} is not freed"
                         )

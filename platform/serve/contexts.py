@@ -67,7 +67,8 @@ class ForkPoint:
 
 
 class ContextTree:
-    """The contexts of one engine (bookkeeping only: the callers talk to the engine)."""
+    """The contexts of one engine (bookkeeping only: the callers talk to the engine). Only
+    the context manager (platform/serve/context_manager.py) changes it."""
 
     def __init__(self, ids: Iterator[int], text: bool = False) -> None:
         self.ids = ids

@@ -141,13 +141,23 @@ def test_a_task_needs_only_the_kv_its_engine_does_not_hold_yet():
     assert slot.load + 63 * GlobalScheduler._need(second, slot) <= slot.token_capacity
 
 
+class FreeLog:
+    """An engine client that only records what it is asked to free (a unit-test fake)."""
+
+    def __init__(self) -> None:
+        self.freed: list[int] = []
+
+    async def abort(self, context_ids: list[int]) -> None:
+        self.freed += context_ids
+
+
 def leased_engine():
     """A context manager with one engine slot (no engine behind it: bookkeeping only)."""
     from parrot.platform.serve.context_manager import ContextManager
     from parrot.platform.serve.contexts import MemoryPressure
     from parrot.platform.serve.scheduler.slot import EngineSlot
 
-    slot = EngineSlot("e", "m", client=None, contexts=ContextTree(itertools.count(1)))
+    slot = EngineSlot("e", "m", client=FreeLog(), contexts=ContextTree(itertools.count(1)))
     manager = ContextManager(MemoryPressure(), text_chars=0, slots=lambda: [slot])
     slot.contexts = manager.new_tree(text=False)
     return manager, slot
@@ -177,6 +187,9 @@ async def test_a_lease_holds_its_contexts_until_it_settles_and_the_accounting_ad
     assert first.context.context_id not in slot.contexts.contexts
     assert second.context.context_id not in slot.contexts.contexts
     manager.check_integrity()
+    await manager.stop(free_timeout_s=5)  # the frees ran, each context freed once
+    gone = [first.context.context_id, second.context.context_id, first.checkpoints[0].context_id]
+    assert sorted(slot.client.freed) == sorted(gone) and not slot.contexts.contexts
     with pytest.raises(ContextAccountingError, match="ended twice"):
         second.settle(SimpleNamespace(stop_string=None, text="", token_ids=[1]))
 
