@@ -279,3 +279,49 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 def ids() -> Iterator[int]:
     """Context ids unique across the test session (the engine is shared by all tests)."""
     return itertools.count(10_000)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def context_integrity() -> Iterator[None]:
+    """After every test module: the context bookkeeping of each ServeCore it ran in this
+    process adds up (``ContextManager.check_integrity``). A ServeCore's is checked when it
+    stops (before it frees everything), one still running at the module's end once its
+    scheduler is idle if its loop still runs (or after 10 s: the check is valid between any
+    two awaits)."""
+    import weakref
+
+    from parrot.platform.serve.context_manager import ContextAccountingError
+    from parrot.platform.serve.scheduler.global_scheduler import GlobalScheduler
+
+    running: weakref.WeakSet[GlobalScheduler] = weakref.WeakSet()
+    errors: list[str] = []
+    init, stop = GlobalScheduler.__init__, GlobalScheduler.stop
+
+    def check(scheduler: GlobalScheduler) -> None:
+        running.discard(scheduler)
+        try:
+            scheduler.contexts.check_integrity()
+        except ContextAccountingError as error:
+            errors.append(str(error))
+
+    def recording_init(self, *args, **kwargs) -> None:
+        init(self, *args, **kwargs)
+        running.add(self)
+
+    async def checked_stop(self, *args, **kwargs) -> None:
+        if self in running:
+            check(self)
+        await stop(self, *args, **kwargs)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(GlobalScheduler, "__init__", recording_init)
+        patch.setattr(GlobalScheduler, "stop", checked_stop)
+        yield
+    deadline = time.monotonic() + 10
+    for scheduler in list(running):
+        loops = [job.get_loop() for job in scheduler._loops]
+        while loops and loops[0].is_running() and not scheduler.idle and time.monotonic() < deadline:
+            time.sleep(0.05)  # its loop runs in another thread (a served app)
+        check(scheduler)
+    if errors:
+        pytest.fail("\n".join(errors), pytrace=False)

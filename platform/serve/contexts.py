@@ -67,7 +67,8 @@ class ForkPoint:
 
 
 class ContextTree:
-    """The contexts of one engine (bookkeeping only: the callers talk to the engine)."""
+    """The contexts of one engine (bookkeeping only: the callers talk to the engine). Only
+    the context manager (platform/serve/context_manager.py) changes it."""
 
     def __init__(self, ids: Iterator[int], text: bool = False) -> None:
         self.ids = ids
@@ -150,6 +151,28 @@ class ContextTree:
     def held_symbols(self) -> int:
         """Symbols held on the engine, each shared one counted once."""
         return sum(len(n.segment) for n in self.tree.nodes())
+
+    def problems(self) -> list[str]:
+        """What is wrong with the tree's structure (empty when nothing): each context is
+        held by every node of its path, which ends at its length; the nodes' holders are
+        exactly the contexts known, a node's holders include its children's, and a node
+        nobody holds is gone."""
+        out: list[str] = []
+        known = set(self.contexts.values())
+        holders: set[EngineContext] = set()
+        for node in self.tree.nodes():
+            holders |= node.holders
+            if not node.holders:
+                out.append(f"a node at depth {node.depth} is held by no context")
+            for child in node.children.values():
+                if not child.holders <= node.holders:
+                    out.append(f"a node at depth {child.end} has holders its parent node lacks")
+        for ctx in known:
+            if ctx.node is None or ctx.node.end != ctx.length or (ctx.length and ctx not in ctx.node.holders):
+                out.append(f"context {ctx.context_id} is not where its path ends in the tree")
+        for ctx in holders - known:
+            out.append(f"context {ctx.context_id} is in the tree but was freed")
+        return out
 
     def protected_by(self, prompts: Sequence[Sequence]) -> set[int]:
         """Contexts on the paths of these prompts (queued tasks will fork from them)."""

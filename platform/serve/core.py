@@ -25,7 +25,7 @@ from parrot.engines.protocol.errors import BadRequestError, EngineUnavailableErr
 from parrot.platform.serve import observe, transforms
 from parrot.platform.serve.activity import ActivityLog
 from parrot.platform.serve.admission import Admission
-from parrot.platform.serve.contexts import MemoryPressure, context_ids
+from parrot.platform.serve.contexts import MemoryPressure
 from parrot.platform.serve.engine_registry import BUILTIN, EngineRegistry, EngineSpec
 from parrot.platform.serve.errors import (
     ForbiddenError,
@@ -43,7 +43,6 @@ from parrot.platform.serve.limits import Limits
 from parrot.platform.serve.memory import MemoryTrimmer
 from parrot.platform.serve.metrics import ServeMetrics
 from parrot.platform.serve.observe import ContextTreeView, SessionDag, SessionSummary
-from parrot.platform.serve.orphans import claim_region, region_range
 from parrot.platform.serve.prompt import PromptBuilder
 from parrot.platform.serve.recovery import rebuild_call
 from parrot.platform.serve.scheduler.global_scheduler import GlobalScheduler
@@ -171,7 +170,7 @@ class ServeCore:
             self.variables, PromptBuilder(self.tokenizers), policy, pressure, health, self.metrics
         )
         self.scheduler.on_start = self._task_started
-        self.engines = EngineRegistry(self.scheduler, self.journal, context_ids(), self.tokenizers)
+        self.engines = EngineRegistry(self.scheduler, self.journal, self.tokenizers)
         self.sessions: dict[str, Session] = {}
         self._task_seq = itertools.count()  # task arrival order
         self._call_seq = itertools.count(1)  # call submission order, kept across restarts
@@ -190,9 +189,7 @@ class ServeCore:
             await store.migrate()
             snapshot = await store.snapshot()
             # This run's context ids; contexts of earlier runs are freed on their engines.
-            region, earlier = await claim_region(store)
-            self.engines.context_ids = context_ids(region_range(region)[0])
-            self.engines.orphan_regions = earlier
+            await self.scheduler.contexts.claim_region(store)
         self.journal.start()
         self.scheduler.start()
         await self.engines.restore(list(snapshot.engines) if snapshot else [], engine_urls)

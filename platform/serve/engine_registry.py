@@ -1,7 +1,8 @@
 """The engines the ServeCore schedules on: registration, removal, and their records.
 
 Engines are registered by URL (a running ``parrot engine``) or as an OpenAI-compatible
-endpoint; each becomes an :class:`EngineSlot` of the scheduler, and its record is stored
+endpoint; each becomes an :class:`EngineSlot` of the scheduler (which owns the set of
+slots: the registry asks it), and its record is stored
 so a restarted ServeCore finds its engines again. An engine that does not answer at
 restore is kept, marked down, until the monitor sees it answer again.
 
@@ -14,16 +15,13 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from parrot.engines.protocol.errors import BadRequestError, ConflictError, NotFoundError, ParrotError
 from parrot.engines.protocol.urls import public_url
-from parrot.platform.serve.contexts import ContextTree
 from parrot.platform.serve.engine_client import Engine, HttpEngine
 from parrot.platform.serve.engine_url import check_engine_url
 from parrot.platform.serve.journal import Journal
-from parrot.platform.serve.orphans import free_orphans
 from parrot.platform.serve.scheduler.global_scheduler import GlobalScheduler
 from parrot.platform.serve.scheduler.health import HealthSettings
 from parrot.platform.serve.scheduler.slot import EngineSlot
@@ -88,22 +86,13 @@ class EngineRegistry:
         self,
         scheduler: GlobalScheduler,
         journal: Journal,
-        context_ids: Iterator[int],
         tokenizers: TokenizerManager,
     ) -> None:
         self.scheduler = scheduler
         self.journal = journal
-        self.context_ids = context_ids
         self.tokenizers = tokenizers
         self.specs: dict[str, EngineSpec] = {}
         self._ids = itertools.count(1)
-        # Context-id regions of earlier runs: their contexts are freed on each engine
-        # registered (platform/serve/orphans.py).
-        self.orphan_regions: tuple[int, ...] = ()
-
-    @property
-    def slots(self) -> dict[str, EngineSlot]:
-        return self.scheduler.engines
 
     def url_of(self, engine_id: str) -> str:
         return self.specs[engine_id].public_url
@@ -122,7 +111,7 @@ class EngineRegistry:
         try:
             info = await client.ping()
             model = info["model"]
-            await free_orphans(url, client, self.orphan_regions)
+            await self.scheduler.contexts.free_orphans(url, client)
         except ParrotError as error:
             if stored_model is None:
                 await client.aclose()
@@ -133,9 +122,8 @@ class EngineRegistry:
         tokenize = getattr(client, "tokenize", None)  # engines that take token ids
         if tokenize is not None and up and not self.tokenizers.has_local(model):
             await self._load_tokenizer(model, client)
-        slot = EngineSlot(
-            engine_id, model, client, ContextTree(self.context_ids, text=tokenize is None), tokenize
-        )
+        tree = self.scheduler.contexts.new_tree(text=tokenize is None)
+        slot = EngineSlot(engine_id, model, client, tree, tokenize)
         slot.up = up
         self.specs[engine_id] = spec
         # A builtin engine says how many jobs it runs at once (its ping); an endpoint does not.

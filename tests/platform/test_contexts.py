@@ -5,6 +5,8 @@ from __future__ import annotations
 import itertools
 import random
 
+import pytest
+
 from parrot.platform.serve.contexts import READY, ContextTree
 from parrot.platform.serve.radix import RadixTree, common_prefix
 
@@ -137,3 +139,83 @@ def test_a_task_needs_only_the_kv_its_engine_does_not_hold_yet():
     assert GlobalScheduler._need(second, slot) == 40 + 32  # the shared prompt is there
     # 64 such users fit in a 46k-token engine together (their whole prompts would not).
     assert slot.load + 63 * GlobalScheduler._need(second, slot) <= slot.token_capacity
+
+
+class FreeLog:
+    """An engine client that only records what it is asked to free (a unit-test fake)."""
+
+    def __init__(self) -> None:
+        self.freed: list[int] = []
+
+    async def abort(self, context_ids: list[int]) -> None:
+        self.freed += context_ids
+
+
+def leased_engine():
+    """A context manager with one engine slot (no engine behind it: bookkeeping only)."""
+    from parrot.platform.serve.context_manager import ContextManager
+    from parrot.platform.serve.contexts import MemoryPressure
+    from parrot.platform.serve.scheduler.slot import EngineSlot
+
+    slot = EngineSlot("e", "m", client=FreeLog(), contexts=ContextTree(itertools.count(1)))
+    manager = ContextManager(MemoryPressure(), text_chars=0, slots=lambda: [slot])
+    slot.contexts = manager.new_tree(text=False)
+    return manager, slot
+
+
+async def test_a_lease_holds_its_contexts_until_it_settles_and_the_accounting_adds_up():
+    from types import SimpleNamespace
+
+    from parrot.platform.serve.context_manager import ContextAccountingError
+    from parrot.platform.serve.prompt import Prompt
+
+    manager, slot = leased_engine()
+    first = manager.place(SimpleNamespace(session_id="s1"), slot, Prompt(tuple(range(40)), shared=(16,)))
+    assert first.parent is None and [c.length for c in first.checkpoints] == [16]
+    first.settle(SimpleNamespace(stop_string=None, text="", token_ids=[7, 8]))
+    manager.check_integrity()
+    # A second task of another session forks from the first one's whole prompt and output.
+    second = manager.place(SimpleNamespace(session_id="s2"), slot, Prompt((*range(40), 7, 8, 9)))
+    assert second.parent is first.context and second.length == 42 and list(second.tail) == [9]
+    assert first.context.refs == 1 and second.request()["parent_len"] == 42
+    manager.check_integrity()
+    # The first session goes while the second task forks from its context: it is doomed,
+    # and freed when the second task is done with it.
+    await manager.drop_session("s1", manager.of_session("s1"))
+    assert first.context.doomed and first.context.context_id in slot.contexts.contexts
+    second.discard()
+    assert first.context.context_id not in slot.contexts.contexts
+    assert second.context.context_id not in slot.contexts.contexts
+    manager.check_integrity()
+    await manager.stop(free_timeout_s=5)  # the frees ran, each context freed once
+    gone = [first.context.context_id, second.context.context_id, first.checkpoints[0].context_id]
+    assert sorted(slot.client.freed) == sorted(gone) and not slot.contexts.contexts
+    with pytest.raises(ContextAccountingError, match="ended twice"):
+        second.settle(SimpleNamespace(stop_string=None, text="", token_ids=[1]))
+
+
+def test_the_integrity_check_finds_accounting_that_does_not_add_up():
+    from types import SimpleNamespace
+
+    from parrot.platform.serve.context_manager import ContextAccountingError
+    from parrot.platform.serve.prompt import Prompt
+
+    manager, slot = leased_engine()
+    lease = manager.place(SimpleNamespace(session_id="s1"), slot, Prompt(tuple(range(40)), shared=(16,)))
+    manager.check_integrity()
+    lease.context.refs += 1  # a reference no lease or hold accounts for
+    with pytest.raises(ContextAccountingError, match="has refs=2, but 1 leases and holds use it"):
+        manager.check_integrity()
+    lease.context.refs -= 1
+    manager.check_integrity()
+    slot.contexts.remove(lease.checkpoints[0])  # freed behind its owner's back
+    with pytest.raises(ContextAccountingError, match="2 contexts made, 0 freed, but 1 in its trees"):
+        manager.check_integrity()
+    slot.contexts.contexts[lease.checkpoints[0].context_id] = lease.checkpoints[0]  # back, off its path
+    with pytest.raises(ContextAccountingError, match="not where its path ends"):
+        manager.check_integrity()
+    del slot.contexts.contexts[lease.checkpoints[0].context_id]
+    lease.context.doomed = True
+    lease.context.refs = 0  # a doomed context that lost its last user without being freed
+    with pytest.raises(ContextAccountingError, match="doomed context"):
+        manager.check_integrity()

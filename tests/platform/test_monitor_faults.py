@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 
+from parrot.platform.serve.context_manager import ContextManager
 from parrot.platform.serve.contexts import ContextTree, MemoryPressure, context_ids
 from parrot.platform.serve.scheduler.health import EngineMonitor, HealthSettings
 from parrot.platform.serve.scheduler.slot import EngineSlot
@@ -21,10 +22,10 @@ async def test_an_unexpected_ping_failure_is_a_missed_ping_and_the_monitor_goes_
     rounds, downs = [], []
     monitor = EngineMonitor(
         HealthSettings(interval_s=0.01, max_missed=2),
-        MemoryPressure(),
+        ContextManager(MemoryPressure(), text_chars=0),
         on_down=downs.append,
         on_up=lambda slot: None,
-        keep=lambda slot: set(),
+        queued=lambda slot: [],
         fixed_limit=lambda slot: None,
         on_round=lambda: rounds.append(1),
     )

@@ -4,7 +4,10 @@
 - :mod:`.policy`: the scheduling policies, the queue's order and engine placement;
 - :mod:`.queue`: the ready tasks, with their groups;
 - :mod:`.slot`: an engine as the scheduler sees it (load, capacity, health, contexts);
-- :mod:`.runner`: running one task on an engine (fork, generate, failover);
-- :mod:`.health`: the engine monitor (pings, down and up, memory pressure);
+- :mod:`.runner`: running one task on an engine (its requests, their errors, requeue);
+- :mod:`.health`: the engine monitor (pings, down and up; asks for memory to be relieved);
 - :mod:`.global_scheduler`: the dispatch loop that ties them together.
+
+What the engines hold (contexts, leases, fill-ahead holds, eviction, frees) is owned by
+:mod:`parrot.platform.serve.context_manager`, never changed here.
 """

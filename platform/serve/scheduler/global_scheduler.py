@@ -6,21 +6,22 @@ task makes its contexts in the engine's tree at once, so the tasks placed right 
 (its task group, and queued tasks sharing its prompt's prefix) find it and go with it: the
 engine sees them together and batches their shared prefix. A task whose engine is lost runs
 again elsewhere; a session that goes takes its queued and running tasks and its contexts
-with it.
+with it. The scheduler owns the set of engine slots; what they hold is the context
+manager's (platform/serve/context_manager.py).
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections.abc import Callable, Coroutine
-from dataclasses import dataclass, field
 
 from parrot.engines.protocol.errors import ParrotError
-from parrot.platform.serve.contexts import READY, EngineContext, MemoryPressure, free_on_engine
+from parrot.platform.serve.context_manager import ContextManager, spawn
+from parrot.platform.serve.contexts import MemoryPressure
 from parrot.platform.serve.graph import CompletionChain
+from parrot.platform.serve.leases import Lease
 from parrot.platform.serve.metrics import ServeMetrics
 from parrot.platform.serve.prompt import PromptBuilder
 from parrot.platform.serve.radix import common_prefix
@@ -33,14 +34,6 @@ from parrot.platform.serve.scheduler.task import CompletionTask
 from parrot.platform.serve.variables import Variables
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(eq=False)
-class AheadFill:
-    """Contexts filled ahead for a waiting chain of a session, held until it runs."""
-
-    session_id: str
-    held: list[tuple[EngineSlot, EngineContext]] = field(default_factory=list)
 
 
 MAX_ATTEMPTS = 4  # runs of one task (an engine lost, a parent context gone) before it fails
@@ -67,20 +60,22 @@ class GlobalScheduler:
         self.stats = SchedulerStats()
         self.health = health or HealthSettings()
         parent_wait_ms = round(1000 * self.health.parent_wait_s)
-        self.runner = TaskRunner(prompts, self.policy, self.stats, self._free, self.metrics, parent_wait_ms)
+        self.runner = TaskRunner(prompts, self.policy, self.stats, self.metrics, parent_wait_ms)
+        self.contexts = ContextManager(
+            pressure or MemoryPressure(), self.health.text_chars, self.engines.values
+        )
         self.monitor = EngineMonitor(
             self.health,
-            pressure or MemoryPressure(),
-            on_down=self._engine_lost,
+            self.contexts,
+            on_down=lambda slot: self.wake(),
             on_up=lambda slot: self.wake(),
-            keep=self._protected,
+            queued=self._queued_prompts,
             fixed_limit=lambda slot: self.fixed_limits.get(slot.engine_id),
             on_round=self.wake,
         )
         self.on_start: Callable[[CompletionTask], None] | None = None
         self.on_done: Callable[[CompletionTask], None] | None = None
         self._jobs: dict[str, tuple[CompletionTask, asyncio.Task]] = {}  # running, by chain key
-        self._ahead: dict[str, AheadFill] = {}  # chain key -> contexts filled ahead for it
         self._background: set[asyncio.Task] = set()
         self._wake = asyncio.Event()
         self._loops: list[asyncio.Task] = []
@@ -97,13 +92,8 @@ class GlobalScheduler:
         jobs = [job for _, job in self._jobs.values()]
         for task in [*self._loops, *jobs, *self._background]:
             task.cancel()
-        await asyncio.gather(*self._loops, *jobs, return_exceptions=True)
-        frees = [
-            asyncio.wait_for(free_on_engine(slot.client, list(slot.contexts.contexts)), free_timeout_s)
-            for slot in self.engines.values()
-            if slot.up and len(slot.contexts)
-        ]
-        await asyncio.gather(*frees, return_exceptions=True)
+        await asyncio.gather(*self._loops, *jobs, *self._background, return_exceptions=True)
+        await self.contexts.stop(free_timeout_s)
 
     def wake(self) -> None:
         self._wake.set()
@@ -120,6 +110,8 @@ class GlobalScheduler:
         self.fixed_limits.pop(engine_id, None)
         if slot is not None:
             slot.mark_down()  # its running tasks leave it
+            self.contexts.engine_lost(slot)
+            self.contexts.forget(slot)
             self.wake()
         return slot
 
@@ -144,23 +136,12 @@ class GlobalScheduler:
         self.queue.take_session(session_id)
         # Its contexts, running generations included, are aborted on their engines before
         # this returns: nothing of the session keeps computing.
-        doomed = {slot: slot.contexts.of_session(session_id) for slot in self.engines.values()}
+        before = self.contexts.of_session(session_id)
         jobs = [job for task, job in self._jobs.values() if task.session_id == session_id]
         for job in jobs:
             job.cancel()
         await asyncio.gather(*jobs, return_exceptions=True)
-        for key in [k for k, ahead in self._ahead.items() if ahead.session_id == session_id]:
-            self.release_ahead(key)
-        for slot, gone in doomed.items():
-            gone += slot.contexts.of_session(session_id)  # made while the jobs stopped
-            for ctx in set(gone):
-                if ctx.refs > 0 and ctx.state == READY:
-                    # Another session's task forks from it (its request may not have reached
-                    # the engine yet): it is freed when the last such task is done with it.
-                    ctx.doomed = True
-                else:
-                    slot.contexts.remove(ctx)
-            await free_on_engine(slot.client, sorted({c.context_id for c in gone if not c.doomed}))
+        await self.contexts.drop_session(session_id, before)
 
     # -- dispatch ---------------------------------------------------------------------------
     async def _dispatch_loop(self) -> None:
@@ -244,24 +225,31 @@ class GlobalScheduler:
 
     def _start(self, task: CompletionTask, slot: EngineSlot) -> None:
         self.queue.remove(task)
-        self.release_ahead(task.key)
+        self.contexts.release_hold(task.key)
         need = self._need(task, slot)  # before placing: the task's own context joins the tree
-        placed = self.runner.place(task, slot, task.prompts[slot.prompt_key])
+        lease = self.contexts.place(task, slot, task.prompts[slot.prompt_key])
+        self.stats.prompt_tokens += len(lease.prompt)
+        self.stats.reused_tokens += lease.length
         slot.running[task.key] = task
         slot.load += need
         task.engine_id = slot.engine_id
         task.attempts += 1
         if self.on_start is not None:
             self.on_start(task)
-        job = asyncio.create_task(self._execute(placed, need))
+        job = asyncio.create_task(self._execute(task, lease, need))
         self._jobs[task.key] = (task, job)
 
-    async def _execute(self, placed, need: int) -> None:
-        task, slot = placed.task, placed.slot
+    @property
+    def idle(self) -> bool:
+        """No task is running."""
+        return not self._jobs
+
+    async def _execute(self, task: CompletionTask, lease: Lease, need: int) -> None:
+        slot = lease.slot
         var = task.gen.var
         finished = True
         try:
-            result = await self.runner.run(placed)
+            result = await self.runner.run(task, lease)
             task.chain.result = result
             self.variables.set_value(var, result.text)
         except Requeue as why:
@@ -273,7 +261,8 @@ class GlobalScheduler:
                 finished = False
                 if why.engine_failed and slot.up:  # the monitor brings it back once it answers
                     slot.mark_down()
-                    self._engine_lost(slot)
+                    self.contexts.engine_lost(slot)
+                    self.wake()
                 self.queue.add(task)
         except asyncio.CancelledError:
             raise  # its session is gone (or the ServeCore stops): nothing to report
@@ -294,12 +283,6 @@ class GlobalScheduler:
         self.stats.failed += 1
         self.variables.fail(task.gen.var, reason)
 
-    def _engine_lost(self, slot: EngineSlot) -> None:
-        """Its running tasks already see ``slot.lost``; what it held is gone with it."""
-        for ahead in self._ahead.values():
-            ahead.held = [(s, c) for s, c in ahead.held if s is not slot]
-        self.wake()
-
     def _prepare_prompt(self, task: CompletionTask, slot: EngineSlot) -> None:
         async def prepare() -> None:
             try:
@@ -316,16 +299,9 @@ class GlobalScheduler:
         self.background(prepare())
 
     # -- contexts ---------------------------------------------------------------------------
-    def _free(self, slot: EngineSlot, contexts: list[EngineContext]) -> None:
-        for ctx in contexts:
-            slot.contexts.remove(ctx)
-        self.background(free_on_engine(slot.client, [c.context_id for c in contexts]))
-
-    def _protected(self, slot: EngineSlot) -> set[int]:
-        prompts = [t.prompts[slot.prompt_key].symbols for t in self.queue if slot.prompt_key in t.prompts]
-        keep = slot.contexts.protected_by(prompts)
-        keep.update(c.context_id for ahead in self._ahead.values() for s, c in ahead.held if s is slot)
-        return keep
+    def _queued_prompts(self, slot: EngineSlot) -> list:
+        """The prompts queued tasks have on ``slot`` (what they fork from is never evicted)."""
+        return [t.prompts[slot.prompt_key].symbols for t in self.queue if slot.prompt_key in t.prompts]
 
     async def fill_ahead(
         self, chain: CompletionChain, session_id: str, models: tuple[str, ...], latency: bool
@@ -343,67 +319,20 @@ class GlobalScheduler:
             return  # an optimization only
         if prompt is None or len(prompt) < FILL_AHEAD_MIN or chain.settled or not slot.up:
             return
-        tree, symbols = slot.contexts, prompt.symbols
-        point = tree.fork_point(symbols)
-        if len(symbols) - point.length < FILL_AHEAD_MIN:
-            return  # (nearly) all of it is there already
-        if slot.token_capacity and tree.held_symbols() + len(symbols) > slot.token_capacity // 2:
-            return  # memory is for running tasks first
-        owner = None if prompt.shared and prompt.shared[-1] == len(symbols) else session_id
-        ctx = tree.add(symbols, owner)
-        parent = point.parent
-        ctx.refs += 1
-        if parent is not None:
-            parent.refs += 1
-        self._ahead.setdefault(chain.key, AheadFill(session_id)).held.append((slot, ctx))
-        marks = [
-            n
-            for n in prompt.shared
-            if n > point.length and n < len(symbols) and not tree.shares_at(symbols[:n])
-        ]
-        checkpoints = [tree.add(symbols[:n], owner=None) for n in marks]
-        tail = symbols[point.length :]
-        pending = parent is not None and parent.state != READY
+        lease = self.contexts.hold(chain.key, session_id, slot, prompt, FILL_AHEAD_MIN)
+        if lease is None:
+            return
         try:
-            await slot.client.fill(
-                ctx.context_id,
-                **({"text": tail} if slot.text else {"token_ids": list(tail)}),
-                parent_context_id=parent.context_id if parent is not None else None,
-                parent_len=point.length if parent is not None else None,
-                priority=1 if latency and self.policy.criteria else 0,
-                checkpoints=[(c.context_id, c.length) for c in checkpoints],
-                parent_timeout_ms=self.runner.parent_wait_ms if pending else 0,
-                background=not latency,  # rides along the steps running work leaves room in
-            )
+            await self.runner.fill(lease, latency)
         except ParrotError as error:
             log.info("fill-ahead of %s failed (%s); the call fills it when it runs", chain.key, error)
-            self.release_ahead(chain.key)
-            self._free(slot, [ctx, *checkpoints])
+            lease.discard()
             return
-        finally:
-            if parent is not None and tree.unref(parent):
-                self._free(slot, [parent])
-        ctx.state = READY
-        for mark in checkpoints:
-            mark.state = READY
-        self.stats.filled_ahead += len(tail)
-
-    def release_ahead(self, key: str) -> None:
-        """The chain runs (or never will): the contexts filled ahead for it are plain cached
-        contexts from now on."""
-        ahead = self._ahead.pop(key, None)
-        for slot, ctx in ahead.held if ahead is not None else ():
-            if slot.contexts.unref(ctx):
-                self._free(slot, [ctx])
+        except BaseException:
+            lease.discard()
+            raise
+        lease.settle()
+        self.stats.filled_ahead += len(lease.tail)
 
     def background(self, work: Coroutine) -> None:
-        task = asyncio.create_task(work)
-        self._background.add(task)
-        task.add_done_callback(self._background.discard)
-        task.add_done_callback(_log_failure)
-
-
-def _log_failure(task: asyncio.Task) -> None:
-    if not task.cancelled() and task.exception() is not None:
-        with contextlib.suppress(Exception):
-            log.warning("background work failed: %r", task.exception())
+        spawn(self._background, work)

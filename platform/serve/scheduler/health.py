@@ -5,20 +5,20 @@ Every engine is pinged every ``interval_s``, all at once, each ping bounded by
 port) misses pings and after ``max_missed`` is marked down within seconds; its running
 tasks leave it at once and run elsewhere. When it answers again it is up, and whatever its
 earlier contexts left on it is freed. Each ping also carries the engine's capacity (KV
-size, running-job limit) and KV usage: above the pressure mark, contexts no task needs are
-freed least recently used first.
+size, running-job limit) and KV usage: the context manager is asked to relieve its memory
+(above the pressure mark, contexts no task needs are freed least recently used first).
+The monitor itself changes no context.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from parrot.engines.protocol.errors import ParrotError
-from parrot.platform.serve.contexts import EngineContext, MemoryPressure, free_on_engine
+from parrot.platform.serve.context_manager import ContextManager
 from parrot.platform.serve.scheduler.slot import EngineSlot
 
 log = logging.getLogger(__name__)
@@ -51,21 +51,24 @@ class EngineMonitor:
     def __init__(
         self,
         settings: HealthSettings,
-        pressure: MemoryPressure,
+        contexts: ContextManager,
         on_down: Callable[[EngineSlot], None],
         on_up: Callable[[EngineSlot], None],
-        keep: Callable[[EngineSlot], set[int]],
+        queued: Callable[[EngineSlot], list[Sequence]],
         fixed_limit: Callable[[EngineSlot], int | None],
         on_round: Callable[[], None] = lambda: None,
     ) -> None:
         self.settings = settings
-        self.pressure = pressure
+        self.contexts = contexts
         self.on_down = on_down
         self.on_up = on_up
-        self.keep = keep  # contexts queued tasks will fork from (never evicted)
+        self.queued = queued  # the prompts of the queued tasks (never evicted from under them)
         self.fixed_limit = fixed_limit  # a configured task limit (None: the engine's own)
         self.on_round = on_round  # after each round of pings
-        self.evicted = 0
+
+    @property
+    def evicted(self) -> int:
+        return self.contexts.evicted
 
     async def run(self, slots: Callable[[], list[EngineSlot]]) -> None:
         while True:
@@ -86,6 +89,7 @@ class EngineMonitor:
             if slot.up and slot.missed_pings >= self.settings.max_missed:
                 log.warning("engine %s missed %d pings (%s): down", slot.engine_id, slot.missed_pings, error)
                 slot.mark_down()
+                self.contexts.engine_lost(slot)
                 self.on_down(slot)
             return
         slot.missed_pings = 0
@@ -93,37 +97,6 @@ class EngineMonitor:
         if not slot.up:
             log.info("engine %s answers again: up", slot.engine_id)
             slot.mark_up()
-            await self._free_stale(slot)
+            await self.contexts.free_stale(slot)
             self.on_up(slot)
-        await self.relieve(slot)
-
-    async def relieve(self, slot: EngineSlot) -> int:
-        """Free contexts no task needs, least recently used first, while the engine's KV use
-        is above the pressure mark, or the contexts held exceed what the engine can hold."""
-        tree = slot.contexts
-        info = slot.info
-        total, used, block = info.get("kv_blocks_total"), info.get("kv_blocks_used"), info.get("block_size")
-        to_free = 0  # symbols
-        if total and block and used is not None and used > self.pressure.high * total:
-            to_free = int((used - self.pressure.low * total) * block)
-        limit = self.settings.text_chars if slot.text else slot.token_capacity
-        if limit is not None:
-            to_free = max(to_free, tree.held_symbols() - limit)
-        if to_free <= 0:
-            return 0
-        protected = self.keep(slot)
-        gone: list[EngineContext] = []
-        for ctx in tree.evictable(protected):
-            if to_free <= 0:
-                break
-            to_free -= tree.remove(ctx)  # what only it held: a fork's parent part is not counted
-            gone.append(ctx)
-        self.evicted += len(gone)
-        await free_on_engine(slot.client, [c.context_id for c in gone])
-        return len(gone)
-
-    async def _free_stale(self, slot: EngineSlot) -> None:
-        while slot.stale:
-            tree = slot.stale.pop()
-            with contextlib.suppress(ParrotError):
-                await free_on_engine(slot.client, list(tree.contexts))
+        await self.contexts.relieve(slot, self.queued(slot))

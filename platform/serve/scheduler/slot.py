@@ -1,4 +1,7 @@
-"""An engine as the scheduler sees it: its model, contexts, load, capacity and health."""
+"""An engine as the scheduler sees it: its model, contexts, load, capacity and health.
+
+Its ``contexts`` tree is read by the scheduler (prefix matches) and the operator views;
+only the context manager (platform/serve/context_manager.py) changes it."""
 
 from __future__ import annotations
 
@@ -29,7 +32,6 @@ class EngineSlot:
     load: int = 0  # KV tokens the running tasks may add (their need)
     # Set when the engine is marked down: every task running on it leaves it at once.
     lost: asyncio.Event = field(default_factory=asyncio.Event)
-    stale: list[ContextTree] = field(default_factory=list)  # trees of before it went down
 
     @property
     def text(self) -> bool:
@@ -48,13 +50,9 @@ class EngineSlot:
         return self.load + need <= self.token_capacity
 
     def mark_down(self) -> None:
-        """The engine is gone, and its contexts (most likely) with it: tasks on it leave, a
-        fresh tree starts for when it returns, and the old one is kept to free what
-        survived (a network blip leaves a builtin engine's KV)."""
+        """The engine is gone: tasks on it leave (the context manager forgets its tree)."""
         self.up = False
         self.lost.set()
-        self.stale.append(self.contexts)
-        self.contexts = ContextTree(self.contexts.ids, self.contexts.text)
 
     def mark_up(self) -> None:
         self.up = True
