@@ -20,13 +20,13 @@ from torch.profiler import ProfilerActivity, profile
 from parrot.engines.builtin.attention import create_backend
 from parrot.engines.builtin.batch import SharedPrefixPolicy, StepItem
 from parrot.engines.builtin.block_manager import BlockManager
-from parrot.engines.builtin.config import EngineConfig
-from parrot.engines.builtin.context import Context, ContextPool
+from parrot.engines.builtin.context_pool import Context, ContextPool
+from parrot.engines.builtin.engine_config import EngineConfig
 from parrot.engines.builtin.kv_cache import allocate_kv_cache
 from parrot.engines.builtin.model.build import build_model
-from parrot.engines.builtin.model.config import ModelConfig
 from parrot.engines.builtin.model.loader import default_cache_dir, resolve_model_folder
-from parrot.engines.builtin.runner import ModelRunner
+from parrot.engines.builtin.model.model_config import ModelConfig
+from parrot.engines.builtin.model_runner import ModelRunner
 
 
 def make_runner(config: EngineConfig, num_blocks: int = 512) -> ModelRunner:

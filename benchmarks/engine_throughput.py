@@ -37,10 +37,10 @@ from _report import machine, write_section
 from _servers import LLAMA_PYTHON, completions_throughput, llama_server, parrot_server
 
 from parrot.engines.builtin.batch import SharedPrefixPolicy
-from parrot.engines.builtin.config import EngineConfig
 from parrot.engines.builtin.engine import BuiltinEngine
+from parrot.engines.builtin.engine_config import EngineConfig
+from parrot.engines.builtin.local_scheduler import SchedulerConfig
 from parrot.engines.builtin.model.loader import default_model_path
-from parrot.engines.builtin.scheduler import SchedulerConfig
 from parrot.engines.protocol.sampling import SamplingParams
 
 PROMPT = (

@@ -150,8 +150,8 @@ def model_cache_dir(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="session")
 def engine_config(model_cache_dir):
-    from parrot.engines.builtin.config import EngineConfig
-    from parrot.engines.builtin.scheduler import SchedulerConfig
+    from parrot.engines.builtin.engine_config import EngineConfig
+    from parrot.engines.builtin.local_scheduler import SchedulerConfig
 
     return EngineConfig(
         cache_dir=str(model_cache_dir),

@@ -21,17 +21,17 @@ import torch
 from parrot.engines.builtin.attention import create_backend
 from parrot.engines.builtin.attention.registry import default_backend
 from parrot.engines.builtin.block_manager import BlockManager
-from parrot.engines.builtin.config import EngineConfig
-from parrot.engines.builtin.context import ContextPool
-from parrot.engines.builtin.core import EngineCore
+from parrot.engines.builtin.context_pool import ContextPool
+from parrot.engines.builtin.engine_config import EngineConfig
+from parrot.engines.builtin.engine_core import EngineCore
 from parrot.engines.builtin.jobs import FillResult, GenerateResult, JobSink, Outbox, Target, TokenEvent
 from parrot.engines.builtin.kv_cache import allocate_kv_cache, num_blocks_for_budget
+from parrot.engines.builtin.local_scheduler import LocalScheduler
 from parrot.engines.builtin.metrics import EngineMetrics
 from parrot.engines.builtin.model.build import build_model
-from parrot.engines.builtin.model.config import ModelConfig
 from parrot.engines.builtin.model.loader import default_cache_dir, resolve_model_folder
-from parrot.engines.builtin.runner import ModelRunner
-from parrot.engines.builtin.scheduler import LocalScheduler
+from parrot.engines.builtin.model.model_config import ModelConfig
+from parrot.engines.builtin.model_runner import ModelRunner
 from parrot.engines.builtin.tokenizer import Tokenizer
 from parrot.engines.protocol.errors import EngineShutdownError
 from parrot.engines.protocol.sampling import SamplingParams

@@ -9,7 +9,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
-from parrot.engines.builtin.context import Context
+from parrot.engines.builtin.context_pool import Context
 from parrot.engines.protocol.sampling import SamplingParams
 
 

@@ -197,7 +197,7 @@ def test_abort_stops_running_and_queued_jobs_and_frees_their_contexts(client, id
 def test_higher_priority_jobs_are_admitted_first(engine):
     """With every slot taken, a waiting job of priority 1 runs before older ones of 0."""
     from parrot.engines.builtin.jobs import Job, JobKind
-    from parrot.engines.builtin.scheduler import LocalScheduler, SchedulerConfig
+    from parrot.engines.builtin.local_scheduler import LocalScheduler, SchedulerConfig
 
     class Ctx:  # only what the queue looks at
         busy = False

@@ -6,9 +6,9 @@ from __future__ import annotations
 import torch
 
 from parrot.engines.builtin.block_manager import BlockManager
-from parrot.engines.builtin.context import Context, ContextPool
+from parrot.engines.builtin.context_pool import Context, ContextPool
 from parrot.engines.builtin.jobs import Job, JobKind
-from parrot.engines.builtin.scheduler import LocalScheduler, SchedulerConfig
+from parrot.engines.builtin.local_scheduler import LocalScheduler, SchedulerConfig
 from parrot.engines.protocol.sampling import SamplingParams
 
 

@@ -6,7 +6,7 @@ import torch
 
 from parrot.engines.builtin.attention.base import AttentionBatch
 from parrot.engines.builtin.batch import SharedPrefixPolicy, StepItem, build_step
-from parrot.engines.builtin.context import ContextPool
+from parrot.engines.builtin.context_pool import ContextPool
 from parrot.engines.builtin.model.llama import LlamaForCausalLM
 
 

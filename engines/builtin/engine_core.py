@@ -13,7 +13,7 @@ from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from parrot.engines.builtin.context import Context, ContextPool
+from parrot.engines.builtin.context_pool import Context, ContextPool
 from parrot.engines.builtin.jobs import (
     FillResult,
     GenerateResult,
@@ -23,9 +23,9 @@ from parrot.engines.builtin.jobs import (
     Target,
     TokenEvent,
 )
-from parrot.engines.builtin.runner import ModelRunner
+from parrot.engines.builtin.local_scheduler import LocalScheduler
+from parrot.engines.builtin.model_runner import ModelRunner
 from parrot.engines.builtin.sampler import Sampler, SequenceSampling, StopChecker
-from parrot.engines.builtin.scheduler import LocalScheduler
 from parrot.engines.builtin.tokenizer import IncrementalDetokenizer, Tokenizer
 from parrot.engines.protocol.errors import (
     AbortedError,

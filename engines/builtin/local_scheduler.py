@@ -26,7 +26,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from parrot.engines.builtin.batch import StepItem
-from parrot.engines.builtin.context import Context, ContextPool
+from parrot.engines.builtin.context_pool import Context, ContextPool
 from parrot.engines.builtin.jobs import Job, JobKind
 
 URGENT, NORMAL, BACKGROUND = 0, 1, 2  # job levels, first served first
