@@ -48,9 +48,11 @@ def decode_steps(runner: ModelRunner, contexts: list[Context], steps: int) -> fl
         for ctx in contexts:
             runner.pool.ensure_blocks(ctx, len(ctx.token_ids))
             items.append(StepItem(ctx, ctx.num_computed, len(ctx.token_ids) - ctx.num_computed, True))
-        logits = runner.run(items)
-        for ctx, token in zip(contexts, logits.argmax(-1).tolist(), strict=True):
-            ctx.token_ids.append(token)
+        output = runner.run(items)
+        for n, ctx in enumerate(contexts):  # what the engine's postprocess step records
+            runner.pool.computed(ctx, len(ctx.token_ids), output.last_hidden[n])
+        for ctx, token in zip(contexts, output.logits.argmax(-1).tolist(), strict=True):
+            runner.pool.append_token(ctx, token)
     return (time.perf_counter() - start) / steps
 
 

@@ -115,7 +115,10 @@ class EngineBench:
         await self.engine.fill(parent, prefix_ids)
         children = [next(self.ids) for _ in range(seqs)]
         await asyncio.gather(
-            *(self.engine.fill(c, [100 + i, 200 + i], parent) for i, c in enumerate(children))
+            *(
+                self.engine.fill(c, [100 + i, 200 + i], parent_context_id=parent)
+                for i, c in enumerate(children)
+            )
         )
         sampling = SamplingParams(max_tokens=new_tokens, temperature=0.0, ignore_eos=True)
         start = time.perf_counter()

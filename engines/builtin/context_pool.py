@@ -3,16 +3,42 @@
 All of this lives on the engine thread; nothing here is locked. A context forked from a
 parent shares the parent's full blocks by reference; the parent's partial last block is
 copied (copy-on-write at fork time), so no block with several owners is ever written.
+
+The pool is the one owner of a context's sequence state: it creates and removes contexts,
+tracks their planned lengths, appends their tokens and records what a step computed
+(:meth:`ContextPool.computed`, called by the engine's postprocess step). The local
+scheduler's own marks on a context are ``busy`` and ``last_used``.
 """
 
 from __future__ import annotations
 
+import time
+from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import torch
 
-from parrot.engines.builtin.block_manager import BlockManager, chain_hash
-from parrot.engines.protocol.errors import ContextFreedError
+from parrot.engines.builtin.block_manager import BlockManager, IntegrityError, chain_hash
+from parrot.engines.protocol.errors import (
+    BadRequestError,
+    ContextConflictError,
+    ContextFreedError,
+    ParrotError,
+    UnknownContextError,
+)
+
+
+class Target(NamedTuple):
+    """The context a job runs on; a new one forks ``parent_id`` (its first ``parent_len``
+    tokens, or all of it once it is idle). A parent that does not exist yet is waited for
+    up to ``parent_wait_s`` (its request may still be on its way)."""
+
+    context_id: int
+    parent_id: int | None = None
+    parent_len: int | None = None
+    parent_wait_s: float = 0.0
 
 
 @dataclass(eq=False)
@@ -30,8 +56,8 @@ class Context:
     last_hidden: torch.Tensor | None = None  # [hidden] of the last token, once computed
     materialized: bool = False
     freed: bool = False
-    busy: bool = False  # a job is running on it
-    last_used: int = 0  # engine step of the last use, for idle eviction
+    busy: bool = False  # a job is running on it (the local scheduler's mark)
+    last_used: int = 0  # engine step of the last use, for idle eviction (the scheduler's mark)
     parent_deadline: float | None = None  # monotonic: until when a parent not there yet may come
 
     @property
@@ -47,6 +73,138 @@ class ContextPool:
         self.block_size = blocks.block_size
         self.kv_cache = kv_cache  # [layers, 2, slots, kv_heads, head_dim]
         self.contexts: dict[int, Context] = {}
+        self.orphans: dict[int, Context] = {}  # forks waiting for a parent not there yet
+        self._planned: dict[int, int] = {}  # context id -> length once its queued jobs ran
+
+    # -- creation, planned lengths, removal ------------------------------------------------
+    def context_for(self, target: Target) -> Context:
+        """The target's context: the existing one, or a new (not yet made) root or fork."""
+        context_id, parent_id, parent_len, parent_wait_s = target
+        if parent_len is not None and parent_id is None:
+            raise BadRequestError("parent_len needs parent_context_id")
+        ctx = self.contexts.get(context_id)
+        if ctx is not None:
+            if parent_id is not None and (parent_id != ctx.parent_id or parent_len != ctx.parent_len):
+                raise ContextConflictError(
+                    f"context {context_id} already exists with parent {ctx.parent_id} "
+                    f"(length {ctx.parent_len}), not {parent_id} (length {parent_len})"
+                )
+            return ctx
+        parent = None
+        if parent_id is not None:
+            if parent_id == context_id:
+                raise BadRequestError("a context cannot be its own parent")
+            parent = self.contexts.get(parent_id)
+            if parent is None:
+                if parent_wait_s <= 0 or parent_len is None:
+                    raise UnknownContextError(f"parent context {parent_id} does not exist")
+                return self._orphan(target)
+            self._check_fork(parent, parent_len)
+        ctx = Context(context_id=context_id, parent=parent, parent_id=parent_id, parent_len=parent_len)
+        self.contexts[context_id] = ctx
+        if parent is not None:
+            self._planned[context_id] = parent_len if parent_len is not None else self.planned(parent)
+        else:
+            self._planned[context_id] = 0
+        return ctx
+
+    def _check_fork(self, parent: Context, parent_len: int | None) -> None:
+        if parent_len is not None and parent_len > self.planned(parent):
+            raise BadRequestError(
+                f"cannot fork {parent_len} tokens of context {parent.context_id}: it holds "
+                f"{self.planned(parent)} (with its queued jobs)"
+            )
+
+    def _orphan(self, target: Target) -> Context:
+        """A fork whose parent is not there yet: it waits (its jobs are not admitted) until
+        the parent appears or ``parent_wait_s`` passes."""
+        ctx = Context(context_id=target.context_id, parent_id=target.parent_id, parent_len=target.parent_len)
+        ctx.parent_deadline = time.monotonic() + target.parent_wait_s
+        self.contexts[ctx.context_id] = ctx
+        self._planned[ctx.context_id] = target.parent_len
+        self.orphans[ctx.context_id] = ctx
+        return ctx
+
+    def adopt_orphans(self) -> list[tuple[Context, ParrotError]]:
+        """Link waiting forks to parents that arrived; returns those that failed (their
+        parent never came, or holds too few tokens), for the caller to fail and free."""
+        now = time.monotonic()
+        failed = []
+        for ctx in list(self.orphans.values()):
+            parent = self.contexts.get(ctx.parent_id)
+            if parent is not None:
+                try:
+                    self._check_fork(parent, ctx.parent_len)
+                except ParrotError as error:
+                    failed.append((ctx, error))
+                else:
+                    ctx.parent, ctx.parent_deadline = parent, None
+            elif now < ctx.parent_deadline:
+                continue
+            else:
+                failed.append((ctx, UnknownContextError(f"parent context {ctx.parent_id} does not exist")))
+            del self.orphans[ctx.context_id]
+        return failed
+
+    def add_checkpoints(
+        self, ctx: Context, wanted: Sequence[tuple[int, int]], prompt_len: int
+    ) -> list[Context]:
+        """New, not yet made contexts that fork ``ctx`` once its prompt is computed."""
+        seen: set[int] = set()
+        for context_id, length in wanted:
+            if context_id in self.contexts or context_id in seen or context_id == ctx.context_id:
+                raise ContextConflictError(f"checkpoint context {context_id} already exists")
+            if not 1 <= length <= prompt_len:
+                raise BadRequestError(f"checkpoint length {length} is outside the prompt (1..{prompt_len})")
+            seen.add(context_id)
+        made = []
+        for context_id, length in wanted:
+            cp = Context(context_id=context_id, parent=ctx, parent_id=ctx.context_id, parent_len=length)
+            self.contexts[context_id] = cp
+            self._planned[context_id] = length
+            made.append(cp)
+        return made
+
+    def planned(self, ctx: Context) -> int:
+        """The context's length once its queued jobs ran (generations at their max_tokens)."""
+        return self._planned.get(ctx.context_id, len(ctx.token_ids))
+
+    def is_planned(self, ctx: Context) -> bool:
+        return ctx.context_id in self._planned
+
+    def plan(self, ctx: Context, extra: int) -> None:
+        """A job that adds up to ``extra`` tokens is queued on the context."""
+        self._planned[ctx.context_id] = self.planned(ctx) + extra
+
+    def settle(self, ctx: Context) -> None:
+        """No job is queued on the context any more: its planned length is its length."""
+        self._planned.pop(ctx.context_id, None)
+
+    def discard(self, ctx: Context) -> None:
+        """Forget a context that was never made (created by a request that failed)."""
+        if self.contexts.get(ctx.context_id) is ctx:
+            del self.contexts[ctx.context_id]
+            self._planned.pop(ctx.context_id, None)
+        self.orphans.pop(ctx.context_id, None)
+
+    # -- sequence state ----------------------------------------------------------------------
+    def admit(self, ctx: Context, token_ids: Sequence[int]) -> None:
+        """A job starts on the context: make it (fork it now) and append the job's tokens."""
+        self.materialize(ctx)
+        ctx.token_ids.extend(token_ids)
+
+    def append_token(self, ctx: Context, token: int) -> None:
+        """A sampled token: computed in a later step."""
+        ctx.token_ids.append(token)
+
+    def computed(self, ctx: Context, upto: int, last_hidden: torch.Tensor | None) -> None:
+        """A step computed the context's KV up to ``upto`` tokens; ``last_hidden`` [hidden] is
+        the hidden state of its last token when the step computed that one. Newly full
+        blocks enter the prefix cache."""
+        ctx.num_computed = upto
+        if last_hidden is not None:
+            ctx.last_hidden = last_hidden
+        self.register_full_blocks(ctx)
 
     def materialize(self, ctx: Context) -> None:
         """Make the fork (or the root) real: from now on it owns blocks."""
@@ -183,5 +341,46 @@ class ContextPool:
         self.release_kv(ctx)
         ctx.freed = True
         ctx.last_hidden = None
-        self.contexts.pop(ctx.context_id, None)
+        self.discard(ctx)
         return tokens
+
+    # -- integrity ---------------------------------------------------------------------------
+    def check_integrity(self) -> None:
+        """Raise :class:`IntegrityError` unless every block is free or held, each held block's
+        reference count is the number of block tables holding it, no freed context is in the
+        pool, and planned lengths belong to live contexts and cover their tokens."""
+        bs = self.block_size
+        problems: list[str] = []
+        held: Counter[int] = Counter()
+        for context_id, ctx in self.contexts.items():
+            name = f"context {context_id}"
+            if ctx.context_id != context_id or ctx.freed:
+                problems.append(
+                    f"{name} is {'freed' if ctx.freed else 'filed under another id'} but in the pool"
+                )
+            if len(set(ctx.blocks)) != len(ctx.blocks):
+                problems.append(f"{name} holds a block twice: {ctx.blocks}")
+            if ctx.blocks and not ctx.materialized:
+                problems.append(f"{name} holds blocks before it is made")
+            if not ctx.num_computed <= min(len(ctx.token_ids), len(ctx.blocks) * bs):
+                problems.append(
+                    f"{name} has {ctx.num_computed} computed tokens of {len(ctx.token_ids)} "
+                    f"in {len(ctx.blocks)} blocks"
+                )
+            if len(ctx.block_hashes) > ctx.num_computed // bs:
+                problems.append(f"{name} publishes {len(ctx.block_hashes)} blocks, more than it computed")
+            held.update(ctx.blocks)
+        for context_id, length in self._planned.items():
+            ctx = self.contexts.get(context_id)
+            if ctx is None:
+                problems.append(f"planned length of context {context_id}, which is not in the pool")
+            elif length < len(ctx.token_ids):
+                problems.append(
+                    f"context {context_id} is planned at {length} tokens but holds {len(ctx.token_ids)}"
+                )
+        for context_id, ctx in self.orphans.items():
+            if self.contexts.get(context_id) is not ctx or ctx.materialized:
+                problems.append(f"waiting fork {context_id} is not an unmade context of the pool")
+        problems += self.blocks.integrity_problems(held)
+        if problems:
+            raise IntegrityError("engine state is inconsistent: " + "; ".join(problems[:20]))

@@ -9,10 +9,9 @@ from litestar.logging.config import LoggingConfig
 from litestar.params import JSONBody
 from litestar.response import ServerSentEvent
 
+from parrot.engines.builtin import text_work
 from parrot.engines.builtin.engine import BuiltinEngine
-from parrot.engines.builtin.jobs import GenerateResult
 from parrot.engines.builtin.metrics import CONTENT_TYPE
-from parrot.engines.builtin.server import text_work
 from parrot.engines.protocol.disconnect import unless_disconnected
 from parrot.engines.protocol.error_docs import BODY, error_responses
 from parrot.engines.protocol.errors import BadRequestError, NotFoundError
@@ -33,7 +32,6 @@ from parrot.engines.protocol.schemas import (
     StreamEnd,
     TokenizeRequest,
     TokenizeResponse,
-    TokenStreamEvent,
 )
 from parrot.engines.protocol.stream_docs import EventStreamOnly
 
@@ -42,70 +40,43 @@ def _engine(state: State) -> BuiltinEngine:
     return state.engine
 
 
-async def _tokens(engine: BuiltinEngine, token_ids: list[int] | None, text: str | None) -> list[int]:
-    return token_ids if token_ids is not None else await text_work.tokenize(engine, text or "")
-
-
 def _checkpoints(data: FillRequest | GenerateRequest) -> list[tuple[int, int]]:
     return [(c.context_id, c.length) for c in data.checkpoints]
 
 
 @post("/fill", status_code=200, responses=error_responses(BODY, 404, 409, 503))
 async def fill(data: JSONBody[FillRequest], state: State, request: Request) -> FillResponse:
-    engine = _engine(state)
-    if (data.token_ids is None) == (data.text is None):
-        raise BadRequestError("fill needs exactly one of token_ids or text")
-    work = engine.fill(
+    work = _engine(state).fill(
         data.context_id,
-        await _tokens(engine, data.token_ids, data.text),
+        data.token_ids,
+        data.text,
         data.parent_context_id,
         parent_len=data.parent_len,
         priority=data.priority,
         checkpoints=_checkpoints(data),
-        parent_wait_s=data.parent_timeout_ms / 1000,
+        parent_timeout_ms=data.parent_timeout_ms,
         background=data.background,
     )
-    result = await unless_disconnected(request, work)
-    return FillResponse(
-        context_id=result.context_id,
-        filled_tokens=result.filled_tokens,
-        context_len=result.context_len,
-        cached_tokens=result.cached_tokens,
-    )
+    return await unless_disconnected(request, work)
 
 
-async def _generate_args(engine: BuiltinEngine, data: GenerateRequest) -> dict:
-    if data.token_ids is not None and data.text is not None:
-        raise BadRequestError("give the prompt tail as token_ids or as text, not both")
-    tail = await _tokens(engine, data.token_ids, data.text) if (data.token_ids or data.text) else []
+def _generate_args(data: GenerateRequest) -> dict:
     return {
         "parent_len": data.parent_len,
-        "prompt_tokens": tail,
+        "token_ids": data.token_ids,
+        "text": data.text,
         "priority": data.priority,
         "checkpoints": _checkpoints(data),
-        "parent_wait_s": data.parent_timeout_ms / 1000,
+        "parent_timeout_ms": data.parent_timeout_ms,
     }
-
-
-def _generate_response(result: GenerateResult) -> GenerateResponse:
-    return GenerateResponse(
-        context_id=result.context_id,
-        token_ids=result.token_ids,
-        text=result.text,
-        finish_reason=result.finish_reason,
-        prompt_tokens=result.prompt_tokens,
-        cached_tokens=result.cached_tokens,
-        stop_string=result.stop_string,
-    )
 
 
 @post("/generate", status_code=200, responses=error_responses(BODY, 404, 409, 503))
 async def generate(data: JSONBody[GenerateRequest], state: State, request: Request) -> GenerateResponse:
     """A client that disconnects stops its generation (and the contexts it created go)."""
-    engine = _engine(state)
-    args = await _generate_args(engine, data)
-    work = engine.generate(data.context_id, data.sampling, data.parent_context_id, **args)
-    return _generate_response(await unless_disconnected(request, work))
+    args = _generate_args(data)
+    work = _engine(state).generate(data.context_id, data.sampling, data.parent_context_id, **args)
+    return await unless_disconnected(request, work)
 
 
 @post(
@@ -115,29 +86,18 @@ async def generate(data: JSONBody[GenerateRequest], state: State, request: Reque
     operation_class=EventStreamOnly,
 )
 async def generate_stream(data: JSONBody[GenerateRequest], state: State) -> ServerSentEvent:
-    engine = _engine(state)
-    args = await _generate_args(engine, data)
-    stream = engine.generate_stream(data.context_id, data.sampling, data.parent_context_id, **args)
+    args = _generate_args(data)
+    stream = _engine(state).generate_stream(data.context_id, data.sampling, data.parent_context_id, **args)
     # Pull the first event before answering, so a bad request still gets its 4xx status.
     first = await anext(stream)
 
     async def events():
         event = first
         while True:
-            if isinstance(event, GenerateResult):
-                end = StreamEnd(
-                    finish_reason=event.finish_reason,
-                    context_id=event.context_id,
-                    token_ids=event.token_ids,
-                    text=event.text,
-                    prompt_tokens=event.prompt_tokens,
-                    cached_tokens=event.cached_tokens,
-                    stop_string=event.stop_string,
-                )
-                yield {"event": "end", "data": msgspec.json.encode(end).decode()}
+            if isinstance(event, StreamEnd):
+                yield {"event": "end", "data": msgspec.json.encode(event).decode()}
                 return
-            token = TokenStreamEvent(token_id=event.token_id, text=event.text)
-            yield {"event": "token", "data": msgspec.json.encode(token).decode()}
+            yield {"event": "token", "data": msgspec.json.encode(event).decode()}
             event = await anext(stream)
 
     return ServerSentEvent(events())
@@ -152,8 +112,7 @@ async def free_context(data: JSONBody[FreeContextRequest], state: State) -> Free
 @post("/abort", status_code=200, responses=error_responses(BODY, 503))
 async def abort(data: JSONBody[AbortRequest], state: State) -> AbortResponse:
     """Stop the jobs on these contexts (their requests fail with ``aborted``) and free them."""
-    jobs, freed = await _engine(state).abort(data.context_ids)
-    return AbortResponse(aborted_jobs=jobs, freed_contexts=freed)
+    return await _engine(state).abort(data.context_ids)
 
 
 @post("/abort_range", status_code=200, responses=error_responses(BODY))
@@ -161,8 +120,7 @@ async def abort_range(data: JSONBody[AbortRangeRequest], state: State) -> AbortR
     """:func:`abort` for every context with ``start <= id < end`` (a dead ServeCore's)."""
     if data.end <= data.start:
         raise BadRequestError("abort_range needs start < end")
-    jobs, freed = await _engine(state).abort_range(data.start, data.end)
-    return AbortResponse(aborted_jobs=jobs, freed_contexts=freed)
+    return await _engine(state).abort_range(data.start, data.end)
 
 
 @post("/render_chat", status_code=200, responses=error_responses(BODY))
@@ -170,7 +128,9 @@ async def render_chat(data: JSONBody[RenderChatRequest], state: State) -> Render
     """The model's chat template applied for a ServeCore, in message-boundary pieces."""
     messages = [{"role": m.role, "content": m.content} for m in data.messages]
     try:
-        return RenderChatResponse(pieces=await text_work.chat_prompt_pieces(_engine(state), messages))
+        return RenderChatResponse(
+            pieces=await text_work.chat_prompt_pieces(_engine(state).tokenizer, messages)
+        )
     except ValueError as error:  # no chat template
         raise BadRequestError(str(error)) from None
     except Exception as error:  # a template that rejects the conversation (raise_exception)
@@ -200,7 +160,7 @@ async def metrics(state: State) -> bytes:
 
 @post("/tokenize", status_code=200, responses=error_responses(BODY))
 async def tokenize(data: JSONBody[TokenizeRequest], state: State) -> TokenizeResponse:
-    return TokenizeResponse(token_ids=await text_work.tokenize(_engine(state), data.text))
+    return TokenizeResponse(token_ids=await text_work.tokenize(_engine(state).tokenizer, data.text))
 
 
 # A request body at most (413 beyond, naming the limit): far above the token ids of any

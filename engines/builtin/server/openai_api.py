@@ -20,9 +20,8 @@ from litestar.datastructures import State
 from litestar.params import JSONBody
 from litestar.response import Stream
 
+from parrot.engines.builtin import text_work
 from parrot.engines.builtin.engine import BuiltinEngine
-from parrot.engines.builtin.jobs import GenerateResult, TokenEvent
-from parrot.engines.builtin.server import text_work
 from parrot.engines.protocol.disconnect import unless_disconnected
 from parrot.engines.protocol.error_docs import BODY, error_responses
 from parrot.engines.protocol.errors import BadRequestError
@@ -49,6 +48,7 @@ from parrot.engines.protocol.openai_stream import (
     usage,
 )
 from parrot.engines.protocol.sampling import SamplingParams
+from parrot.engines.protocol.schemas import GenerateResponse, StreamEnd, TokenStreamEvent
 from parrot.engines.protocol.stream_docs import JsonOrEventStream
 
 
@@ -109,13 +109,13 @@ class _Run:
         the prompt's own step, not in a step after a separate fill job's answer."""
         return self.tokens if self.n == 1 else []
 
-    async def generate_all(self) -> list[GenerateResult]:
+    async def generate_all(self) -> list[GenerateResponse]:
         prompt = self.prompt_in_job()
         if not prompt:
             await self.fill()
         results = await asyncio.gather(
             *(
-                self.engine.generate(cid, self.sampling, self.parent(), prompt_tokens=prompt)
+                self.engine.generate(cid, self.sampling, self.parent(), token_ids=prompt)
                 for cid in self.child_ids
             )
         )
@@ -123,7 +123,7 @@ class _Run:
             self.cached_tokens = results[0].cached_tokens
         return list(results)
 
-    async def stream_all(self) -> AsyncIterator[tuple[int, TokenEvent | GenerateResult]]:
+    async def stream_all(self) -> AsyncIterator[tuple[int, TokenStreamEvent | StreamEnd]]:
         """Merged events of all n generations, tagged with their choice index."""
         prompt = self.prompt_in_job()
         if not prompt:
@@ -132,7 +132,7 @@ class _Run:
 
         async def pump(index: int, cid: int) -> None:
             try:
-                events = self.engine.generate_stream(cid, self.sampling, self.parent(), prompt_tokens=prompt)
+                events = self.engine.generate_stream(cid, self.sampling, self.parent(), token_ids=prompt)
                 async for event in events:
                     await queue.put((index, event))
             except BaseException as error:
@@ -145,7 +145,7 @@ class _Run:
                 index, event = await queue.get()
                 if isinstance(event, BaseException):
                     raise event
-                if isinstance(event, GenerateResult):
+                if isinstance(event, StreamEnd):
                     done += 1
                     if prompt:
                         self.cached_tokens = event.cached_tokens
@@ -160,7 +160,7 @@ class _Run:
             event: tuple | None = first
             while event is not None:
                 index, item = event
-                if isinstance(item, GenerateResult):
+                if isinstance(item, StreamEnd):
                     yield Finish(index, item.finish_reason, len(item.token_ids))
                 else:
                     yield Delta(index, item.text)
@@ -224,10 +224,10 @@ def openai_router() -> Router:
             raise BadRequestError("logprobs are not supported")
         messages = [{"role": m.role, "content": content_text(m.content)} for m in data.messages]
         try:
-            text = await text_work.chat_prompt(engine, messages)
+            text = await text_work.chat_prompt(engine.tokenizer, messages)
         except ValueError as error:
             raise BadRequestError(str(error)) from None
-        tokens = await text_work.tokenize(engine, text)
+        tokens = await text_work.tokenize(engine.tokenizer, text)
         sampling = _sampling(data, len(tokens), engine.core.max_model_len, default_max=None)
         run = _Run(engine, ids, tokens, sampling, data.n)
         rid, created, model = f"chatcmpl-{uuid.uuid4().hex}", int(time.time()), engine.model_name
@@ -257,7 +257,7 @@ async def _prompt_tokens(engine: BuiltinEngine, prompt: str | list[int | str]) -
         if len(prompt) != 1 or not isinstance(prompt[0], str):
             raise BadRequestError("send one prompt per request: a string or a list of token ids")
         prompt = prompt[0]
-    tokens = await text_work.tokenize(engine, prompt) if isinstance(prompt, str) else list(prompt)
+    tokens = await text_work.tokenize(engine.tokenizer, prompt) if isinstance(prompt, str) else list(prompt)
     if not tokens:
         raise BadRequestError("the prompt is empty")
     return tokens

@@ -175,7 +175,9 @@ def test_the_runner_routes_each_step_by_its_rows(engine):
         for _ in range(3):
             assert pool.ensure_blocks(ctx, len(ctx.token_ids))
             n = len(ctx.token_ids) - ctx.num_computed
-            logits = runner.run([StepItem(ctx, ctx.num_computed, n, True)])
+            output = runner.run([StepItem(ctx, ctx.num_computed, n, True)])
+            pool.computed(ctx, len(ctx.token_ids), output.last_hidden[0])  # the postprocess step's part
+            logits = output.logits
             seen.append((n, model.matmul_route.blas, torch.get_num_threads()))
             ctx.token_ids.append(int(logits[0].argmax()))
     finally:

@@ -203,7 +203,7 @@ def test_higher_priority_jobs_are_admitted_first(engine):
         busy = False
         parent = None
 
-    sched = LocalScheduler(SchedulerConfig(), engine.core.pool, prepare=lambda job: True)
+    sched = LocalScheduler(SchedulerConfig(), engine.core.pool)
     jobs = [Job(JobKind.FILL, Ctx(), None, seq, priority=p) for seq, p in enumerate([0, 0, 1, 0, 1])]
     for job in jobs:
         sched.add(job)

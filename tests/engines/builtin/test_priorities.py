@@ -17,12 +17,7 @@ def pool(blocks: int = 64) -> ContextPool:
 
 
 def scheduler(config: SchedulerConfig, contexts: ContextPool) -> LocalScheduler:
-    def prepare(job: Job) -> bool:  # what the engine core does: make the context, add tokens
-        contexts.materialize(job.context)
-        job.context.token_ids.extend(job.fill_tokens)
-        return True
-
-    return LocalScheduler(config, contexts, prepare)
+    return LocalScheduler(config, contexts)
 
 
 def job(seq: int, priority: int, prompt: int = 6, kind: JobKind = JobKind.GENERATE) -> Job:
