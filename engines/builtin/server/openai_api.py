@@ -10,18 +10,17 @@ context instead of filling it n times.
 from __future__ import annotations
 
 import asyncio
-import itertools
 import time
 import uuid
 from collections.abc import AsyncIterator
 
-from litestar import Request, Router, get, post
-from litestar.datastructures import State
+from litestar import Controller, Request, get, post
 from litestar.params import JSONBody
 from litestar.response import Stream
 
 from parrot.engines.builtin import text_work
 from parrot.engines.builtin.engine import BuiltinEngine
+from parrot.engines.builtin.server.deps import OPENAI, EngineDep, OpenAIContextIds, OpenAIIds
 from parrot.engines.protocol.disconnect import unless_disconnected
 from parrot.engines.protocol.error_docs import BODY, error_responses
 from parrot.engines.protocol.errors import BadRequestError
@@ -52,20 +51,6 @@ from parrot.engines.protocol.schemas import GenerateResponse, StreamEnd, TokenSt
 from parrot.engines.protocol.stream_docs import JsonOrEventStream
 
 
-class _Contexts:
-    """Engine-internal context ids for OpenAI requests: -1, -2, ..."""
-
-    def __init__(self) -> None:
-        self._ids = itertools.count(1)
-
-    def next(self) -> int:
-        return -next(self._ids)
-
-
-def _engine(state: State) -> BuiltinEngine:
-    return state.engine
-
-
 def _sampling(req, prompt_len: int, max_model_len: int, default_max: int | None) -> SamplingParams:
     """Without a max_tokens, chat generates up to the end of the model's context."""
     return sampling_params(req, default_max or max(1, max_model_len - prompt_len))
@@ -80,7 +65,12 @@ class _Run:
     """One OpenAI request: a prompt context, ``n`` generations, then everything freed."""
 
     def __init__(
-        self, engine: BuiltinEngine, ids: _Contexts, tokens: list[int], sampling: SamplingParams, n: int
+        self,
+        engine: BuiltinEngine,
+        ids: OpenAIContextIds,
+        tokens: list[int],
+        sampling: SamplingParams,
+        n: int,
     ):
         self.engine = engine
         self.tokens = tokens
@@ -177,8 +167,11 @@ class _Run:
         return [Answer(r.text, r.finish_reason, len(r.token_ids)) for r in results]
 
 
-def openai_router() -> Router:
-    ids = _Contexts()
+class OpenAIAPI(Controller):
+    """OpenAI's completions, chat completions and model list, on this engine's model."""
+
+    path = "/v1"
+    dependencies = OPENAI
 
     @post(
         "/completions",
@@ -187,9 +180,12 @@ def openai_router() -> Router:
         operation_class=JsonOrEventStream,
     )
     async def completions(
-        data: JSONBody[CompletionRequest], state: State, request: Request
+        self,
+        data: JSONBody[CompletionRequest],
+        engine: EngineDep,
+        ids: OpenAIIds,
+        request: Request,
     ) -> CompletionResponse | Stream:
-        engine = _engine(state)
         _check_model(engine, data.model)
         if data.echo or data.logprobs:
             raise BadRequestError("echo and logprobs are not supported")
@@ -216,9 +212,12 @@ def openai_router() -> Router:
         operation_class=JsonOrEventStream,
     )
     async def chat_completions(
-        data: JSONBody[ChatCompletionRequest], state: State, request: Request
+        self,
+        data: JSONBody[ChatCompletionRequest],
+        engine: EngineDep,
+        ids: OpenAIIds,
+        request: Request,
     ) -> ChatCompletionResponse | Stream:
-        engine = _engine(state)
         _check_model(engine, data.model)
         if data.logprobs:
             raise BadRequestError("logprobs are not supported")
@@ -244,11 +243,8 @@ def openai_router() -> Router:
         return EventStream(body)
 
     @get("/models")
-    async def models(state: State) -> ModelList:
-        engine = _engine(state)
+    async def models(self, engine: EngineDep) -> ModelList:
         return ModelList(data=[ModelCard(id=engine.model_name, created=0)])
-
-    return Router(path="/v1", route_handlers=[completions, chat_completions, models])
 
 
 async def _prompt_tokens(engine: BuiltinEngine, prompt: str | list[int | str]) -> list[int]:
