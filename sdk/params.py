@@ -14,8 +14,8 @@ from typing import TYPE_CHECKING, Any
 
 import msgspec
 
-from parrot.engines.protocol.sampling import SamplingParams
 from parrot.sdk.errors import DefinitionError
+from parrot.wire.sampling import SamplingParams
 
 if TYPE_CHECKING:
     from parrot.sdk.handles import VarBase

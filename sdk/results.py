@@ -1,17 +1,17 @@
 """Typed results of the Parrot REST API: the server's own response bodies
-(:mod:`parrot.platform.api.responses`, :mod:`parrot.platform.api.adapter_bodies`), decoded
+(:mod:`parrot.wire.responses`, :mod:`parrot.wire.adapter_bodies`), decoded
 from its JSON."""
 
 from __future__ import annotations
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from parrot.platform.api.adapter_bodies import (  # noqa: F401 (re-exported)
+from parrot.wire.adapter_bodies import (  # noqa: F401 (re-exported)
     CallUsage,
     RenderedChat,
     SessionUsage,
 )
-from parrot.platform.api.responses import (  # noqa: F401 (re-exported)
+from parrot.wire.responses import (  # noqa: F401 (re-exported)
     CallInfo,
     CallSubmitted,
     EngineInfo,

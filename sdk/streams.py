@@ -14,10 +14,10 @@ from typing import Any
 
 import msgspec
 
-from parrot.engines.protocol.openai_schemas import ChatCompletionChunk, CompletionResponse, Usage
-from parrot.engines.protocol.sampling import SamplingParams
 from parrot.sdk.errors import BadRequestError
 from parrot.sdk.http import StreamOp
+from parrot.wire.openai_schemas import ChatCompletionChunk, CompletionResponse, Usage
+from parrot.wire.sampling import SamplingParams
 
 # What the OpenAI routes take of SamplingParams (they have no stop_token_ids).
 OPENAI_FIELDS = (

@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
+import ast
 import re
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from conftest import REPO_ROOT
 
-CODE_FOLDERS = ("platform", "engines", "sdk", "adapters", "web")
+CODE_FOLDERS = ("platform", "engines", "sdk", "adapters", "web", "wire")
 
 
 def test_stdlib_platform_wins_in_the_repository_root():
@@ -102,4 +104,44 @@ def test_no_hand_written_prometheus_text_or_sse_lines():
             for number, line in enumerate(path.read_text().splitlines(), 1):
                 if HAND_WRITTEN.search(line):
                     found.append(f"{path.relative_to(REPO_ROOT)}:{number}: {line.strip()}")
+    assert not found, "\n".join(found)
+
+
+# The client (the SDK, the LangChain adapter and the wire contract they share with the
+# server) installs without the server's packages (tests/test_client_install.py): none of its
+# modules may import a server module, not even lazily inside a function.
+CLIENT_FOLDERS = ("sdk", "adapters", "wire")
+SERVER_PACKAGES = ("parrot.platform", "parrot.engines", "parrot.web")
+
+
+def imported_modules(tree: ast.AST) -> Iterator[tuple[int, str]]:
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            yield from ((node.lineno, alias.name) for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            yield node.lineno, node.module
+            if node.module == "parrot":  # from parrot import platform
+                yield from ((node.lineno, f"parrot.{alias.name}") for alias in node.names)
+
+
+def test_the_client_imports_no_server_module():
+    found = []
+    for folder in CLIENT_FOLDERS:
+        for path in sorted((REPO_ROOT / folder).rglob("*.py")):
+            for line, module in imported_modules(ast.parse(path.read_text(), str(path))):
+                if module.startswith(SERVER_PACKAGES) or module in ("torch", "litestar", "sqlalchemy"):
+                    found.append(f"{path.relative_to(REPO_ROOT)}:{line}: imports {module}")
+            for match in re.finditer(r"import_module\(", path.read_text()):
+                found.append(f"{path.relative_to(REPO_ROOT)}: imports by name ({match.group()})")
+    assert not found, "\n".join(found)
+
+
+def test_the_wire_contract_imports_only_msgspec_and_the_standard_library():
+    found = []
+    for path in sorted((REPO_ROOT / "wire").rglob("*.py")):
+        for line, module in imported_modules(ast.parse(path.read_text(), str(path))):
+            allowed = module.split(".")[0] in (*sys.stdlib_module_names, "msgspec")
+            if not allowed and not module.startswith("parrot.wire"):
+                found.append(f"{path.relative_to(REPO_ROOT)}:{line}: imports {module}")
+    assert (REPO_ROOT / "wire" / "__init__.py").is_file()
     assert not found, "\n".join(found)

@@ -34,7 +34,6 @@ from parrot.engines.builtin.model.model_config import ModelConfig
 from parrot.engines.builtin.model_runner import ModelRunner
 from parrot.engines.builtin.tokenizer import Tokenizer
 from parrot.engines.protocol.errors import BadRequestError, EngineShutdownError
-from parrot.engines.protocol.sampling import SamplingParams
 from parrot.engines.protocol.schemas import (
     AbortResponse,
     FillResponse,
@@ -42,6 +41,7 @@ from parrot.engines.protocol.schemas import (
     StreamEnd,
     TokenStreamEvent,
 )
+from parrot.wire.sampling import SamplingParams
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")

@@ -32,7 +32,7 @@ from parrot.engines.protocol.errors import (
     PromptTooLongError,
     UnknownContextError,
 )
-from parrot.engines.protocol.sampling import SamplingParams
+from parrot.wire.sampling import SamplingParams
 
 log = logging.getLogger(__name__)
 

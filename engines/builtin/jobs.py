@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from parrot.engines.builtin.context_pool import Context
-from parrot.engines.protocol.sampling import SamplingParams
+from parrot.wire.sampling import SamplingParams
 
 
 class JobKind(enum.Enum):

@@ -21,8 +21,8 @@ from parrot.engines.builtin.local_scheduler import LocalScheduler
 from parrot.engines.builtin.model_runner import StepOutput
 from parrot.engines.builtin.sampler import SequenceSampling, StopChecker
 from parrot.engines.builtin.tokenizer import IncrementalDetokenizer, Tokenizer
-from parrot.engines.protocol.sampling import SamplingParams
 from parrot.engines.protocol.schemas import FillResponse, TokenStreamEvent
+from parrot.wire.sampling import SamplingParams
 
 
 @dataclass(eq=False)

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 
 import torch
 
-from parrot.engines.protocol.sampling import SamplingParams
+from parrot.wire.sampling import SamplingParams
 
 
 class _DeviceTokenIds:

@@ -35,7 +35,6 @@ from parrot.engines.openai.contexts import ContextStore, TextContext
 from parrot.engines.openai.failures import Failure, classify
 from parrot.engines.openai.request import build_request, choice_text, usage_counts
 from parrot.engines.protocol.errors import BadRequestError, EngineUnavailableError, ParrotError
-from parrot.engines.protocol.sampling import SamplingParams
 from parrot.engines.protocol.schemas import (
     AbortResponse,
     FillResponse,
@@ -44,6 +43,7 @@ from parrot.engines.protocol.schemas import (
     TokenStreamEvent,
 )
 from parrot.engines.protocol.urls import split_credentials
+from parrot.wire.sampling import SamplingParams
 
 log = logging.getLogger(__name__)
 

@@ -22,8 +22,8 @@ from typing import Any
 
 from parrot.engines.openai.chat import to_messages
 from parrot.engines.openai.config import CHAT, OpenAIEngineConfig
-from parrot.engines.protocol.sampling import SamplingParams
 from parrot.engines.protocol.text import replace_invalid
+from parrot.wire.sampling import SamplingParams
 
 
 def build_request(config: OpenAIEngineConfig, text: str, sampling: SamplingParams) -> dict[str, Any]:

@@ -1,32 +1,13 @@
-"""The one exception hierarchy of Parrot.
+"""The one exception hierarchy of Parrot: the engines' errors.
 
 Every error a client can cause is a :class:`ParrotError` subclass that carries its HTTP
-status and a stable ``code``; :mod:`parrot.engines.protocol.http` turns them into JSON
+status and a stable ``code``; the root classes are part of the wire contract
+(:mod:`parrot.wire.errors`), and :mod:`parrot.engines.protocol.http` turns them into JSON
 responses in one place. Anything else that escapes is a bug and becomes a 500 without a
 traceback in the response.
 """
 
-
-class ParrotError(Exception):
-    """Base of all Parrot errors. ``str(error)`` is the message shown to the client."""
-
-    status_code = 500
-    code = "internal_error"
-
-
-class BadRequestError(ParrotError):
-    status_code = 400
-    code = "bad_request"
-
-
-class NotFoundError(ParrotError):
-    status_code = 404
-    code = "not_found"
-
-
-class ConflictError(ParrotError):
-    status_code = 409
-    code = "conflict"
+from parrot.wire.errors import BadRequestError, ConflictError, NotFoundError, ParrotError
 
 
 class UnknownContextError(NotFoundError):

@@ -16,7 +16,7 @@ from litestar.response import ServerSentEvent
 from litestar.response.sse import ServerSentEventMessage
 
 from parrot.engines.protocol.errors import BadRequestError
-from parrot.engines.protocol.openai_schemas import (
+from parrot.wire.openai_schemas import (
     AssistantMessage,
     ChatChoice,
     ChatChunkChoice,
@@ -28,7 +28,7 @@ from parrot.engines.protocol.openai_schemas import (
     PromptTokensDetails,
     Usage,
 )
-from parrot.engines.protocol.sampling import SamplingParams
+from parrot.wire.sampling import SamplingParams
 
 
 @dataclass(frozen=True)

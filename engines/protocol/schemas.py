@@ -6,7 +6,8 @@ from typing import Annotated
 
 import msgspec
 
-from parrot.engines.protocol.sampling import SamplingParams
+from parrot.wire.chat import ChatTurn
+from parrot.wire.sampling import SamplingParams
 
 ContextId = Annotated[int, msgspec.Meta(ge=0, le=2**63 - 1)]
 Length = Annotated[int, msgspec.Meta(ge=1, le=2**31 - 1)]
@@ -138,11 +139,6 @@ class ErrorBody(msgspec.Struct, kw_only=True):
 
 class ErrorResponse(msgspec.Struct, kw_only=True):
     error: ErrorBody
-
-
-class ChatTurn(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
-    role: Annotated[str, msgspec.Meta(min_length=1, max_length=64)]
-    content: str
 
 
 class RenderChatRequest(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):

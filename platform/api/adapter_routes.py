@@ -15,12 +15,12 @@ from litestar.params import FromPath, FromQuery, JSONBody
 
 from parrot.engines.protocol.error_docs import BODY, PARAMS, SESSION, error_responses
 from parrot.engines.protocol.errors import NotFoundError
-from parrot.platform.api.adapter_bodies import CallUsage, RenderChat, RenderedChat, SessionUsage
 from parrot.platform.api.auth import Sessions
 from parrot.platform.api.openai_front import models_served
 from parrot.platform.serve.core import ServeCore
 from parrot.platform.serve.graph import RequestChain
 from parrot.platform.serve.oneshot import render_chat
+from parrot.wire.adapter_bodies import CallUsage, RenderChat, RenderedChat, SessionUsage
 
 
 def _served_model(core: ServeCore, asked: str | None) -> str:

@@ -16,7 +16,14 @@ from parrot.engines.protocol.json_body import JsonRequest
 from parrot.platform.api.adapter_routes import adapter_routes
 from parrot.platform.api.auth import SESSIONS, Sessions, admin_guard
 from parrot.platform.api.openai_front import openai_front
-from parrot.platform.api.responses import (
+from parrot.platform.api.schemas import CreateVar, RegisterEngine, SetVar, SubmitCall, SubmitTransform
+from parrot.platform.serve.core import EngineView, ServeCore
+from parrot.platform.serve.graph import RequestChain, SemanticVariable
+from parrot.platform.serve.metrics import CONTENT_TYPE
+from parrot.platform.serve.observe import ContextTreeView, SessionDag
+from parrot.web.app import dashboard_routes
+from parrot.web.config import DashboardConfig
+from parrot.wire.responses import (
     CallInfo,
     CallSubmitted,
     EngineInfo,
@@ -26,13 +33,6 @@ from parrot.platform.api.responses import (
     SessionInfo,
     VarInfo,
 )
-from parrot.platform.api.schemas import CreateVar, RegisterEngine, SetVar, SubmitCall, SubmitTransform
-from parrot.platform.serve.core import EngineView, ServeCore
-from parrot.platform.serve.graph import RequestChain, SemanticVariable
-from parrot.platform.serve.metrics import CONTENT_TYPE
-from parrot.platform.serve.observe import ContextTreeView, SessionDag
-from parrot.web.app import dashboard_routes
-from parrot.web.config import DashboardConfig
 
 MAX_WAIT_S = 3600.0
 

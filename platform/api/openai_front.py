@@ -21,14 +21,6 @@ from litestar.response import Stream
 from parrot.engines.protocol.disconnect import unless_disconnected
 from parrot.engines.protocol.error_docs import ADMIN, BODY, CREATES, error_responses
 from parrot.engines.protocol.errors import BadRequestError, NotFoundError
-from parrot.engines.protocol.openai_schemas import (
-    ChatCompletionRequest,
-    ChatCompletionResponse,
-    CompletionRequest,
-    CompletionResponse,
-    ModelCard,
-    ModelList,
-)
 from parrot.engines.protocol.openai_stream import (
     EventStream,
     chat_response,
@@ -38,11 +30,19 @@ from parrot.engines.protocol.openai_stream import (
     content_text,
     sampling_params,
 )
-from parrot.engines.protocol.schemas import ChatTurn
 from parrot.engines.protocol.stream_docs import JsonOrEventStream
 from parrot.platform.api.auth import openai_key_guard
 from parrot.platform.serve.core import ServeCore
 from parrot.platform.serve.oneshot import OneShot, render_chat
+from parrot.wire.chat import ChatTurn
+from parrot.wire.openai_schemas import (
+    ChatCompletionRequest,
+    ChatCompletionResponse,
+    CompletionRequest,
+    CompletionResponse,
+    ModelCard,
+    ModelList,
+)
 
 COMPLETION_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
 CHAT_MAX_TOKENS = 512  # without max_tokens a chat answer stops here (or at end of sequence)

@@ -1,4 +1,4 @@
-"""Typed request bodies of the Parrot REST API (responses: :mod:`parrot.platform.api.responses`)."""
+"""Typed request bodies of the Parrot REST API (responses: :mod:`parrot.wire.responses`)."""
 
 from __future__ import annotations
 

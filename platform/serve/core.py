@@ -22,7 +22,6 @@ from dataclasses import dataclass, field
 import msgspec
 
 from parrot.engines.protocol.errors import BadRequestError, EngineUnavailableError, NotFoundError, ParrotError
-from parrot.engines.protocol.sampling import SamplingParams
 from parrot.platform.serve import observe, transforms
 from parrot.platform.serve.activity import ActivityLog
 from parrot.platform.serve.admission import Admission
@@ -52,12 +51,13 @@ from parrot.platform.serve.scheduler.health import HealthSettings
 from parrot.platform.serve.scheduler.policy import SchedulingPolicy
 from parrot.platform.serve.scheduler.slot import EngineSlot
 from parrot.platform.serve.scheduler.task import LATENCY, THROUGHPUT, CompletionTask
-from parrot.platform.serve.template import ParameterSpec, check_binding, parse_template
 from parrot.platform.serve.tokenizer_manager import TokenizerManager
 from parrot.platform.serve.transform_runner import TransformLimits, TransformRunner
 from parrot.platform.serve.variables import Variables
 from parrot.platform.store.models import CallRecord
 from parrot.platform.store.store import Snapshot, Store
+from parrot.wire.sampling import SamplingParams
+from parrot.wire.template import ParameterSpec, check_binding, parse_template
 
 log = logging.getLogger(__name__)
 TOUCH_EVERY_S = 30.0  # how stale a session's stored last-activity time may get

@@ -14,12 +14,10 @@ import msgspec
 from httpx_sse import EventSource, SSEError
 
 from parrot.engines.protocol.errors import EngineUnavailableError, ParrotError, error_from_response
-from parrot.engines.protocol.sampling import SamplingParams
 from parrot.engines.protocol.schemas import (
     AbortRangeRequest,
     AbortRequest,
     AbortResponse,
-    ChatTurn,
     Checkpoint,
     FillRequest,
     FillResponse,
@@ -35,6 +33,8 @@ from parrot.engines.protocol.schemas import (
     TokenStreamEvent,
 )
 from parrot.engines.protocol.urls import public_url, split_credentials
+from parrot.wire.chat import ChatTurn
+from parrot.wire.sampling import SamplingParams
 
 Checkpoints = Sequence[tuple[int, int]]  # (context id, length): forks kept once the prompt is computed
 

@@ -2,25 +2,13 @@
 
 They extend the one hierarchy of :mod:`parrot.engines.protocol.errors` (each carries its
 HTTP status and a stable ``code``), so the same single translator turns them into JSON
-responses; the classes that only the serve layer raises live here.
+responses; the classes that only the serve layer raises live here (a template's
+``TemplateError`` is the wire contract's, :mod:`parrot.wire.template`).
 """
 
 from __future__ import annotations
 
 from parrot.engines.protocol.errors import BadRequestError, ConflictError, NotFoundError, ParrotError
-
-
-class TemplateError(BadRequestError):
-    """A semantic call's template or its parameters do not fit together.
-
-    ``position`` is the character offset in the template the problem is at (or None when
-    it is about the parameter list)."""
-
-    code = "bad_template"
-
-    def __init__(self, message: str, position: int | None = None) -> None:
-        super().__init__(message if position is None else f"{message} (at character {position})")
-        self.position = position
 
 
 class GraphError(ConflictError):

@@ -14,10 +14,10 @@ from collections import deque
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 
-from parrot.engines.protocol.sampling import SamplingParams
 from parrot.engines.protocol.schemas import GenerateResponse, StreamEnd
-from parrot.platform.serve.errors import GraphError, TemplateError
-from parrot.platform.serve.template import Chunk, PlaceholderChunk, TextChunk
+from parrot.platform.serve.errors import GraphError
+from parrot.wire.sampling import SamplingParams
+from parrot.wire.template import Chunk, PlaceholderChunk, TemplateError, TextChunk
 
 
 @dataclass(eq=False)

@@ -15,12 +15,12 @@ from collections.abc import AsyncIterator
 
 import msgspec
 
-from parrot.engines.protocol.openai_schemas import Usage
 from parrot.engines.protocol.openai_stream import Answer, Delta, Finish, usage
-from parrot.engines.protocol.sampling import SamplingParams
-from parrot.engines.protocol.schemas import ChatTurn
 from parrot.platform.serve.core import ServeCore, Session
 from parrot.platform.serve.graph import RequestChain
+from parrot.wire.chat import ChatTurn
+from parrot.wire.openai_schemas import Usage
+from parrot.wire.sampling import SamplingParams
 
 CHATML_START, CHATML_END = "<|im_start|>", "<|im_end|>"
 

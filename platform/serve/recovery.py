@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import msgspec
 
-from parrot.engines.protocol.sampling import SamplingParams
 from parrot.platform.serve import transforms
 from parrot.platform.serve.graph import RequestChain, SemanticVariable
-from parrot.platform.serve.template import parse_template
 from parrot.platform.store.models import CallRecord
+from parrot.wire.sampling import SamplingParams
+from parrot.wire.template import parse_template
 
 
 def rebuild_call(record: CallRecord, variables: dict[str, SemanticVariable]) -> RequestChain:

@@ -7,11 +7,11 @@ import pytest
 from conftest import DATABASES, ServerThread, database_url
 from prometheus_client.parser import text_string_to_metric_families
 
-from parrot.engines.protocol.sampling import SamplingParams
 from parrot.platform.api.app import create_app
 from parrot.platform.serve.core import CallParameter, ServeCore
 from parrot.platform.store.store import Store
 from parrot.sdk.results import parse_metrics
+from parrot.wire.sampling import SamplingParams
 
 ADMIN = "admin-token"
 

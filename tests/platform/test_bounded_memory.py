@@ -8,11 +8,11 @@ import asyncio
 
 import pytest
 
-from parrot.engines.protocol.sampling import SamplingParams
 from parrot.platform.serve.core import CallParameter, ServeCore
 from parrot.platform.serve.engine_registry import OPENAI, EngineSpec
 from parrot.platform.serve.oneshot import OneShot
 from parrot.platform.serve.scheduler.health import HealthSettings
+from parrot.wire.sampling import SamplingParams
 
 pytestmark = pytest.mark.asyncio(loop_scope="function")
 

@@ -13,10 +13,10 @@ import httpx
 import pytest
 from conftest import ParrotProcess, free_port
 
-from parrot.engines.protocol.sampling import SamplingParams
 from parrot.platform.serve.core import CallParameter, ServeCore
 from parrot.platform.serve.errors import ProducerFailedError
 from parrot.platform.serve.scheduler.health import HealthSettings
+from parrot.wire.sampling import SamplingParams
 
 pytestmark = pytest.mark.asyncio(loop_scope="function")
 # Pinged every 0.3 s, down after 2 missed pings of 0.5 s: an engine is found dead in ~1-2 s.

@@ -6,8 +6,7 @@ import itertools
 
 import pytest
 
-from parrot.engines.protocol.sampling import SamplingParams
-from parrot.platform.serve.errors import GraphError, TemplateError
+from parrot.platform.serve.errors import GraphError
 from parrot.platform.serve.graph import (
     ConstantFill,
     Graph,
@@ -16,7 +15,8 @@ from parrot.platform.serve.graph import (
     RequestChain,
     SemanticVariable,
 )
-from parrot.platform.serve.template import parse_template
+from parrot.wire.sampling import SamplingParams
+from parrot.wire.template import TemplateError, parse_template
 
 GEN = SamplingParams(max_tokens=8)
 

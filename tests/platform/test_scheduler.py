@@ -9,10 +9,10 @@ import itertools
 import pytest
 import pytest_asyncio
 
-from parrot.engines.protocol.sampling import SamplingParams
 from parrot.platform.serve.core import CallParameter, ServeCore, TransformInput
 from parrot.platform.serve.errors import ProducerFailedError
 from parrot.platform.serve.transforms import JsonField
+from parrot.wire.sampling import SamplingParams
 
 pytestmark = pytest.mark.asyncio(loop_scope="function")
 DOCUMENT = " ".join(f"Line {i}: the keeper logged wind, tide and the lamp's oil at dawn." for i in range(24))

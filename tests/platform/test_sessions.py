@@ -11,10 +11,10 @@ import pytest
 import pytest_asyncio
 from conftest import ServerThread
 
-from parrot.engines.protocol.sampling import SamplingParams
 from parrot.platform.api.app import create_app
 from parrot.platform.serve.core import CallParameter, ServeCore
 from parrot.platform.serve.errors import SessionClosedError, WaitTimeoutError
+from parrot.wire.sampling import SamplingParams
 
 LONG = SamplingParams(max_tokens=400, temperature=0, ignore_eos=True)
 

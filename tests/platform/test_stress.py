@@ -10,8 +10,8 @@ import random
 import pytest
 import pytest_asyncio
 
-from parrot.engines.protocol.sampling import SamplingParams
 from parrot.platform.serve.core import CallParameter, ServeCore
+from parrot.wire.sampling import SamplingParams
 
 pytestmark = pytest.mark.asyncio(loop_scope="function")
 STEPS = (

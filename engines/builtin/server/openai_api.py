@@ -24,15 +24,6 @@ from parrot.engines.builtin.server.deps import OPENAI, EngineDep, OpenAIContextI
 from parrot.engines.protocol.disconnect import unless_disconnected
 from parrot.engines.protocol.error_docs import BODY, error_responses
 from parrot.engines.protocol.errors import BadRequestError
-from parrot.engines.protocol.openai_schemas import (
-    ChatCompletionRequest,
-    ChatCompletionResponse,
-    CompletionRequest,
-    CompletionResponse,
-    ModelCard,
-    ModelList,
-    Usage,
-)
 from parrot.engines.protocol.openai_stream import (
     Answer,
     Delta,
@@ -46,9 +37,18 @@ from parrot.engines.protocol.openai_stream import (
     sampling_params,
     usage,
 )
-from parrot.engines.protocol.sampling import SamplingParams
 from parrot.engines.protocol.schemas import GenerateResponse, StreamEnd, TokenStreamEvent
 from parrot.engines.protocol.stream_docs import JsonOrEventStream
+from parrot.wire.openai_schemas import (
+    ChatCompletionRequest,
+    ChatCompletionResponse,
+    CompletionRequest,
+    CompletionResponse,
+    ModelCard,
+    ModelList,
+    Usage,
+)
+from parrot.wire.sampling import SamplingParams
 
 
 def _sampling(req, prompt_len: int, max_model_len: int, default_max: int | None) -> SamplingParams:

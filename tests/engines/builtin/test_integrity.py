@@ -77,7 +77,7 @@ def test_a_planned_length_below_the_tokens_is_found():
 
 
 def test_the_shared_engine_passes_after_work(engine, ids):
-    from parrot.engines.protocol.sampling import SamplingParams
+    from parrot.wire.sampling import SamplingParams
 
     async def work() -> None:
         root, child = next(ids), next(ids)

@@ -11,7 +11,7 @@ from parrot.engines.builtin.engine_config import EngineConfig
 from parrot.engines.builtin.kv_cache import bytes_per_block
 from parrot.engines.builtin.local_scheduler import SchedulerConfig
 from parrot.engines.builtin.model.model_config import ModelConfig
-from parrot.engines.protocol.sampling import SamplingParams
+from parrot.wire.sampling import SamplingParams
 
 
 @pytest.fixture(scope="module")

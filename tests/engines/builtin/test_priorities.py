@@ -9,7 +9,7 @@ from parrot.engines.builtin.block_manager import BlockManager
 from parrot.engines.builtin.context_pool import Context, ContextPool
 from parrot.engines.builtin.jobs import Job, JobKind
 from parrot.engines.builtin.local_scheduler import LocalScheduler, SchedulerConfig
-from parrot.engines.protocol.sampling import SamplingParams
+from parrot.wire.sampling import SamplingParams
 
 
 def pool(blocks: int = 64) -> ContextPool:

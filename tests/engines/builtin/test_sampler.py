@@ -18,7 +18,7 @@ from parrot.engines.builtin.sampler import (
     apply_penalties,
     filter_top_k_top_p,
 )
-from parrot.engines.protocol.sampling import SamplingParams
+from parrot.wire.sampling import SamplingParams
 
 CPU = torch.device("cpu")
 

@@ -155,7 +155,7 @@ async def test_an_engine_serves_in_gguf_mode(engine_config):
     import dataclasses
 
     from parrot.engines.builtin.engine import BuiltinEngine
-    from parrot.engines.protocol.sampling import SamplingParams
+    from parrot.wire.sampling import SamplingParams
 
     fast = BuiltinEngine(dataclasses.replace(engine_config, weights="gguf", kv_cache_bytes=32 * 2**20))
     try:

@@ -20,8 +20,8 @@ from litestar.response.sse import ServerSentEventMessage
 from parrot.engines.openai.config import OpenAIEngineConfig
 from parrot.engines.openai.engine import OpenAIEngine
 from parrot.engines.protocol.errors import BadRequestError, EngineUnavailableError, PromptTooLongError
-from parrot.engines.protocol.sampling import SamplingParams
 from parrot.engines.protocol.schemas import StreamEnd
+from parrot.wire.sampling import SamplingParams
 
 pytestmark = pytest.mark.asyncio(loop_scope="function")
 

@@ -12,8 +12,8 @@ import pytest_asyncio
 
 from parrot.engines.openai.config import OpenAIEngineConfig
 from parrot.engines.openai.engine import OpenAIEngine
-from parrot.engines.protocol.sampling import SamplingParams
 from parrot.engines.protocol.schemas import StreamEnd, TokenStreamEvent
+from parrot.wire.sampling import SamplingParams
 
 pytestmark = pytest.mark.asyncio(loop_scope="function")
 

@@ -12,7 +12,7 @@ from parrot.engines.openai.contexts import ContextStore
 from parrot.engines.openai.engine import OpenAIEngine
 from parrot.engines.openai.request import build_request
 from parrot.engines.protocol.errors import BadRequestError, ContextConflictError, UnknownContextError
-from parrot.engines.protocol.sampling import SamplingParams
+from parrot.wire.sampling import SamplingParams
 
 URL = "http://127.0.0.1:9/v1"  # nothing listens: these tests must not reach the network
 

@@ -14,7 +14,7 @@ from parrot.engines.builtin.batch import SharedPrefixPolicy
 from parrot.engines.builtin.engine import BuiltinEngine
 from parrot.engines.builtin.engine_config import EngineConfig
 from parrot.engines.builtin.local_scheduler import SchedulerConfig
-from parrot.engines.protocol.sampling import SamplingParams
+from parrot.wire.sampling import SamplingParams
 
 
 @pytest.fixture(scope="module")

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from parrot.platform.serve.errors import TemplateError
-from parrot.platform.serve.template import (
+from parrot.wire.template import (
     ParameterSpec,
     PlaceholderChunk,
+    TemplateError,
     TextChunk,
     check_binding,
     parse_template,

@@ -7,7 +7,7 @@ from typing import Annotated
 
 import msgspec
 
-from parrot.engines.protocol.schemas import ChatTurn
+from parrot.wire.chat import ChatTurn
 
 
 class RenderChat(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):

@@ -1,5 +1,8 @@
 """Prompt templates: text with ``{{name}}`` placeholders, split into chunks and bound to
-parameters. Every error names what is wrong and where (a character offset)."""
+parameters. Every error names what is wrong and where (a character offset).
+
+Part of the wire contract: the SDK checks a semantic function's template with these rules
+before it sends anything, and the ServeCore checks every call with the same rules."""
 
 from __future__ import annotations
 
@@ -7,10 +10,23 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from parrot.platform.serve.errors import TemplateError
+from parrot.wire.errors import BadRequestError
 
 NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 MAX_TEMPLATE_CHARS = 1_000_000
+
+
+class TemplateError(BadRequestError):
+    """A semantic call's template or its parameters do not fit together.
+
+    ``position`` is the character offset in the template the problem is at (or None when
+    it is about the parameter list)."""
+
+    code = "bad_template"
+
+    def __init__(self, message: str, position: int | None = None) -> None:
+        super().__init__(message if position is None else f"{message} (at character {position})")
+        self.position = position
 
 
 @dataclass(frozen=True)
