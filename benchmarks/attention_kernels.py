@@ -26,7 +26,7 @@ from _report import machine, write_section
 from parrot.engines.builtin.attention import create_backend
 from parrot.engines.builtin.batch import SharedPrefixPolicy, StepItem, build_step
 from parrot.engines.builtin.block_manager import BlockManager
-from parrot.engines.builtin.context import Context, ContextPool
+from parrot.engines.builtin.context_pool import Context, ContextPool
 
 HEADS, KV_HEADS, HEAD_DIM, BLOCK = 9, 3, 64, 16
 SUFFIX = 128

@@ -20,13 +20,13 @@ from torch.profiler import ProfilerActivity, profile
 from parrot.engines.builtin.attention import create_backend
 from parrot.engines.builtin.batch import SharedPrefixPolicy, StepItem
 from parrot.engines.builtin.block_manager import BlockManager
-from parrot.engines.builtin.config import EngineConfig
-from parrot.engines.builtin.context import Context, ContextPool
+from parrot.engines.builtin.context_pool import Context, ContextPool
+from parrot.engines.builtin.engine_config import EngineConfig
 from parrot.engines.builtin.kv_cache import allocate_kv_cache
 from parrot.engines.builtin.model.build import build_model
-from parrot.engines.builtin.model.config import ModelConfig
 from parrot.engines.builtin.model.loader import default_cache_dir, resolve_model_folder
-from parrot.engines.builtin.runner import ModelRunner
+from parrot.engines.builtin.model.model_config import ModelConfig
+from parrot.engines.builtin.model_runner import ModelRunner
 
 
 def make_runner(config: EngineConfig, num_blocks: int = 512) -> ModelRunner:
@@ -48,9 +48,11 @@ def decode_steps(runner: ModelRunner, contexts: list[Context], steps: int) -> fl
         for ctx in contexts:
             runner.pool.ensure_blocks(ctx, len(ctx.token_ids))
             items.append(StepItem(ctx, ctx.num_computed, len(ctx.token_ids) - ctx.num_computed, True))
-        logits = runner.run(items)
-        for ctx, token in zip(contexts, logits.argmax(-1).tolist(), strict=True):
-            ctx.token_ids.append(token)
+        output = runner.run(items)
+        for n, ctx in enumerate(contexts):  # what the engine's postprocess step records
+            runner.pool.computed(ctx, len(ctx.token_ids), output.last_hidden[n])
+        for ctx, token in zip(contexts, output.logits.argmax(-1).tolist(), strict=True):
+            runner.pool.append_token(ctx, token)
     return (time.perf_counter() - start) / steps
 
 

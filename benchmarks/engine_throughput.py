@@ -37,10 +37,10 @@ from _report import machine, write_section
 from _servers import LLAMA_PYTHON, completions_throughput, llama_server, parrot_server
 
 from parrot.engines.builtin.batch import SharedPrefixPolicy
-from parrot.engines.builtin.config import EngineConfig
 from parrot.engines.builtin.engine import BuiltinEngine
+from parrot.engines.builtin.engine_config import EngineConfig
+from parrot.engines.builtin.local_scheduler import SchedulerConfig
 from parrot.engines.builtin.model.loader import default_model_path
-from parrot.engines.builtin.scheduler import SchedulerConfig
 from parrot.wire.sampling import SamplingParams
 
 PROMPT = (
@@ -115,7 +115,10 @@ class EngineBench:
         await self.engine.fill(parent, prefix_ids)
         children = [next(self.ids) for _ in range(seqs)]
         await asyncio.gather(
-            *(self.engine.fill(c, [100 + i, 200 + i], parent) for i, c in enumerate(children))
+            *(
+                self.engine.fill(c, [100 + i, 200 + i], parent_context_id=parent)
+                for i, c in enumerate(children)
+            )
         )
         sampling = SamplingParams(max_tokens=new_tokens, temperature=0.0, ignore_eos=True)
         start = time.perf_counter()

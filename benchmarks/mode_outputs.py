@@ -18,8 +18,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _report import write_section
 from engine_throughput import MODES
 
-from parrot.engines.builtin.config import EngineConfig
 from parrot.engines.builtin.engine import BuiltinEngine
+from parrot.engines.builtin.engine_config import EngineConfig
 from parrot.wire.sampling import SamplingParams
 
 # The prompts of tests/engines/builtin/test_model_correctness.py

@@ -150,8 +150,8 @@ def model_cache_dir(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="session")
 def engine_config(model_cache_dir):
-    from parrot.engines.builtin.config import EngineConfig
-    from parrot.engines.builtin.scheduler import SchedulerConfig
+    from parrot.engines.builtin.engine_config import EngineConfig
+    from parrot.engines.builtin.local_scheduler import SchedulerConfig
 
     return EngineConfig(
         cache_dir=str(model_cache_dir),
@@ -160,14 +160,39 @@ def engine_config(model_cache_dir):
     )
 
 
+ENGINE = pytest.StashKey()  # the session's engine, once the ``engine`` fixture made it
+
+
 @pytest.fixture(scope="session")
-def engine(engine_config):
+def engine(engine_config, pytestconfig):
     from parrot.engines.builtin.engine import BuiltinEngine
 
     eng = BuiltinEngine(engine_config)
     eng.start()
+    pytestconfig.stash[ENGINE] = eng
     yield eng
+    del pytestconfig.stash[ENGINE]
     eng.stop()
+
+
+@pytest.fixture(scope="module", autouse=True)
+def engine_integrity(request: pytest.FixtureRequest) -> Iterator[None]:
+    """After each test module that used the session's engine (directly or through its
+    server or ``parrot serve``), the engine's bookkeeping must still add up: every KV block
+    free or held as often as counted, nothing referenced after free (``check_integrity``,
+    run on the engine thread once it is idle)."""
+    yield
+    import asyncio
+
+    engine = request.config.stash.get(ENGINE, None)
+    module = request.node
+    used = any(
+        "engine" in item.fixturenames
+        for item in request.session.items
+        if item.getparent(pytest.Module) is module
+    )
+    if engine is not None and used:
+        asyncio.run(engine.check_integrity())
 
 
 @pytest.fixture(scope="session")

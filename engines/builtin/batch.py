@@ -12,7 +12,7 @@ from parrot.engines.builtin.attention.base import (
     PrefillSeq,
     SharedPrefixGroup,
 )
-from parrot.engines.builtin.context import Context
+from parrot.engines.builtin.context_pool import Context
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,12 @@ from __future__ import annotations
 
 import hashlib
 from collections import OrderedDict, deque
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+
+
+class IntegrityError(RuntimeError):
+    """The engine's bookkeeping contradicts itself (a bug): what :meth:`check_integrity`
+    found, in words."""
 
 
 def chain_hash(previous: bytes | None, tokens: Sequence[int]) -> bytes:
@@ -94,3 +99,31 @@ class BlockManager:
 
     def lookup(self, block_hash: bytes) -> int | None:
         return self._block_of.get(block_hash)
+
+    # -- integrity ----------------------------------------------------------------------
+    def integrity_problems(self, held: Mapping[int, int]) -> list[str]:
+        """What is wrong, given ``held`` (block -> how many block tables hold it): every block
+        must be exactly one of free, cached (free, findable by content) or referenced, with
+        as many references as holders; the prefix cache's two maps must mirror each other."""
+        problems = []
+        free = set(self._free)
+        if len(free) != len(self._free):
+            problems.append("a block is in the free list twice")
+        for block in range(self.num_blocks):
+            refs, holders = self._refs[block], held.get(block, 0)
+            if refs != holders:
+                problems.append(f"block {block} has {refs} references but {holders} block tables hold it")
+            states = (block in free) + (block in self._cached) + (refs > 0)
+            if states != 1:
+                problems.append(
+                    f"block {block} is in {states} of the states free / cached / referenced "
+                    f"(refs {refs}, free {block in free}, cached {block in self._cached})"
+                )
+        problems += [f"block {b} is held but does not exist" for b in held if not 0 <= b < self.num_blocks]
+        problems += [f"free block {b} is still in the prefix cache" for b in free if b in self._hash_of]
+        problems += [f"cached block {b} has no hash" for b in self._cached if b not in self._hash_of]
+        if any(self._block_of.get(h) != b for b, h in self._hash_of.items()) or len(self._block_of) != len(
+            self._hash_of
+        ):
+            problems.append("the prefix cache's block -> hash and hash -> block maps differ")
+        return problems

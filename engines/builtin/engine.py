@@ -18,22 +18,29 @@ from typing import Any, TypeVar
 
 import torch
 
+from parrot.engines.builtin import text_work
 from parrot.engines.builtin.attention import create_backend
 from parrot.engines.builtin.attention.registry import default_backend
 from parrot.engines.builtin.block_manager import BlockManager
-from parrot.engines.builtin.config import EngineConfig
-from parrot.engines.builtin.context import ContextPool
-from parrot.engines.builtin.core import EngineCore
-from parrot.engines.builtin.jobs import FillResult, GenerateResult, JobSink, Outbox, Target, TokenEvent
+from parrot.engines.builtin.context_pool import ContextPool, Target
+from parrot.engines.builtin.engine_config import EngineConfig
+from parrot.engines.builtin.engine_core import EngineCore
+from parrot.engines.builtin.jobs import JobSink, Outbox
 from parrot.engines.builtin.kv_cache import allocate_kv_cache, num_blocks_for_budget
 from parrot.engines.builtin.metrics import EngineMetrics
 from parrot.engines.builtin.model.build import build_model
-from parrot.engines.builtin.model.config import ModelConfig
 from parrot.engines.builtin.model.loader import default_cache_dir, resolve_model_folder
-from parrot.engines.builtin.runner import ModelRunner
-from parrot.engines.builtin.scheduler import LocalScheduler
+from parrot.engines.builtin.model.model_config import ModelConfig
+from parrot.engines.builtin.model_runner import ModelRunner
 from parrot.engines.builtin.tokenizer import Tokenizer
-from parrot.engines.protocol.errors import EngineShutdownError
+from parrot.engines.protocol.errors import BadRequestError, EngineShutdownError
+from parrot.engines.protocol.schemas import (
+    AbortResponse,
+    FillResponse,
+    GenerateResponse,
+    StreamEnd,
+    TokenStreamEvent,
+)
 from parrot.wire.sampling import SamplingParams
 
 log = logging.getLogger(__name__)
@@ -41,7 +48,8 @@ T = TypeVar("T")
 
 
 class BuiltinEngine:
-    """One model served by one engine thread.
+    """One model served by one engine thread; the ``Engine`` protocol of the ServeCore
+    (platform/serve/engine_client.py), so it is used in-process as ``HttpEngine`` is remotely.
 
     The engine thread builds the model and then runs the step loop: all torch work of the
     engine happens on it. (With the OpenMP build of torch, a thread that starts running
@@ -100,7 +108,7 @@ class BuiltinEngine:
         eos = frozenset(mc.eos_token_ids) | self.tokenizer.eos_token_ids
         self.core = EngineCore(
             runner,
-            partial(LocalScheduler, config.scheduler),
+            config.scheduler,
             self.tokenizer,
             vocab_size=mc.vocab_size,
             max_model_len=max_len,
@@ -179,26 +187,28 @@ class BuiltinEngine:
         self._wake.set()
         return await future
 
-    # -- the engine API ------------------------------------------------------------------
+    # -- the engine API (the ``Engine`` protocol of platform/serve/engine_client.py) ------
     async def fill(
         self,
         context_id: int,
-        token_ids: Sequence[int],
+        token_ids: Sequence[int] | None = None,
+        text: str | None = None,
         parent_context_id: int | None = None,
         *,
         parent_len: int | None = None,
         priority: int = 0,
         checkpoints: Sequence[tuple[int, int]] = (),
-        parent_wait_s: float = 0.0,
+        parent_timeout_ms: int = 0,
         background: bool = False,
-    ) -> FillResult:
-        """Fill tokens into a context; a ``background`` fill prepares for later and only takes
-        what steps used by other jobs can spare."""
+    ) -> FillResponse:
+        """Fill tokens (or text) into a context; a ``background`` fill prepares for later
+        and only takes what steps used by other jobs can spare."""
+        if (token_ids is None) == (text is None):
+            raise BadRequestError("fill needs exactly one of token_ids or text")
+        tokens = await self._tokens(token_ids, text)
         sink = JobSink(asyncio.get_running_loop(), outbox=self._outbox)
-        target = Target(context_id, parent_context_id, parent_len, parent_wait_s)
-        submit = partial(
-            self.core.submit_fill, target, list(token_ids), sink, priority, list(checkpoints), background
-        )
+        target = Target(context_id, parent_context_id, parent_len, parent_timeout_ms / 1000)
+        submit = partial(self.core.submit_fill, target, tokens, sink, priority, list(checkpoints), background)
         return await self._job(submit, sink)
 
     async def generate(
@@ -208,18 +218,87 @@ class BuiltinEngine:
         parent_context_id: int | None = None,
         *,
         parent_len: int | None = None,
-        prompt_tokens: Sequence[int] = (),
+        token_ids: Sequence[int] | None = None,
+        text: str | None = None,
         priority: int = 0,
         checkpoints: Sequence[tuple[int, int]] = (),
-        parent_wait_s: float = 0.0,
-    ) -> GenerateResult:
+        parent_timeout_ms: int = 0,
+    ) -> GenerateResponse:
+        """Generate into a context, after filling ``token_ids`` (or ``text``), the prompt's
+        tail, in the same job."""
         sink = JobSink(asyncio.get_running_loop(), outbox=self._outbox)
-        target = Target(context_id, parent_context_id, parent_len, parent_wait_s)
-        tail, marks = list(prompt_tokens), list(checkpoints)
-        submit = partial(self.core.submit_generate, target, sampling, sink, tail, priority, marks)
+        submit = await self._generate_job(
+            context_id, sampling, parent_context_id, parent_len, token_ids, text, priority, checkpoints,
+            parent_timeout_ms, sink,
+        )  # fmt: skip
         result = await self._job(submit, sink)
         self.metrics.observe(result)
-        return result
+        return GenerateResponse(
+            context_id=result.context_id,
+            token_ids=result.token_ids,
+            text=result.text,
+            finish_reason=result.finish_reason,
+            prompt_tokens=result.prompt_tokens,
+            cached_tokens=result.cached_tokens,
+            stop_string=result.stop_string,
+        )
+
+    async def generate_stream(
+        self,
+        context_id: int,
+        sampling: SamplingParams,
+        parent_context_id: int | None = None,
+        *,
+        parent_len: int | None = None,
+        token_ids: Sequence[int] | None = None,
+        text: str | None = None,
+        priority: int = 0,
+        checkpoints: Sequence[tuple[int, int]] = (),
+        parent_timeout_ms: int = 0,
+    ) -> AsyncIterator[TokenStreamEvent | StreamEnd]:
+        """Yields a :class:`TokenStreamEvent` per token, then the :class:`StreamEnd`."""
+        sink = JobSink(asyncio.get_running_loop(), stream=True, outbox=self._outbox)
+        submit = await self._generate_job(
+            context_id, sampling, parent_context_id, parent_len, token_ids, text, priority, checkpoints,
+            parent_timeout_ms, sink,
+        )  # fmt: skip
+        submitted = asyncio.ensure_future(self._call(submit))
+        finished = False
+        try:
+            await asyncio.shield(submitted)
+            while (event := await sink.events.get()) is not None:
+                yield event
+            result = await sink.result
+            self.metrics.observe(result)
+            yield StreamEnd(
+                finish_reason=result.finish_reason,
+                context_id=result.context_id,
+                token_ids=result.token_ids,
+                text=result.text,
+                prompt_tokens=result.prompt_tokens,
+                cached_tokens=result.cached_tokens,
+                stop_string=result.stop_string,
+            )
+            finished = True
+        finally:
+            if not finished:  # the client went away: stop generating for it
+                self._abandon(submitted, sink)
+
+    async def _generate_job(
+        self, context_id, sampling, parent_context_id, parent_len, token_ids, text, priority, checkpoints,
+        parent_timeout_ms, sink: JobSink,
+    ) -> Callable[[], None]:  # fmt: skip
+        """The command that submits a generation (its prompt tail tokenized first)."""
+        if token_ids is not None and text is not None:
+            raise BadRequestError("give the prompt tail as token_ids or as text, not both")
+        tail = await self._tokens(token_ids, text) if (token_ids or text) else []
+        target = Target(context_id, parent_context_id, parent_len, parent_timeout_ms / 1000)
+        return partial(self.core.submit_generate, target, sampling, sink, tail, priority, list(checkpoints))
+
+    async def _tokens(self, token_ids: Sequence[int] | None, text: str | None) -> list[int]:
+        return (
+            list(token_ids) if token_ids is not None else await text_work.tokenize(self.tokenizer, text or "")
+        )
 
     async def _job(self, submit: Callable[[], None], sink: JobSink) -> Any:
         """Submit a job and wait for its result; a caller that goes away (cancelled while
@@ -248,48 +327,27 @@ class BuiltinEngine:
         else:
             submitted.add_done_callback(cancel)
 
-    async def generate_stream(
-        self,
-        context_id: int,
-        sampling: SamplingParams,
-        parent_context_id: int | None = None,
-        *,
-        parent_len: int | None = None,
-        prompt_tokens: Sequence[int] = (),
-        priority: int = 0,
-        checkpoints: Sequence[tuple[int, int]] = (),
-        parent_wait_s: float = 0.0,
-    ) -> AsyncIterator[TokenEvent | GenerateResult]:
-        """Yields a :class:`TokenEvent` per token, then the :class:`GenerateResult`."""
-        sink = JobSink(asyncio.get_running_loop(), stream=True, outbox=self._outbox)
-        target = Target(context_id, parent_context_id, parent_len, parent_wait_s)
-        tail, marks = list(prompt_tokens), list(checkpoints)
-        submitted = asyncio.ensure_future(
-            self._call(self.core.submit_generate, target, sampling, sink, tail, priority, marks)
-        )
-        finished = False
-        try:
-            await asyncio.shield(submitted)
-            while (event := await sink.events.get()) is not None:
-                yield event
-            result = await sink.result
-            self.metrics.observe(result)
-            yield result
-            finished = True
-        finally:
-            if not finished:  # the client went away: stop generating for it
-                self._abandon(submitted, sink)
+    async def abort(self, context_ids: Sequence[int]) -> AbortResponse:
+        """Stop the jobs on these contexts and free them."""
+        jobs, freed = await self._call(self.core.abort, list(context_ids))
+        return AbortResponse(aborted_jobs=jobs, freed_contexts=freed)
 
-    async def abort(self, context_ids: Sequence[int]) -> tuple[int, int]:
-        """Stop the jobs on these contexts and free them: (jobs aborted, contexts freed)."""
-        return await self._call(self.core.abort, list(context_ids))
-
-    async def abort_range(self, start: int, end: int) -> tuple[int, int]:
+    async def abort_range(self, start: int, end: int) -> AbortResponse:
         """:meth:`abort` for the contexts with ids in ``[start, end)``."""
-        return await self._call(self.core.abort_range, start, end)
+        jobs, freed = await self._call(self.core.abort_range, start, end)
+        return AbortResponse(aborted_jobs=jobs, freed_contexts=freed)
 
     async def free_context(self, context_id: int) -> int:
         return await self._call(self.core.free_context, context_id)
+
+    async def ping(self, timeout_s: float | None = None) -> dict:
+        """The statistics published last (see :meth:`stats_now`): answered at once, so
+        ``timeout_s`` never runs out."""
+        return self.stats_now()
+
+    async def aclose(self) -> None:
+        """Stop the engine thread (waiting for it off the event loop)."""
+        await asyncio.to_thread(self.stop)
 
     def tokenize(self, text: str) -> list[int]:
         return self.tokenizer.encode(text)
@@ -297,6 +355,15 @@ class BuiltinEngine:
     async def stats(self) -> dict:
         """Engine statistics, read on the engine thread between steps (so they are exact)."""
         return {"model": self.model_name, **await self._call(self.core.snapshot)}
+
+    async def check_integrity(self, idle_wait_s: float = 30.0) -> None:
+        """Raise :class:`IntegrityError` if the engine's bookkeeping contradicts itself (see
+        :meth:`EngineCore.check_integrity`). It waits up to ``idle_wait_s`` for the engine to
+        have no job, then checks on the engine thread, between two steps (never racing one)."""
+        deadline = time.monotonic() + idle_wait_s
+        while await self._call(self.core.has_work) and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        await self._call(self.core.check_integrity)
 
     def stats_now(self) -> dict:
         """The statistics the engine thread published last (after its latest step or

@@ -7,9 +7,9 @@ import enum
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple
+from typing import Any
 
-from parrot.engines.builtin.context import Context
+from parrot.engines.builtin.context_pool import Context
 from parrot.wire.sampling import SamplingParams
 
 
@@ -77,27 +77,11 @@ class JobSink:
             self.events.put_nowait(None)  # end of stream; the caller then reads ``result``
 
 
-class Target(NamedTuple):
-    """The context a job runs on; a new one forks ``parent_id`` (its first ``parent_len``
-    tokens, or all of it once it is idle). A parent that does not exist yet is waited for
-    up to ``parent_wait_s`` (its request may still be on its way)."""
-
-    context_id: int
-    parent_id: int | None = None
-    parent_len: int | None = None
-    parent_wait_s: float = 0.0
-
-
-@dataclass(frozen=True)
-class FillResult:
-    context_id: int
-    filled_tokens: int
-    context_len: int
-    cached_tokens: int
-
-
 @dataclass(frozen=True)
 class GenerateResult:
+    """A finished generation on the engine thread: the wire's ``GenerateResponse`` plus the
+    engine-clock timings that the engine's metrics observe."""
+
     context_id: int
     token_ids: list[int]
     text: str
@@ -109,12 +93,6 @@ class GenerateResult:
     # Engine clock, from the job's submission: to its first sampled token, and to its end.
     first_token_s: float = 0.0
     seconds: float = 0.0
-
-
-@dataclass(frozen=True)
-class TokenEvent:
-    token_id: int
-    text: str  # the text delta that is safe to show now
 
 
 @dataclass(eq=False)

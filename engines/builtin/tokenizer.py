@@ -8,8 +8,8 @@ from pathlib import Path
 
 import transformers
 
-from parrot.engines.builtin.model.config import read_eos_token_ids
 from parrot.engines.builtin.model.loader import NAME_MARKER
+from parrot.engines.builtin.model.model_config import read_eos_token_ids
 from parrot.engines.protocol.errors import ModelLoadError
 
 REPLACEMENT = "\ufffd"  # what a partial UTF-8 sequence decodes to

@@ -6,8 +6,8 @@ import argparse
 
 from parrot.engines.builtin.attention import available_backends
 from parrot.engines.builtin.batch import SharedPrefixPolicy
-from parrot.engines.builtin.config import CPU_MATMULS, EngineConfig, parse_size
-from parrot.engines.builtin.scheduler import SchedulerConfig
+from parrot.engines.builtin.engine_config import CPU_MATMULS, EngineConfig, parse_size
+from parrot.engines.builtin.local_scheduler import SchedulerConfig
 from parrot.platform.cli.server_flags import add_server_arguments, server_limits_from_args
 
 

@@ -17,12 +17,12 @@ from threadpoolctl import threadpool_limits
 from torch import nn
 
 from parrot.engines.builtin.attention.base import AttentionBackend
-from parrot.engines.builtin.config import EngineConfig
+from parrot.engines.builtin.engine_config import EngineConfig
 from parrot.engines.builtin.model.blas_linear import AUTO_MIN_SPEEDUP, BlasLinear, MatmulRoute, blas_speedup
-from parrot.engines.builtin.model.config import ModelConfig
 from parrot.engines.builtin.model.gguf_weights import GGUFWeights
 from parrot.engines.builtin.model.llama import LlamaForCausalLM
 from parrot.engines.builtin.model.loader import default_model_path, load_state_dict
+from parrot.engines.builtin.model.model_config import ModelConfig
 from parrot.engines.builtin.model.quant import (
     INT4_GROUP_SIZES,
     Int4Codes,

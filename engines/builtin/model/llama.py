@@ -13,7 +13,7 @@ from torch import nn
 
 from parrot.engines.builtin.attention.base import AttentionBackend, AttentionBatch
 from parrot.engines.builtin.model.blas_linear import MatmulRoute
-from parrot.engines.builtin.model.config import ModelConfig
+from parrot.engines.builtin.model.model_config import ModelConfig
 from parrot.engines.builtin.model.rope import RotaryEmbedding
 from parrot.engines.protocol.errors import ModelLoadError
 

@@ -17,7 +17,7 @@ import math
 import torch
 from torch import nn
 
-from parrot.engines.builtin.model.config import RopeScaling
+from parrot.engines.builtin.model.model_config import RopeScaling
 
 
 def _base_inv_freq(head_dim: int, theta: float) -> torch.Tensor:  # [head_dim // 2]

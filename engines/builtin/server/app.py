@@ -1,18 +1,21 @@
-"""HTTP server of the builtin engine: the Fill / Generate engine API (and OpenAI routes)."""
+"""HTTP server of the builtin engine: the Fill / Generate engine API (and OpenAI routes).
+
+Each group of routes is a controller that declares its path and dependencies once; every
+handler gets the engine as its ``engine`` dependency (:mod:`.deps`).
+"""
 
 from __future__ import annotations
 
 import msgspec
-from litestar import Litestar, Request, Response, get, post
-from litestar.datastructures import State
+from litestar import Controller, Litestar, Request, Response, get, post
 from litestar.logging.config import LoggingConfig
 from litestar.params import JSONBody
 from litestar.response import ServerSentEvent
 
+from parrot.engines.builtin import text_work
 from parrot.engines.builtin.engine import BuiltinEngine
-from parrot.engines.builtin.jobs import GenerateResult
 from parrot.engines.builtin.metrics import CONTENT_TYPE
-from parrot.engines.builtin.server import text_work
+from parrot.engines.builtin.server.deps import ENGINE, EngineDep, engine_state
 from parrot.engines.protocol.disconnect import unless_disconnected
 from parrot.engines.protocol.error_docs import BODY, error_responses
 from parrot.engines.protocol.errors import BadRequestError, NotFoundError
@@ -33,174 +36,129 @@ from parrot.engines.protocol.schemas import (
     StreamEnd,
     TokenizeRequest,
     TokenizeResponse,
-    TokenStreamEvent,
 )
 from parrot.engines.protocol.stream_docs import EventStreamOnly
-
-
-def _engine(state: State) -> BuiltinEngine:
-    return state.engine
-
-
-async def _tokens(engine: BuiltinEngine, token_ids: list[int] | None, text: str | None) -> list[int]:
-    return token_ids if token_ids is not None else await text_work.tokenize(engine, text or "")
 
 
 def _checkpoints(data: FillRequest | GenerateRequest) -> list[tuple[int, int]]:
     return [(c.context_id, c.length) for c in data.checkpoints]
 
 
-@post("/fill", status_code=200, responses=error_responses(BODY, 404, 409, 503))
-async def fill(data: JSONBody[FillRequest], state: State, request: Request) -> FillResponse:
-    engine = _engine(state)
-    if (data.token_ids is None) == (data.text is None):
-        raise BadRequestError("fill needs exactly one of token_ids or text")
-    work = engine.fill(
-        data.context_id,
-        await _tokens(engine, data.token_ids, data.text),
-        data.parent_context_id,
-        parent_len=data.parent_len,
-        priority=data.priority,
-        checkpoints=_checkpoints(data),
-        parent_wait_s=data.parent_timeout_ms / 1000,
-        background=data.background,
-    )
-    result = await unless_disconnected(request, work)
-    return FillResponse(
-        context_id=result.context_id,
-        filled_tokens=result.filled_tokens,
-        context_len=result.context_len,
-        cached_tokens=result.cached_tokens,
-    )
-
-
-async def _generate_args(engine: BuiltinEngine, data: GenerateRequest) -> dict:
-    if data.token_ids is not None and data.text is not None:
-        raise BadRequestError("give the prompt tail as token_ids or as text, not both")
-    tail = await _tokens(engine, data.token_ids, data.text) if (data.token_ids or data.text) else []
+def _generate_args(data: GenerateRequest) -> dict:
     return {
         "parent_len": data.parent_len,
-        "prompt_tokens": tail,
+        "token_ids": data.token_ids,
+        "text": data.text,
         "priority": data.priority,
         "checkpoints": _checkpoints(data),
-        "parent_wait_s": data.parent_timeout_ms / 1000,
+        "parent_timeout_ms": data.parent_timeout_ms,
     }
 
 
-def _generate_response(result: GenerateResult) -> GenerateResponse:
-    return GenerateResponse(
-        context_id=result.context_id,
-        token_ids=result.token_ids,
-        text=result.text,
-        finish_reason=result.finish_reason,
-        prompt_tokens=result.prompt_tokens,
-        cached_tokens=result.cached_tokens,
-        stop_string=result.stop_string,
+class EngineAPI(Controller):
+    """The engine API a ServeCore uses (``HttpEngine``), and the engine's own status."""
+
+    path = "/"
+    dependencies = ENGINE
+
+    @post("/fill", status_code=200, responses=error_responses(BODY, 404, 409, 503))
+    async def fill(self, data: JSONBody[FillRequest], engine: EngineDep, request: Request) -> FillResponse:
+        work = engine.fill(
+            data.context_id,
+            data.token_ids,
+            data.text,
+            data.parent_context_id,
+            parent_len=data.parent_len,
+            priority=data.priority,
+            checkpoints=_checkpoints(data),
+            parent_timeout_ms=data.parent_timeout_ms,
+            background=data.background,
+        )
+        return await unless_disconnected(request, work)
+
+    @post("/generate", status_code=200, responses=error_responses(BODY, 404, 409, 503))
+    async def generate(
+        self, data: JSONBody[GenerateRequest], engine: EngineDep, request: Request
+    ) -> GenerateResponse:
+        """A client that disconnects stops its generation (and the contexts it created go)."""
+        args = _generate_args(data)
+        work = engine.generate(data.context_id, data.sampling, data.parent_context_id, **args)
+        return await unless_disconnected(request, work)
+
+    @post(
+        "/generate_stream",
+        status_code=200,
+        responses=error_responses(BODY, 404, 409, 503),
+        operation_class=EventStreamOnly,
     )
+    async def generate_stream(self, data: JSONBody[GenerateRequest], engine: EngineDep) -> ServerSentEvent:
+        args = _generate_args(data)
+        stream = engine.generate_stream(data.context_id, data.sampling, data.parent_context_id, **args)
+        # Pull the first event before answering, so a bad request still gets its 4xx status.
+        first = await anext(stream)
 
+        async def events():
+            event = first
+            while True:
+                if isinstance(event, StreamEnd):
+                    yield {"event": "end", "data": msgspec.json.encode(event).decode()}
+                    return
+                yield {"event": "token", "data": msgspec.json.encode(event).decode()}
+                event = await anext(stream)
 
-@post("/generate", status_code=200, responses=error_responses(BODY, 404, 409, 503))
-async def generate(data: JSONBody[GenerateRequest], state: State, request: Request) -> GenerateResponse:
-    """A client that disconnects stops its generation (and the contexts it created go)."""
-    engine = _engine(state)
-    args = await _generate_args(engine, data)
-    work = engine.generate(data.context_id, data.sampling, data.parent_context_id, **args)
-    return _generate_response(await unless_disconnected(request, work))
+        return ServerSentEvent(events())
 
+    @post("/free_context", status_code=200, responses=error_responses(BODY, 503))
+    async def free_context(
+        self, data: JSONBody[FreeContextRequest], engine: EngineDep
+    ) -> FreeContextResponse:
+        freed = await engine.free_context(data.context_id)
+        return FreeContextResponse(context_id=data.context_id, freed_tokens=freed)
 
-@post(
-    "/generate_stream",
-    status_code=200,
-    responses=error_responses(BODY, 404, 409, 503),
-    operation_class=EventStreamOnly,
-)
-async def generate_stream(data: JSONBody[GenerateRequest], state: State) -> ServerSentEvent:
-    engine = _engine(state)
-    args = await _generate_args(engine, data)
-    stream = engine.generate_stream(data.context_id, data.sampling, data.parent_context_id, **args)
-    # Pull the first event before answering, so a bad request still gets its 4xx status.
-    first = await anext(stream)
+    @post("/abort", status_code=200, responses=error_responses(BODY, 503))
+    async def abort(self, data: JSONBody[AbortRequest], engine: EngineDep) -> AbortResponse:
+        """Stop the jobs on these contexts (their requests fail with ``aborted``) and free them."""
+        return await engine.abort(data.context_ids)
 
-    async def events():
-        event = first
-        while True:
-            if isinstance(event, GenerateResult):
-                end = StreamEnd(
-                    finish_reason=event.finish_reason,
-                    context_id=event.context_id,
-                    token_ids=event.token_ids,
-                    text=event.text,
-                    prompt_tokens=event.prompt_tokens,
-                    cached_tokens=event.cached_tokens,
-                    stop_string=event.stop_string,
-                )
-                yield {"event": "end", "data": msgspec.json.encode(end).decode()}
-                return
-            token = TokenStreamEvent(token_id=event.token_id, text=event.text)
-            yield {"event": "token", "data": msgspec.json.encode(token).decode()}
-            event = await anext(stream)
+    @post("/abort_range", status_code=200, responses=error_responses(BODY))
+    async def abort_range(self, data: JSONBody[AbortRangeRequest], engine: EngineDep) -> AbortResponse:
+        """:func:`abort` for every context with ``start <= id < end`` (a dead ServeCore's)."""
+        if data.end <= data.start:
+            raise BadRequestError("abort_range needs start < end")
+        return await engine.abort_range(data.start, data.end)
 
-    return ServerSentEvent(events())
+    @post("/render_chat", status_code=200, responses=error_responses(BODY))
+    async def render_chat(self, data: JSONBody[RenderChatRequest], engine: EngineDep) -> RenderChatResponse:
+        """The model's chat template applied for a ServeCore, in message-boundary pieces."""
+        messages = [{"role": m.role, "content": m.content} for m in data.messages]
+        try:
+            return RenderChatResponse(pieces=await text_work.chat_prompt_pieces(engine.tokenizer, messages))
+        except ValueError as error:  # no chat template
+            raise BadRequestError(str(error)) from None
+        except Exception as error:  # a template that rejects the conversation (raise_exception)
+            raise BadRequestError(f"the model's chat template rejects these messages: {error}") from None
 
+    @get("/tokenizer", media_type="application/json", responses=error_responses(404))
+    async def tokenizer_file(self, engine: EngineDep) -> Response:
+        """The model's ``tokenizer.json``, so a ServeCore can tokenize prompts itself (once per
+        model) and send token ids; 404 for a tokenizer without one."""
+        path = engine.model_folder / "tokenizer.json"
+        if not path.is_file():
+            raise NotFoundError("this model's tokenizer has no tokenizer.json")
+        return Response(content=path.read_bytes(), media_type="application/json")
 
-@post("/free_context", status_code=200, responses=error_responses(BODY, 503))
-async def free_context(data: JSONBody[FreeContextRequest], state: State) -> FreeContextResponse:
-    freed = await _engine(state).free_context(data.context_id)
-    return FreeContextResponse(context_id=data.context_id, freed_tokens=freed)
+    @get("/ping")
+    async def ping(self, engine: EngineDep) -> dict:
+        return engine.stats_now()
 
+    @get("/metrics", media_type=CONTENT_TYPE)
+    async def metrics(self, engine: EngineDep) -> bytes:
+        """Prometheus text format (``prometheus_client``)."""
+        return engine.metrics.render()
 
-@post("/abort", status_code=200, responses=error_responses(BODY, 503))
-async def abort(data: JSONBody[AbortRequest], state: State) -> AbortResponse:
-    """Stop the jobs on these contexts (their requests fail with ``aborted``) and free them."""
-    jobs, freed = await _engine(state).abort(data.context_ids)
-    return AbortResponse(aborted_jobs=jobs, freed_contexts=freed)
-
-
-@post("/abort_range", status_code=200, responses=error_responses(BODY))
-async def abort_range(data: JSONBody[AbortRangeRequest], state: State) -> AbortResponse:
-    """:func:`abort` for every context with ``start <= id < end`` (a dead ServeCore's)."""
-    if data.end <= data.start:
-        raise BadRequestError("abort_range needs start < end")
-    jobs, freed = await _engine(state).abort_range(data.start, data.end)
-    return AbortResponse(aborted_jobs=jobs, freed_contexts=freed)
-
-
-@post("/render_chat", status_code=200, responses=error_responses(BODY))
-async def render_chat(data: JSONBody[RenderChatRequest], state: State) -> RenderChatResponse:
-    """The model's chat template applied for a ServeCore, in message-boundary pieces."""
-    messages = [{"role": m.role, "content": m.content} for m in data.messages]
-    try:
-        return RenderChatResponse(pieces=await text_work.chat_prompt_pieces(_engine(state), messages))
-    except ValueError as error:  # no chat template
-        raise BadRequestError(str(error)) from None
-    except Exception as error:  # a template that rejects the conversation (raise_exception)
-        raise BadRequestError(f"the model's chat template rejects these messages: {error}") from None
-
-
-@get("/tokenizer", media_type="application/json", responses=error_responses(404))
-async def tokenizer_file(state: State) -> Response:
-    """The model's ``tokenizer.json``, so a ServeCore can tokenize prompts itself (once per
-    model) and send token ids; 404 for a tokenizer without one."""
-    path = _engine(state).model_folder / "tokenizer.json"
-    if not path.is_file():
-        raise NotFoundError("this model's tokenizer has no tokenizer.json")
-    return Response(content=path.read_bytes(), media_type="application/json")
-
-
-@get("/ping")
-async def ping(state: State) -> dict:
-    return _engine(state).stats_now()
-
-
-@get("/metrics", media_type=CONTENT_TYPE)
-async def metrics(state: State) -> bytes:
-    """Prometheus text format (``prometheus_client``)."""
-    return _engine(state).metrics.render()
-
-
-@post("/tokenize", status_code=200, responses=error_responses(BODY))
-async def tokenize(data: JSONBody[TokenizeRequest], state: State) -> TokenizeResponse:
-    return TokenizeResponse(token_ids=await text_work.tokenize(_engine(state), data.text))
+    @post("/tokenize", status_code=200, responses=error_responses(BODY))
+    async def tokenize(self, data: JSONBody[TokenizeRequest], engine: EngineDep) -> TokenizeResponse:
+        return TokenizeResponse(token_ids=await text_work.tokenize(engine.tokenizer, data.text))
 
 
 # A request body at most (413 beyond, naming the limit): far above the token ids of any
@@ -221,26 +179,13 @@ def create_app(
     def stop() -> None:
         engine.stop()
 
-    from parrot.engines.builtin.server.openai_api import openai_router
+    from parrot.engines.builtin.server.openai_api import OpenAIAPI
 
     return Litestar(
         # the process's logging is the CLI's (--log-level); Litestar would reset the root to INFO
         logging_config=LoggingConfig(configure_root_logger=False),
-        route_handlers=[
-            fill,
-            generate,
-            generate_stream,
-            free_context,
-            abort,
-            abort_range,
-            ping,
-            metrics,
-            tokenize,
-            tokenizer_file,
-            render_chat,
-            openai_router(),
-        ],
-        state=State({"engine": engine}),
+        route_handlers=[EngineAPI, OpenAIAPI],
+        state=engine_state(engine),
         exception_handlers=exception_handlers(),
         request_max_body_size=max_body_bytes,
         request_class=JsonRequest,

@@ -10,19 +10,17 @@ context instead of filling it n times.
 from __future__ import annotations
 
 import asyncio
-import itertools
 import time
 import uuid
 from collections.abc import AsyncIterator
 
-from litestar import Request, Router, get, post
-from litestar.datastructures import State
+from litestar import Controller, Request, get, post
 from litestar.params import JSONBody
 from litestar.response import Stream
 
+from parrot.engines.builtin import text_work
 from parrot.engines.builtin.engine import BuiltinEngine
-from parrot.engines.builtin.jobs import GenerateResult, TokenEvent
-from parrot.engines.builtin.server import text_work
+from parrot.engines.builtin.server.deps import OPENAI, EngineDep, OpenAIContextIds, OpenAIIds
 from parrot.engines.protocol.disconnect import unless_disconnected
 from parrot.engines.protocol.error_docs import BODY, error_responses
 from parrot.engines.protocol.errors import BadRequestError
@@ -39,6 +37,7 @@ from parrot.engines.protocol.openai_stream import (
     sampling_params,
     usage,
 )
+from parrot.engines.protocol.schemas import GenerateResponse, StreamEnd, TokenStreamEvent
 from parrot.engines.protocol.stream_docs import JsonOrEventStream
 from parrot.wire.openai_schemas import (
     ChatCompletionRequest,
@@ -50,20 +49,6 @@ from parrot.wire.openai_schemas import (
     Usage,
 )
 from parrot.wire.sampling import SamplingParams
-
-
-class _Contexts:
-    """Engine-internal context ids for OpenAI requests: -1, -2, ..."""
-
-    def __init__(self) -> None:
-        self._ids = itertools.count(1)
-
-    def next(self) -> int:
-        return -next(self._ids)
-
-
-def _engine(state: State) -> BuiltinEngine:
-    return state.engine
 
 
 def _sampling(req, prompt_len: int, max_model_len: int, default_max: int | None) -> SamplingParams:
@@ -80,7 +65,12 @@ class _Run:
     """One OpenAI request: a prompt context, ``n`` generations, then everything freed."""
 
     def __init__(
-        self, engine: BuiltinEngine, ids: _Contexts, tokens: list[int], sampling: SamplingParams, n: int
+        self,
+        engine: BuiltinEngine,
+        ids: OpenAIContextIds,
+        tokens: list[int],
+        sampling: SamplingParams,
+        n: int,
     ):
         self.engine = engine
         self.tokens = tokens
@@ -109,13 +99,13 @@ class _Run:
         the prompt's own step, not in a step after a separate fill job's answer."""
         return self.tokens if self.n == 1 else []
 
-    async def generate_all(self) -> list[GenerateResult]:
+    async def generate_all(self) -> list[GenerateResponse]:
         prompt = self.prompt_in_job()
         if not prompt:
             await self.fill()
         results = await asyncio.gather(
             *(
-                self.engine.generate(cid, self.sampling, self.parent(), prompt_tokens=prompt)
+                self.engine.generate(cid, self.sampling, self.parent(), token_ids=prompt)
                 for cid in self.child_ids
             )
         )
@@ -123,7 +113,7 @@ class _Run:
             self.cached_tokens = results[0].cached_tokens
         return list(results)
 
-    async def stream_all(self) -> AsyncIterator[tuple[int, TokenEvent | GenerateResult]]:
+    async def stream_all(self) -> AsyncIterator[tuple[int, TokenStreamEvent | StreamEnd]]:
         """Merged events of all n generations, tagged with their choice index."""
         prompt = self.prompt_in_job()
         if not prompt:
@@ -132,7 +122,7 @@ class _Run:
 
         async def pump(index: int, cid: int) -> None:
             try:
-                events = self.engine.generate_stream(cid, self.sampling, self.parent(), prompt_tokens=prompt)
+                events = self.engine.generate_stream(cid, self.sampling, self.parent(), token_ids=prompt)
                 async for event in events:
                     await queue.put((index, event))
             except BaseException as error:
@@ -145,7 +135,7 @@ class _Run:
                 index, event = await queue.get()
                 if isinstance(event, BaseException):
                     raise event
-                if isinstance(event, GenerateResult):
+                if isinstance(event, StreamEnd):
                     done += 1
                     if prompt:
                         self.cached_tokens = event.cached_tokens
@@ -160,7 +150,7 @@ class _Run:
             event: tuple | None = first
             while event is not None:
                 index, item = event
-                if isinstance(item, GenerateResult):
+                if isinstance(item, StreamEnd):
                     yield Finish(index, item.finish_reason, len(item.token_ids))
                 else:
                     yield Delta(index, item.text)
@@ -177,8 +167,11 @@ class _Run:
         return [Answer(r.text, r.finish_reason, len(r.token_ids)) for r in results]
 
 
-def openai_router() -> Router:
-    ids = _Contexts()
+class OpenAIAPI(Controller):
+    """OpenAI's completions, chat completions and model list, on this engine's model."""
+
+    path = "/v1"
+    dependencies = OPENAI
 
     @post(
         "/completions",
@@ -187,9 +180,12 @@ def openai_router() -> Router:
         operation_class=JsonOrEventStream,
     )
     async def completions(
-        data: JSONBody[CompletionRequest], state: State, request: Request
+        self,
+        data: JSONBody[CompletionRequest],
+        engine: EngineDep,
+        ids: OpenAIIds,
+        request: Request,
     ) -> CompletionResponse | Stream:
-        engine = _engine(state)
         _check_model(engine, data.model)
         if data.echo or data.logprobs:
             raise BadRequestError("echo and logprobs are not supported")
@@ -216,18 +212,21 @@ def openai_router() -> Router:
         operation_class=JsonOrEventStream,
     )
     async def chat_completions(
-        data: JSONBody[ChatCompletionRequest], state: State, request: Request
+        self,
+        data: JSONBody[ChatCompletionRequest],
+        engine: EngineDep,
+        ids: OpenAIIds,
+        request: Request,
     ) -> ChatCompletionResponse | Stream:
-        engine = _engine(state)
         _check_model(engine, data.model)
         if data.logprobs:
             raise BadRequestError("logprobs are not supported")
         messages = [{"role": m.role, "content": content_text(m.content)} for m in data.messages]
         try:
-            text = await text_work.chat_prompt(engine, messages)
+            text = await text_work.chat_prompt(engine.tokenizer, messages)
         except ValueError as error:
             raise BadRequestError(str(error)) from None
-        tokens = await text_work.tokenize(engine, text)
+        tokens = await text_work.tokenize(engine.tokenizer, text)
         sampling = _sampling(data, len(tokens), engine.core.max_model_len, default_max=None)
         run = _Run(engine, ids, tokens, sampling, data.n)
         rid, created, model = f"chatcmpl-{uuid.uuid4().hex}", int(time.time()), engine.model_name
@@ -244,11 +243,8 @@ def openai_router() -> Router:
         return EventStream(body)
 
     @get("/models")
-    async def models(state: State) -> ModelList:
-        engine = _engine(state)
+    async def models(self, engine: EngineDep) -> ModelList:
         return ModelList(data=[ModelCard(id=engine.model_name, created=0)])
-
-    return Router(path="/v1", route_handlers=[completions, chat_completions, models])
 
 
 async def _prompt_tokens(engine: BuiltinEngine, prompt: str | list[int | str]) -> list[int]:
@@ -257,7 +253,7 @@ async def _prompt_tokens(engine: BuiltinEngine, prompt: str | list[int | str]) -
         if len(prompt) != 1 or not isinstance(prompt[0], str):
             raise BadRequestError("send one prompt per request: a string or a list of token ids")
         prompt = prompt[0]
-    tokens = await text_work.tokenize(engine, prompt) if isinstance(prompt, str) else list(prompt)
+    tokens = await text_work.tokenize(engine.tokenizer, prompt) if isinstance(prompt, str) else list(prompt)
     if not tokens:
         raise BadRequestError("the prompt is empty")
     return tokens

@@ -9,7 +9,7 @@ import torch.nn.functional as F
 from parrot.engines.builtin.attention import create_backend
 from parrot.engines.builtin.batch import SharedPrefixPolicy, StepItem, build_step
 from parrot.engines.builtin.block_manager import BlockManager
-from parrot.engines.builtin.context import Context, ContextPool
+from parrot.engines.builtin.context_pool import Context, ContextPool
 
 HEAD_DIM = 16
 

@@ -15,12 +15,12 @@ from test_model_correctness import CONFIGS, PROMPTS, SMALL, hf_greedy, run_chunk
 
 from parrot.engines.builtin.attention import create_backend
 from parrot.engines.builtin.block_manager import BlockManager
-from parrot.engines.builtin.config import EngineConfig
-from parrot.engines.builtin.context import Context, ContextPool
+from parrot.engines.builtin.context_pool import Context, ContextPool
+from parrot.engines.builtin.engine_config import EngineConfig
 from parrot.engines.builtin.kv_cache import allocate_kv_cache
 from parrot.engines.builtin.model.blas_linear import BlasLinear, MatmulRoute
 from parrot.engines.builtin.model.build import build_model
-from parrot.engines.builtin.model.config import ModelConfig
+from parrot.engines.builtin.model.model_config import ModelConfig
 
 
 def build(folder, cpu_matmul: str, blas_rows: int = 64, blas_keys: int = 8192, num_blocks: int = 128):
@@ -162,7 +162,7 @@ def test_the_runner_routes_each_step_by_its_rows(engine):
     """Prefill steps past blas_rows run on torch with its threads, decode steps on BLAS
     until the context holds more than blas_keys keys."""
     from parrot.engines.builtin.batch import SharedPrefixPolicy, StepItem
-    from parrot.engines.builtin.runner import ModelRunner
+    from parrot.engines.builtin.model_runner import ModelRunner
 
     threads = torch.get_num_threads()
     prompt = engine.tokenize("The lighthouse keeper wrote in his log. " * 3)
@@ -175,7 +175,9 @@ def test_the_runner_routes_each_step_by_its_rows(engine):
         for _ in range(3):
             assert pool.ensure_blocks(ctx, len(ctx.token_ids))
             n = len(ctx.token_ids) - ctx.num_computed
-            logits = runner.run([StepItem(ctx, ctx.num_computed, n, True)])
+            output = runner.run([StepItem(ctx, ctx.num_computed, n, True)])
+            pool.computed(ctx, len(ctx.token_ids), output.last_hidden[0])  # the postprocess step's part
+            logits = output.logits
             seen.append((n, model.matmul_route.blas, torch.get_num_threads()))
             ctx.token_ids.append(int(logits[0].argmax()))
     finally:
@@ -200,7 +202,7 @@ def test_a_shared_prefix_counts_once_among_the_attended_keys():
     from types import SimpleNamespace
 
     from parrot.engines.builtin.batch import StepItem
-    from parrot.engines.builtin.runner import attended_keys
+    from parrot.engines.builtin.model_runner import attended_keys
 
     items = [StepItem(Context(context_id=i, token_ids=[1] * 101), 100, 1, True) for i in range(4)]
     items.append(StepItem(Context(context_id=9, token_ids=[1] * 20), 0, 20, False))  # a prefill

@@ -197,13 +197,13 @@ def test_abort_stops_running_and_queued_jobs_and_frees_their_contexts(client, id
 def test_higher_priority_jobs_are_admitted_first(engine):
     """With every slot taken, a waiting job of priority 1 runs before older ones of 0."""
     from parrot.engines.builtin.jobs import Job, JobKind
-    from parrot.engines.builtin.scheduler import LocalScheduler, SchedulerConfig
+    from parrot.engines.builtin.local_scheduler import LocalScheduler, SchedulerConfig
 
     class Ctx:  # only what the queue looks at
         busy = False
         parent = None
 
-    sched = LocalScheduler(SchedulerConfig(), engine.core.pool, prepare=lambda job: True)
+    sched = LocalScheduler(SchedulerConfig(), engine.core.pool)
     jobs = [Job(JobKind.FILL, Ctx(), None, seq, priority=p) for seq, p in enumerate([0, 0, 1, 0, 1])]
     for job in jobs:
         sched.add(job)

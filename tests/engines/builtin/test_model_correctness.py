@@ -10,11 +10,11 @@ import transformers
 from parrot.engines.builtin.attention import create_backend
 from parrot.engines.builtin.batch import SharedPrefixPolicy, StepItem, build_step
 from parrot.engines.builtin.block_manager import BlockManager
-from parrot.engines.builtin.context import Context, ContextPool
+from parrot.engines.builtin.context_pool import Context, ContextPool
 from parrot.engines.builtin.kv_cache import allocate_kv_cache
-from parrot.engines.builtin.model.config import ModelConfig
 from parrot.engines.builtin.model.llama import LlamaForCausalLM
 from parrot.engines.builtin.model.loader import load_state_dict
+from parrot.engines.builtin.model.model_config import ModelConfig
 
 SMALL = dict(
     vocab_size=128,

@@ -18,13 +18,13 @@ from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding, apply_rotary_pos_emb
 
 from parrot.engines.builtin.model import loader
-from parrot.engines.builtin.model.config import ModelConfig, RopeScaling
 from parrot.engines.builtin.model.loader import (
     default_cache_dir,
     default_model_path,
     load_state_dict,
     resolve_model_folder,
 )
+from parrot.engines.builtin.model.model_config import ModelConfig, RopeScaling
 from parrot.engines.builtin.model.rope import RotaryEmbedding, inv_freq_and_scale
 from parrot.engines.builtin.tokenizer import IncrementalDetokenizer, Tokenizer
 from parrot.engines.protocol.errors import ModelLoadError

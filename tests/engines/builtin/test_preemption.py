@@ -6,11 +6,11 @@ import asyncio
 
 import pytest
 
-from parrot.engines.builtin.config import EngineConfig
 from parrot.engines.builtin.engine import BuiltinEngine
+from parrot.engines.builtin.engine_config import EngineConfig
 from parrot.engines.builtin.kv_cache import bytes_per_block
-from parrot.engines.builtin.model.config import ModelConfig
-from parrot.engines.builtin.scheduler import SchedulerConfig
+from parrot.engines.builtin.local_scheduler import SchedulerConfig
+from parrot.engines.builtin.model.model_config import ModelConfig
 from parrot.wire.sampling import SamplingParams
 
 

@@ -6,9 +6,9 @@ from __future__ import annotations
 import torch
 
 from parrot.engines.builtin.block_manager import BlockManager
-from parrot.engines.builtin.context import Context, ContextPool
+from parrot.engines.builtin.context_pool import Context, ContextPool
 from parrot.engines.builtin.jobs import Job, JobKind
-from parrot.engines.builtin.scheduler import LocalScheduler, SchedulerConfig
+from parrot.engines.builtin.local_scheduler import LocalScheduler, SchedulerConfig
 from parrot.wire.sampling import SamplingParams
 
 
@@ -17,12 +17,7 @@ def pool(blocks: int = 64) -> ContextPool:
 
 
 def scheduler(config: SchedulerConfig, contexts: ContextPool) -> LocalScheduler:
-    def prepare(job: Job) -> bool:  # what the engine core does: make the context, add tokens
-        contexts.materialize(job.context)
-        job.context.token_ids.extend(job.fill_tokens)
-        return True
-
-    return LocalScheduler(config, contexts, prepare)
+    return LocalScheduler(config, contexts)
 
 
 def job(seq: int, priority: int, prompt: int = 6, kind: JobKind = JobKind.GENERATE) -> Job:

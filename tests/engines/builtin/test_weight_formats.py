@@ -15,13 +15,13 @@ from test_model_correctness import CONFIGS, PROMPTS, SMALL, run_chunks
 
 from parrot.engines.builtin.attention import create_backend
 from parrot.engines.builtin.block_manager import BlockManager
-from parrot.engines.builtin.config import EngineConfig
-from parrot.engines.builtin.context import Context, ContextPool
+from parrot.engines.builtin.context_pool import Context, ContextPool
+from parrot.engines.builtin.engine_config import EngineConfig
 from parrot.engines.builtin.kv_cache import allocate_kv_cache
 from parrot.engines.builtin.model.build import build_model
-from parrot.engines.builtin.model.config import ModelConfig
 from parrot.engines.builtin.model.gguf_weights import GGUFWeights
 from parrot.engines.builtin.model.loader import default_model_path
+from parrot.engines.builtin.model.model_config import ModelConfig
 from parrot.engines.builtin.model.quant import Int4Linear, Int8Linear, quantize_int4
 
 # mode -> largest max|logits - exact| / max|exact| on the random configs (Gaussian weights,

@@ -11,9 +11,9 @@ import torch
 import transformers
 
 from parrot.engines.builtin.batch import SharedPrefixPolicy
-from parrot.engines.builtin.config import EngineConfig
 from parrot.engines.builtin.engine import BuiltinEngine
-from parrot.engines.builtin.scheduler import SchedulerConfig
+from parrot.engines.builtin.engine_config import EngineConfig
+from parrot.engines.builtin.local_scheduler import SchedulerConfig
 from parrot.wire.sampling import SamplingParams
 
 

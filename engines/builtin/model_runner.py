@@ -1,13 +1,28 @@
-"""Runs one step of the model over a batch of contexts and returns logits to sample from."""
+"""Runs one step of the model over a batch of contexts and returns logits to sample from.
+
+The runner maps a batch to logits and changes no context: what the step computed is
+recorded afterwards by the engine's postprocess step (:meth:`ContextPool.computed`).
+"""
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 
 from parrot.engines.builtin.attention.base import AttentionBatch
 from parrot.engines.builtin.batch import SharedPrefixPolicy, StepItem, build_step
-from parrot.engines.builtin.context import ContextPool
+from parrot.engines.builtin.context_pool import ContextPool
 from parrot.engines.builtin.model.llama import LlamaForCausalLM
+
+
+@dataclass(frozen=True)
+class StepOutput:
+    logits: torch.Tensor | None  # [num_sampled, vocab], the sampled items in order; None: none sampled
+    # [num_items, hidden]: each item's last computed row (garbage for items that computed
+    # nothing); None when the step computed no token.
+    last_hidden: torch.Tensor | None
+    shared_prefix: bool  # the step took the shared-prefix attention path
 
 
 class ModelRunner:
@@ -15,21 +30,18 @@ class ModelRunner:
         self, model: LlamaForCausalLM, pool: ContextPool, policy: SharedPrefixPolicy, device: torch.device
     ) -> None:
         self.model = model
-        self.pool = pool
+        self.pool = pool  # read only: its KV cache is written by the model's layers
         self.policy = policy
         self.device = device
-        self.shared_prefix_steps = 0  # steps that took the shared-prefix attention path
 
     @torch.inference_mode()
-    def run(self, items: list[StepItem]) -> torch.Tensor | None:
-        """Computes the items' tokens into the KV cache; logits [num_sampled, vocab] or None."""
+    def run(self, items: list[StepItem]) -> StepOutput:
+        """Computes the items' tokens into the KV cache; logits of the items that sample."""
         hidden = None
         inputs = None
         route = self.model.matmul_route
         if any(item.num_tokens for item in items):
             inputs = build_step(items, self.pool.block_size, self.policy, self.device)
-            if inputs.attention.uses_shared_prefix:
-                self.shared_prefix_steps += 1
             if route is not None:
                 route.begin_step(inputs.attention.num_tokens, attended_keys(items, inputs.attention))
             hidden = self.model(inputs.input_ids, inputs.positions, inputs.attention, self.pool.kv_cache)
@@ -37,21 +49,19 @@ class ModelRunner:
         if inputs is not None:
             # One gather of every item's last row; contexts keep views of it.
             last = hidden[torch.tensor([max(r, 0) for r in inputs.last_rows], device=hidden.device)]
-        rows = []
-        for n, item in enumerate(items):
-            ctx = item.context
-            if item.num_tokens:
-                ctx.num_computed = item.start + item.num_tokens
-                if ctx.num_computed == len(ctx.token_ids):
-                    ctx.last_hidden = last[n]
-                self.pool.register_full_blocks(ctx)
-            if item.sample:
-                rows.append(ctx.last_hidden)
+        # A sampling item that computed tokens computed its whole prompt: its last row is the
+        # one to sample from; one that computed nothing samples from its stored state.
+        rows = [
+            last[n] if item.num_tokens else item.context.last_hidden
+            for n, item in enumerate(items)
+            if item.sample
+        ]
+        shared = inputs is not None and inputs.attention.uses_shared_prefix
         if not rows:
-            return None
+            return StepOutput(None, last, shared)
         if route is not None and inputs is None:
             route.begin_step(len(rows))  # sampling only: the LM head's product
-        return self.model.compute_logits(torch.stack(rows))
+        return StepOutput(self.model.compute_logits(torch.stack(rows)), last, shared)
 
 
 def attended_keys(items: list[StepItem], attention: AttentionBatch) -> int:

@@ -17,17 +17,21 @@ budget, sequence slots and KV blocks last:
 When blocks run out, the lowest-level, newest running job is preempted: its context's KV is
 released and recomputed when it is resumed (reusing any blocks still cached), so a context
 is never left half-written.
+
+The scheduler only decides: admitting a job makes its context and appends the job's tokens
+(through the context pool); a job that cannot start (its parent was freed) leaves the queue
+into ``rejected``, which the engine core fails after the step is scheduled.
 """
 
 from __future__ import annotations
 
 import bisect
-from collections.abc import Callable
 from dataclasses import dataclass
 
 from parrot.engines.builtin.batch import StepItem
-from parrot.engines.builtin.context import Context, ContextPool
+from parrot.engines.builtin.context_pool import Context, ContextPool
 from parrot.engines.builtin.jobs import Job, JobKind
+from parrot.engines.protocol.errors import ParrotError
 
 URGENT, NORMAL, BACKGROUND = 0, 1, 2  # job levels, first served first
 
@@ -69,12 +73,12 @@ def _order(job: Job) -> tuple[int, int, int]:
 
 
 class LocalScheduler:
-    def __init__(self, config: SchedulerConfig, pool: ContextPool, prepare: Callable[[Job], bool]) -> None:
+    def __init__(self, config: SchedulerConfig, pool: ContextPool) -> None:
         self.config = config
         self.pool = pool
-        # Materializes the job's context and appends its tokens, once; False when it failed
-        # the job (e.g. its parent was freed), which then leaves the queue.
-        self.prepare = prepare
+        # Jobs that left the queue because they cannot start, with why: the engine core
+        # fails them (``take_rejected``) after each ``schedule``.
+        self.rejected: list[tuple[Job, ParrotError]] = []
         self.waiting: list[Job] = []  # by level, priority, then submission order
         self.running: list[Job] = []
         self.num_preemptions = 0
@@ -100,6 +104,10 @@ class LocalScheduler:
 
     def has_work(self) -> bool:
         return bool(self.running or self.waiting)
+
+    def take_rejected(self) -> list[tuple[Job, ParrotError]]:
+        rejected, self.rejected = self.rejected, []
+        return rejected
 
     # ------------------------------------------------------------------------------------
     def schedule(self) -> list[StepItem]:
@@ -194,11 +202,15 @@ class LocalScheduler:
             ctx = job.context
             if ctx.busy or first_waiting[id(ctx)] < job.seq or not self._can_fork(ctx, first_waiting, job):
                 continue  # jobs of one context run in submission order
-            if not job.prepared:
-                if not self.prepare(job):
+            if not job.prepared:  # its first admission: make the context, append the tokens
+                try:
+                    self.pool.admit(ctx, job.fill_tokens)
+                except ParrotError as error:  # e.g. its parent was freed
                     self.waiting.remove(job)
+                    self.rejected.append((job, error))
                     continue
                 job.prepared = True
+                job.prompt_tokens = len(ctx.token_ids)
             if job.kind is JobKind.GENERATE and not self.pool.ensure_last_pending(ctx):
                 return budget  # out of blocks: running jobs will free some
             reused = self.pool.reuse_cached_prefix(ctx)

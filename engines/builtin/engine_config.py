@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 import torch
 
 from parrot.engines.builtin.batch import SharedPrefixPolicy
-from parrot.engines.builtin.scheduler import SchedulerConfig
+from parrot.engines.builtin.local_scheduler import SchedulerConfig
 
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?i?b?)?\s*$", re.IGNORECASE)
 _UNITS = {

@@ -1,4 +1,4 @@
-"""Tokenization and chat templates for the engine's HTTP routes, off the event loop.
+"""Tokenization and chat templates off the event loop, for the engine API and its routes.
 
 A 4 MiB prompt takes seconds to tokenize; done on the event loop it stalls every other
 request of the engine (``/ping`` included, so a ServeCore would mark the engine down).
@@ -11,23 +11,22 @@ from __future__ import annotations
 
 import asyncio
 
-from parrot.engines.builtin.engine import BuiltinEngine
-from parrot.engines.builtin.tokenizer import chat_pieces
+from parrot.engines.builtin.tokenizer import Tokenizer, chat_pieces
 
 INLINE_CHARS = 8_192  # shorter texts are tokenized on the loop: a thread hop costs more
 
 
-async def tokenize(engine: BuiltinEngine, text: str) -> list[int]:
+async def tokenize(tokenizer: Tokenizer, text: str) -> list[int]:
     if len(text) <= INLINE_CHARS:
-        return engine.tokenize(text)
-    return await asyncio.to_thread(engine.tokenize, text)
+        return tokenizer.encode(text)
+    return await asyncio.to_thread(tokenizer.encode, text)
 
 
-async def chat_prompt(engine: BuiltinEngine, messages: list[dict[str, str]]) -> str:
+async def chat_prompt(tokenizer: Tokenizer, messages: list[dict[str, str]]) -> str:
     """The chat's prompt text in the model's template (ValueError: it has none)."""
-    return await asyncio.to_thread(engine.tokenizer.apply_chat_template, messages, True)
+    return await asyncio.to_thread(tokenizer.apply_chat_template, messages, True)
 
 
-async def chat_prompt_pieces(engine: BuiltinEngine, messages: list[dict[str, str]]) -> list[str]:
+async def chat_prompt_pieces(tokenizer: Tokenizer, messages: list[dict[str, str]]) -> list[str]:
     """The chat's prompt text split at message boundaries (see :func:`chat_pieces`)."""
-    return await asyncio.to_thread(chat_pieces, engine.tokenizer, messages)
+    return await asyncio.to_thread(chat_pieces, tokenizer, messages)

@@ -1,0 +1,164 @@
+"""The postprocess step: after the model ran a step, advance every sequence in it.
+
+This is the one place where a step's results change state (as nano-vllm's
+``Scheduler.postprocess``): what the step computed is recorded in the contexts (through the
+context pool), checkpoints fork a prompt once it is computed, sampled tokens are appended,
+streamed and checked against the stop conditions, and finished jobs leave the scheduler
+with their results. The model runner before it changes nothing.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import torch
+
+from parrot.engines.builtin.batch import StepItem
+from parrot.engines.builtin.context_pool import ContextPool
+from parrot.engines.builtin.jobs import GenerateResult, Job, JobKind
+from parrot.engines.builtin.local_scheduler import LocalScheduler
+from parrot.engines.builtin.model_runner import StepOutput
+from parrot.engines.builtin.sampler import SequenceSampling, StopChecker
+from parrot.engines.builtin.tokenizer import IncrementalDetokenizer, Tokenizer
+from parrot.engines.protocol.schemas import FillResponse, TokenStreamEvent
+from parrot.wire.sampling import SamplingParams
+
+
+@dataclass(eq=False)
+class GenerationState:
+    sampling: SequenceSampling
+    detokenizer: IncrementalDetokenizer
+    stop: StopChecker | None
+    text: str = ""
+    emitted: int = 0  # characters of ``text`` already streamed
+
+
+class Postprocessor:
+    def __init__(
+        self,
+        pool: ContextPool,
+        scheduler: LocalScheduler,
+        tokenizer: Tokenizer,
+        eos_token_ids: frozenset[int],
+        max_model_len: int,
+        device: torch.device,
+    ) -> None:
+        self.pool = pool
+        self.scheduler = scheduler
+        self.tokenizer = tokenizer
+        self.eos_token_ids = eos_token_ids
+        self.max_model_len = max_model_len
+        self.device = device
+
+    def sampling(self, job: Job) -> SequenceSampling:
+        """The job's sampling state, made when it first samples (its prompt is complete then:
+        nothing else appends to its context before)."""
+        if job.state is None:
+            params, ctx = job.sampling, job.context
+            job.state = GenerationState(
+                sampling=SequenceSampling(params, ctx.token_ids, self.device),
+                detokenizer=IncrementalDetokenizer(self.tokenizer, ctx.token_ids[-8:]),
+                stop=StopChecker(params.stop) if params.stop else None,
+            )
+        return job.state.sampling
+
+    def postprocess(
+        self,
+        items: list[StepItem],
+        jobs: dict[int, Job],
+        output: StepOutput,
+        sampled: list[Job],
+        tokens: list[int],
+    ) -> None:
+        """Advance the step's sequences: ``jobs`` by ``id(context)``, ``tokens`` sampled for
+        ``sampled`` (in order)."""
+        hidden = output.last_hidden
+        for n, item in enumerate(items):
+            ctx = item.context
+            if item.num_tokens:
+                upto = item.start + item.num_tokens
+                self.pool.computed(ctx, upto, hidden[n] if upto == len(ctx.token_ids) else None)
+            job = jobs[id(ctx)]
+            if job.checkpoints and ctx.num_pending == 0:  # the prompt is computed: fork it
+                self._make_checkpoints(job)
+        for job, token in zip(sampled, tokens, strict=True):
+            self._on_token(job, token)
+        for item in items:
+            job = jobs[id(item.context)]
+            if job.kind is JobKind.FILL and item.context.num_pending == 0:
+                self._finish_fill(job)
+
+    def _make_checkpoints(self, job: Job) -> None:
+        for cp in job.checkpoints:
+            if not cp.freed:
+                self.pool.materialize(cp)
+        job.checkpoints = []
+
+    def _on_token(self, job: Job, token: int) -> None:
+        if job.first_token_at is None:
+            job.first_token_at = time.monotonic()
+        params: SamplingParams = job.sampling
+        state: GenerationState = job.state
+        ctx = job.context
+        if (token in self.eos_token_ids and not params.ignore_eos) or token in params.stop_token_ids:
+            state.text += state.detokenizer.flush()  # a partial character held back so far
+            self._finish_generate(job, "stop", token)
+            return
+        self.pool.append_token(ctx, token)
+        job.generated.append(token)
+        state.sampling.append(token)
+        state.text += state.detokenizer.add(token)
+        cut = state.stop.check(state.text) if state.stop else None
+        if cut is not None:
+            state.text = state.text[:cut]
+            self._finish_generate(job, "stop", token, stop_string=True)
+        elif len(job.generated) >= params.max_tokens or len(ctx.token_ids) >= self.max_model_len:
+            state.text += state.detokenizer.flush()
+            self._finish_generate(job, "length", token)
+        else:
+            hold = state.stop.holdback(state.text) if state.stop else 0
+            self._emit(job, token, len(state.text) - hold)
+
+    def _emit(self, job: Job, token: int, upto: int) -> None:
+        state: GenerationState = job.state
+        delta = state.text[state.emitted : upto] if upto > state.emitted else ""
+        state.emitted = max(state.emitted, upto)
+        job.sink.emit(TokenStreamEvent(token_id=token, text=delta))
+
+    def _finish_generate(self, job: Job, reason: str, token: int, stop_string: bool = False) -> None:
+        self._emit(job, token, len(job.state.text))
+        self.retire(job)
+        job.sink.finish(
+            GenerateResult(
+                context_id=job.context.context_id,
+                token_ids=list(job.generated),
+                text=job.state.text,
+                finish_reason=reason,
+                prompt_tokens=job.prompt_tokens,
+                cached_tokens=job.cached_tokens,
+                stop_string=stop_string,
+                first_token_s=(job.first_token_at or job.submitted_at) - job.submitted_at,
+                seconds=time.monotonic() - job.submitted_at,
+            )
+        )
+
+    def _finish_fill(self, job: Job) -> None:
+        self.retire(job)
+        ctx = job.context
+        job.sink.finish(
+            FillResponse(
+                context_id=ctx.context_id,
+                filled_tokens=len(job.fill_tokens),
+                context_len=len(ctx.token_ids),
+                cached_tokens=job.cached_tokens,
+            )
+        )
+
+    def retire(self, job: Job) -> None:
+        """The job is done (or its caller went away): it leaves the scheduler; a context with
+        no job left is as long as planned."""
+        self.scheduler.remove(job)
+        ctx = job.context
+        if not self.scheduler.jobs_of(ctx):
+            self.pool.settle(ctx)
