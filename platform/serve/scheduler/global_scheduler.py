@@ -15,10 +15,11 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable, Coroutine
+from collections.abc import Coroutine
 from dataclasses import dataclass, field
 
 from parrot.engines.protocol.errors import ParrotError
+from parrot.platform.serve.call_ledger import CallLedger
 from parrot.platform.serve.contexts import READY, EngineContext, MemoryPressure, free_on_engine
 from parrot.platform.serve.graph import CompletionChain
 from parrot.platform.serve.metrics import ServeMetrics
@@ -56,8 +57,11 @@ class GlobalScheduler:
         pressure: MemoryPressure | None = None,
         health: HealthSettings | None = None,
         metrics: ServeMetrics | None = None,
+        *,
+        calls: CallLedger,
     ) -> None:
         self.variables = variables
+        self.calls = calls  # told when a task starts: the call's state advances there
         self.metrics = metrics or ServeMetrics()
         self.prompts = prompts
         self.policy = policy or SchedulingPolicy()
@@ -77,8 +81,6 @@ class GlobalScheduler:
             fixed_limit=lambda slot: self.fixed_limits.get(slot.engine_id),
             on_round=self.wake,
         )
-        self.on_start: Callable[[CompletionTask], None] | None = None
-        self.on_done: Callable[[CompletionTask], None] | None = None
         self._jobs: dict[str, tuple[CompletionTask, asyncio.Task]] = {}  # running, by chain key
         self._ahead: dict[str, AheadFill] = {}  # chain key -> contexts filled ahead for it
         self._background: set[asyncio.Task] = set()
@@ -251,15 +253,13 @@ class GlobalScheduler:
         slot.load += need
         task.engine_id = slot.engine_id
         task.attempts += 1
-        if self.on_start is not None:
-            self.on_start(task)
+        self.calls.started(task.chain.request, slot.engine_id)
         job = asyncio.create_task(self._execute(placed, need))
         self._jobs[task.key] = (task, job)
 
     async def _execute(self, placed, need: int) -> None:
         task, slot = placed.task, placed.slot
         var = task.gen.var
-        finished = True
         try:
             result = await self.runner.run(placed)
             task.chain.result = result
@@ -270,7 +270,6 @@ class GlobalScheduler:
             else:
                 log.warning("call %s runs again: %s", task.chain.request.call_id, why)
                 self.stats.requeued += 1
-                finished = False
                 if why.engine_failed and slot.up:  # the monitor brings it back once it answers
                     slot.mark_down()
                     self._engine_lost(slot)
@@ -286,8 +285,6 @@ class GlobalScheduler:
             slot.running.pop(task.key, None)
             slot.load -= need
             self._jobs.pop(task.key, None)
-            if finished and self.on_done is not None:
-                self.on_done(task)
             self.wake()
 
     def _fail(self, task: CompletionTask, reason: str) -> None:
