@@ -22,6 +22,7 @@ from litestar.response import Redirect, ServerSentEvent
 from litestar.static_files import create_static_files_router
 
 from parrot.engines.protocol.errors import ParrotError
+from parrot.platform.api.deps import Core
 from parrot.platform.serve.core import ServeCore
 from parrot.web import auth, forms, live, views
 from parrot.web.config import DashboardConfig
@@ -79,32 +80,32 @@ def dashboard_routes(config: DashboardConfig) -> list[HTTPRouteHandler | Router]
 
     # -- pages ------------------------------------------------------------------------
     @get("/", **common, guards=[read])
-    async def overview_page(request: Request, core: ServeCore) -> Response[str]:
+    async def overview_page(request: Request, core: Core) -> Response[str]:
         return html("overview.html", request, model=views.overview(core.views))
 
     @get("/sessions", **common, guards=[read])
-    async def sessions_page(request: Request, core: ServeCore) -> Response[str]:
+    async def sessions_page(request: Request, core: Core) -> Response[str]:
         return html("sessions.html", request, model=views.session_list(core.views))
 
     @get("/sessions/{session_id:str}", **common, guards=[read])
     async def session_page(
-        request: Request, core: ServeCore, session_id: FromPath[str], node: FromQuery[str | None] = None
+        request: Request, core: Core, session_id: FromPath[str], node: FromQuery[str | None] = None
     ) -> Response[str]:
         model = views.session_page(core.views, session_id, node)
         live_url = f"/live/sessions/{quote(session_id)}" + (f"?node={quote(node)}" if node else "")
         return html("session.html", request, model=model, live_url=live_url)
 
     @get("/contexts", **common, guards=[read])
-    async def contexts_page(request: Request, core: ServeCore) -> Response[str]:
+    async def contexts_page(request: Request, core: Core) -> Response[str]:
         return html("contexts.html", request, trees=views.context_trees(core.views))
 
     @get("/engines", **common, guards=[read])
-    async def engines_page(request: Request, core: ServeCore) -> Response[str]:
+    async def engines_page(request: Request, core: Core) -> Response[str]:
         return html("engines.html", request, rows=views.engine_rows(core.views), form=forms.EngineForm())
 
     # -- admin ------------------------------------------------------------------------
     @post("/engines", status_code=303, **common, guards=[auth.admin_guard])
-    async def register_engine(request: Request, core: ServeCore, data: Form) -> Response[str] | Redirect:
+    async def register_engine(request: Request, core: Core, data: Form) -> Response[str] | Redirect:
         form = forms.parse(data)
         if form.spec is not None:
             try:
@@ -125,7 +126,7 @@ def dashboard_routes(config: DashboardConfig) -> list[HTTPRouteHandler | Router]
         return html("engines.html", request, status, rows=views.engine_rows(core.views), form=form)
 
     @post("/engines/{engine_id:str}/remove", status_code=303, **common, guards=[auth.admin_guard])
-    async def remove_engine(core: ServeCore, engine_id: FromPath[str]) -> Redirect:
+    async def remove_engine(core: Core, engine_id: FromPath[str]) -> Redirect:
         await core.engines.remove(engine_id)
         return Redirect("/engines", status_code=303)
 
@@ -149,7 +150,7 @@ def dashboard_routes(config: DashboardConfig) -> list[HTTPRouteHandler | Router]
     # ``/live/sessions`` has a handler of its own: ``/live/sessions/{session_id}`` makes
     # "sessions" a fixed path segment, which ``/live/{page}`` then never matches (a 404).
     @get("/live/{page:str}", **common, guards=[read])
-    async def live_page(request: Request, core: ServeCore, page: FromPath[str]) -> ServerSentEvent:
+    async def live_page(request: Request, core: Core, page: FromPath[str]) -> ServerSentEvent:
         ops = core.views
         renders = {
             "overview": lambda: fragment("live/overview.html", model=views.overview(ops)),
@@ -167,13 +168,13 @@ def dashboard_routes(config: DashboardConfig) -> list[HTTPRouteHandler | Router]
         return live.stream(renders[page], config)
 
     @get("/live/sessions", **common, guards=[read])
-    async def live_sessions(core: ServeCore) -> ServerSentEvent:
+    async def live_sessions(core: Core) -> ServerSentEvent:
         ops = core.views
         return live.stream(lambda: fragment("live/sessions.html", model=views.session_list(ops)), config)
 
     @get("/live/sessions/{session_id:str}", **common, guards=[read])
     async def live_session(
-        core: ServeCore, session_id: FromPath[str], node: FromQuery[str | None] = None
+        core: Core, session_id: FromPath[str], node: FromQuery[str | None] = None
     ) -> ServerSentEvent:
         ops = core.views
         ops.session_dag(session_id)  # 404 now, rather than an empty stream

@@ -16,6 +16,7 @@ from parrot.engines.protocol.error_docs import BODY, PARAMS, SESSION, error_resp
 from parrot.engines.protocol.errors import NotFoundError
 from parrot.platform.api.adapter_bodies import CallUsage, RenderChat, RenderedChat, SessionUsage
 from parrot.platform.api.auth import Sessions
+from parrot.platform.api.deps import Core
 from parrot.platform.serve.core import ServeCore
 from parrot.platform.serve.graph import RequestChain
 from parrot.platform.serve.oneshot import render_chat
@@ -45,7 +46,7 @@ class AdapterController(Controller):
     path = "/v1"
 
     @post("/render_chat", status_code=200, responses=error_responses(BODY, 404, 503))
-    async def render_chat_text(self, data: JSONBody[RenderChat], core: ServeCore) -> RenderedChat:
+    async def render_chat_text(self, data: JSONBody[RenderChat], core: Core) -> RenderedChat:
         model = _served_model(core, data.model)
         pieces = await render_chat(core, model, data.messages)
         return RenderedChat(model=model, prompt="".join(pieces), pieces=pieces)
@@ -55,7 +56,7 @@ class AdapterController(Controller):
         self,
         session_id: FromPath[str],
         sessions: Sessions,
-        core: ServeCore,
+        core: Core,
         call_id: FromQuery[list[str] | None] = None,
     ) -> SessionUsage:
         session = sessions(session_id)

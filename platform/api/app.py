@@ -19,7 +19,7 @@ from parrot.engines.protocol.http import exception_handlers
 from parrot.engines.protocol.json_body import JsonRequest
 from parrot.platform.api.adapter_routes import AdapterController
 from parrot.platform.api.auth import Sessions, admin_guard
-from parrot.platform.api.deps import DEPENDENCIES
+from parrot.platform.api.deps import DEPENDENCIES, Core
 from parrot.platform.api.openai_front import OpenAIController
 from parrot.platform.api.responses import (
     CallInfo,
@@ -80,7 +80,7 @@ class SessionController(Controller):
     path = "/v1/session"
 
     @post(status_code=201, responses=error_responses(CREATES, STORE))
-    async def create_session(self, request: Request, core: ServeCore) -> SessionCreated:
+    async def create_session(self, request: Request, core: Core) -> SessionCreated:
         # Counted per client address (behind a reverse proxy: the address it forwards, when
         # uvicorn trusts it: --forwarded-allow-ips), for the sessions-per-client limit.
         client = request.client.host if request.client else "unknown"
@@ -97,14 +97,14 @@ class SessionController(Controller):
         )
 
     @get("/{session_id:str}/dag", responses=error_responses(PARAMS, SESSION))
-    async def session_dag(self, session_id: FromPath[str], sessions: Sessions, core: ServeCore) -> SessionDag:
+    async def session_dag(self, session_id: FromPath[str], sessions: Sessions, core: Core) -> SessionDag:
         """The session's calls and variables as a DAG (values cut to a preview), with each
         call's state, engine, timings and filled-in template. Needs the session's auth."""
         sessions(session_id)
         return core.views.session_dag(session_id)
 
     @delete("/{session_id:str}", status_code=204, responses=error_responses(PARAMS, SESSION, STORE))
-    async def delete_session(self, session_id: FromPath[str], sessions: Sessions, core: ServeCore) -> None:
+    async def delete_session(self, session_id: FromPath[str], sessions: Sessions, core: Core) -> None:
         await core.sessions.delete(sessions(session_id))
 
 
@@ -112,13 +112,13 @@ class VariableController(Controller):
     path = "/v1/semantic_var"
 
     @post(status_code=201, responses=error_responses(BODY, SESSION, CREATES, STORE))
-    async def create_var(self, data: JSONBody[CreateVar], sessions: Sessions, core: ServeCore) -> VarInfo:
+    async def create_var(self, data: JSONBody[CreateVar], sessions: Sessions, core: Core) -> VarInfo:
         session = sessions(data.session_id)
         return _var_info(await core.vars.create(session, data.name, data.value), with_value=False)
 
     @put("/{var_id:str}", responses=error_responses(BODY, SESSION, STORE))
     async def set_var(
-        self, var_id: FromPath[str], data: JSONBody[SetVar], sessions: Sessions, core: ServeCore
+        self, var_id: FromPath[str], data: JSONBody[SetVar], sessions: Sessions, core: Core
     ) -> VarInfo:
         session = sessions(data.session_id)
         return _var_info(await core.vars.set(session, var_id, data.value), with_value=False)
@@ -128,7 +128,7 @@ class VariableController(Controller):
         self,
         var_id: FromPath[str],
         sessions: Sessions,
-        core: ServeCore,
+        core: Core,
         session_id: FromQuery[str],
         criteria: FromQuery[str] = "latency",
         timeout: Annotated[float, QueryParameter(ge=0, le=MAX_WAIT_S)] = 300.0,
@@ -141,9 +141,7 @@ class CallController(Controller):
     path = "/v1"
 
     @post("/semantic_call", status_code=201, responses=error_responses(BODY, SESSION, 409, CREATES, STORE))
-    async def submit_call(
-        self, data: JSONBody[SubmitCall], sessions: Sessions, core: ServeCore
-    ) -> CallSubmitted:
+    async def submit_call(self, data: JSONBody[SubmitCall], sessions: Sessions, core: Core) -> CallSubmitted:
         session = sessions(data.session_id)
         bindings = [p.binding() for p in data.parameters]
         call, outputs = await core.calls.submit(
@@ -161,7 +159,7 @@ class CallController(Controller):
         responses=error_responses(BODY, SESSION, 409, CREATES, STORE),
     )
     async def submit_transform(
-        self, data: JSONBody[SubmitTransform], sessions: Sessions, core: ServeCore
+        self, data: JSONBody[SubmitTransform], sessions: Sessions, core: Core
     ) -> CallSubmitted:
         session = sessions(data.session_id)
         inputs = [item.binding(n) for n, item in enumerate(data.inputs)]
@@ -174,7 +172,7 @@ class CallController(Controller):
 
     @get("/semantic_call/{call_id:str}", responses=error_responses(PARAMS, SESSION))
     async def call_info(
-        self, call_id: FromPath[str], sessions: Sessions, core: ServeCore, session_id: FromQuery[str]
+        self, call_id: FromPath[str], sessions: Sessions, core: Core, session_id: FromQuery[str]
     ) -> CallInfo:
         session = sessions(session_id)
         return _call_info(core.calls.find(session, call_id))
@@ -187,11 +185,11 @@ class EngineController(Controller):
     path = "/v1/engines"
 
     @get()
-    async def list_engines(self, core: ServeCore) -> list[EngineInfo]:
+    async def list_engines(self, core: Core) -> list[EngineInfo]:
         return [_engine_info(v) for v in core.views.engine_views()]
 
     @post(status_code=201, guards=[admin_guard], responses=error_responses(BODY, ADMIN, 409, STORE))
-    async def register_engine(self, data: JSONBody[RegisterEngine], core: ServeCore) -> EngineInfo:
+    async def register_engine(self, data: JSONBody[RegisterEngine], core: Core) -> EngineInfo:
         slot = await core.engines.register(data.spec())
         return _engine_info(core.views.engine_view(slot.engine_id))
 
@@ -201,11 +199,11 @@ class EngineController(Controller):
         guards=[admin_guard],
         responses=error_responses(PARAMS, ADMIN, 404, STORE),
     )
-    async def remove_engine(self, engine_id: FromPath[str], core: ServeCore) -> None:
+    async def remove_engine(self, engine_id: FromPath[str], core: Core) -> None:
         await core.engines.remove(engine_id)
 
     @get("/{engine_id:str}/contexts", guards=[admin_guard], responses=error_responses(PARAMS, ADMIN, 404))
-    async def engine_contexts(self, engine_id: FromPath[str], core: ServeCore) -> ContextTreeView:
+    async def engine_contexts(self, engine_id: FromPath[str], core: Core) -> ContextTreeView:
         """The prefix tree of the contexts held on an engine, with the sessions holding each
         node. Needs the admin token (it shows every session's use of the engine)."""
         return core.views.context_tree(engine_id)
@@ -215,12 +213,12 @@ class HealthController(Controller):
     path = "/"
 
     @get("/metrics", media_type=CONTENT_TYPE)
-    async def metrics(self, core: ServeCore) -> bytes:
+    async def metrics(self, core: Core) -> bytes:
         """Prometheus text format (``prometheus_client``)."""
         return core.metrics.render(core.views.stats())
 
     @get("/healthz")
-    async def healthz(self, core: ServeCore) -> Health:
+    async def healthz(self, core: Core) -> Health:
         """Liveness (always 200 while the server answers) and whether it can serve calls."""
         views = core.views.engine_views()
         up = sum(view.up for view in views)

@@ -15,7 +15,6 @@ from __future__ import annotations
 import hmac
 from dataclasses import dataclass
 
-from litestar import Request
 from litestar.connection import ASGIConnection
 from litestar.di import NamedDependency
 from litestar.handlers.base import BaseRouteHandler
@@ -75,10 +74,6 @@ class SessionAccess:
 
     def __call__(self, session_id: str) -> Session:
         return self.core.sessions.open(session_id, self.token)
-
-
-def provide_sessions(request: Request, core: ServeCore) -> SessionAccess:
-    return SessionAccess(core, bearer_token(request))
 
 
 Sessions = NamedDependency[SessionAccess]  # a handler's ``sessions`` parameter

@@ -8,15 +8,22 @@ on the app, used by every handler of the API, the OpenAI front and the dashboard
 
 from __future__ import annotations
 
+from litestar import Request
 from litestar.datastructures import State
-from litestar.di import Provide
+from litestar.di import NamedDependency, Provide
 
-from parrot.platform.api.auth import provide_sessions
+from parrot.platform.api.auth import SessionAccess, bearer_token
 from parrot.platform.serve.core import ServeCore
+
+Core = NamedDependency[ServeCore]  # a handler's ``core`` parameter
 
 
 def provide_core(state: State) -> ServeCore:
     return state.core
+
+
+def provide_sessions(request: Request, core: Core) -> SessionAccess:
+    return SessionAccess(core, bearer_token(request))
 
 
 DEPENDENCIES = {

@@ -40,6 +40,7 @@ from parrot.engines.protocol.openai_stream import (
 from parrot.engines.protocol.schemas import ChatTurn
 from parrot.engines.protocol.stream_docs import JsonOrEventStream
 from parrot.platform.api.auth import openai_key_guard
+from parrot.platform.api.deps import Core
 from parrot.platform.serve.core import ServeCore
 from parrot.platform.serve.oneshot import OneShot, render_chat
 
@@ -87,7 +88,7 @@ class OpenAIController(Controller):
         operation_class=JsonOrEventStream,
     )
     async def completions(
-        self, data: JSONBody[CompletionRequest], core: ServeCore, request: Request
+        self, data: JSONBody[CompletionRequest], core: Core, request: Request
     ) -> CompletionResponse | Stream:
         if data.echo or data.logprobs:
             raise BadRequestError("echo and logprobs are not supported")
@@ -111,7 +112,7 @@ class OpenAIController(Controller):
         operation_class=JsonOrEventStream,
     )
     async def chat_completions(
-        self, data: JSONBody[ChatCompletionRequest], core: ServeCore, request: Request
+        self, data: JSONBody[ChatCompletionRequest], core: Core, request: Request
     ) -> ChatCompletionResponse | Stream:
         if data.logprobs:
             raise BadRequestError("logprobs are not supported")
@@ -131,5 +132,5 @@ class OpenAIController(Controller):
         return EventStream(body)
 
     @get("/models", responses=error_responses(ADMIN))
-    async def models(self, core: ServeCore) -> ModelList:
+    async def models(self, core: Core) -> ModelList:
         return ModelList(data=[ModelCard(id=m, created=0) for m in core.engines.models()])
