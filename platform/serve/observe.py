@@ -2,7 +2,7 @@
 
 The dashboard and the JSON routes ``GET /v1/session/{id}/dag`` and
 ``GET /v1/engines/{id}/contexts`` show these; they are built from the graph and the context
-tree by the functions here (called by ServeCore methods), so nothing outside the serve
+tree by the functions here (called by :mod:`.operator_views`), so nothing outside the serve
 layer reads the scheduler's structures. Values are cut to ``VALUE_PREVIEW`` characters.
 """
 

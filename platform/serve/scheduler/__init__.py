@@ -6,5 +6,6 @@
 - :mod:`.slot`: an engine as the scheduler sees it (load, capacity, health, contexts);
 - :mod:`.runner`: running one task on an engine (fork, generate, failover);
 - :mod:`.health`: the engine monitor (pings, down and up, memory pressure);
-- :mod:`.global_scheduler`: the dispatch loop that ties them together.
+- :mod:`.global_scheduler`: the dispatch loop that ties them together;
+- :mod:`.snapshot`: what the rest of the ServeCore may read of it (engines, counters).
 """
