@@ -22,6 +22,7 @@ from litestar.response import Redirect, ServerSentEvent
 from litestar.static_files import create_static_files_router
 
 from parrot.engines.protocol.errors import ParrotError
+from parrot.platform.api.deps import Core
 from parrot.platform.serve.core import ServeCore
 from parrot.web import auth, forms, live, views
 from parrot.web.config import DashboardConfig
@@ -33,9 +34,6 @@ Form = Annotated[dict[str, Any], Body(media_type=RequestEncodingType.URL_ENCODED
 
 def dashboard_routes(config: DashboardConfig) -> list[HTTPRouteHandler | Router]:
     env = environment()
-
-    def core(state: State) -> ServeCore:
-        return state.core
 
     def html(template: str, request: Request, code: int = 200, **context: Any) -> Response[str]:
         body = env.get_template(template).render(
@@ -82,52 +80,54 @@ def dashboard_routes(config: DashboardConfig) -> list[HTTPRouteHandler | Router]
 
     # -- pages ------------------------------------------------------------------------
     @get("/", **common, guards=[read])
-    async def overview_page(request: Request, state: State) -> Response[str]:
-        return html("overview.html", request, model=views.overview(core(state)))
+    async def overview_page(request: Request, core: Core) -> Response[str]:
+        return html("overview.html", request, model=views.overview(core.views))
 
     @get("/sessions", **common, guards=[read])
-    async def sessions_page(request: Request, state: State) -> Response[str]:
-        return html("sessions.html", request, model=views.session_list(core(state)))
+    async def sessions_page(request: Request, core: Core) -> Response[str]:
+        return html("sessions.html", request, model=views.session_list(core.views))
 
     @get("/sessions/{session_id:str}", **common, guards=[read])
     async def session_page(
-        request: Request, state: State, session_id: FromPath[str], node: FromQuery[str | None] = None
+        request: Request, core: Core, session_id: FromPath[str], node: FromQuery[str | None] = None
     ) -> Response[str]:
-        model = views.session_page(core(state), session_id, node)
+        model = views.session_page(core.views, session_id, node)
         live_url = f"/live/sessions/{quote(session_id)}" + (f"?node={quote(node)}" if node else "")
         return html("session.html", request, model=model, live_url=live_url)
 
     @get("/contexts", **common, guards=[read])
-    async def contexts_page(request: Request, state: State) -> Response[str]:
-        return html("contexts.html", request, trees=views.context_trees(core(state)))
+    async def contexts_page(request: Request, core: Core) -> Response[str]:
+        return html("contexts.html", request, trees=views.context_trees(core.views))
 
     @get("/engines", **common, guards=[read])
-    async def engines_page(request: Request, state: State) -> Response[str]:
-        return html("engines.html", request, rows=views.engine_rows(core(state)), form=forms.EngineForm())
+    async def engines_page(request: Request, core: Core) -> Response[str]:
+        return html("engines.html", request, rows=views.engine_rows(core.views), form=forms.EngineForm())
 
     # -- admin ------------------------------------------------------------------------
     @post("/engines", status_code=303, **common, guards=[auth.admin_guard])
-    async def register_engine(request: Request, state: State, data: Form) -> Response[str] | Redirect:
+    async def register_engine(request: Request, core: Core, data: Form) -> Response[str] | Redirect:
         form = forms.parse(data)
         if form.spec is not None:
             try:
-                await core(state).register(form.spec)
+                await core.engines.register(form.spec)
             except ParrotError as error:
                 return _engines_with(
                     request,
-                    state,
+                    core,
                     form.with_error(forms.target_field(form), str(error)),
                     error.status_code if 400 <= error.status_code < 500 else 400,
                 )
             return Redirect("/engines", status_code=303)
-        return _engines_with(request, state, form, 422)
+        return _engines_with(request, core, form, 422)
 
-    def _engines_with(request: Request, state: State, form: forms.EngineForm, status: int) -> Response[str]:
-        return html("engines.html", request, status, rows=views.engine_rows(core(state)), form=form)
+    def _engines_with(
+        request: Request, core: ServeCore, form: forms.EngineForm, status: int
+    ) -> Response[str]:
+        return html("engines.html", request, status, rows=views.engine_rows(core.views), form=form)
 
     @post("/engines/{engine_id:str}/remove", status_code=303, **common, guards=[auth.admin_guard])
-    async def remove_engine(state: State, engine_id: FromPath[str]) -> Redirect:
-        await core(state).remove_engine(engine_id)
+    async def remove_engine(core: Core, engine_id: FromPath[str]) -> Redirect:
+        await core.engines.remove(engine_id)
         return Redirect("/engines", status_code=303)
 
     @get("/login", **common)
@@ -147,16 +147,17 @@ def dashboard_routes(config: DashboardConfig) -> list[HTTPRouteHandler | Router]
         return Redirect("/", status_code=303)
 
     # -- live parts (SSE) -------------------------------------------------------------
+    # ``/live/sessions`` has a handler of its own: ``/live/sessions/{session_id}`` makes
+    # "sessions" a fixed path segment, which ``/live/{page}`` then never matches (a 404).
     @get("/live/{page:str}", **common, guards=[read])
-    async def live_page(request: Request, state: State, page: FromPath[str]) -> ServerSentEvent:
-        the_core = core(state)
+    async def live_page(request: Request, core: Core, page: FromPath[str]) -> ServerSentEvent:
+        ops = core.views
         renders = {
-            "overview": lambda: fragment("live/overview.html", model=views.overview(the_core)),
-            "sessions": lambda: fragment("live/sessions.html", model=views.session_list(the_core)),
-            "contexts": lambda: fragment("live/contexts.html", trees=views.context_trees(the_core)),
+            "overview": lambda: fragment("live/overview.html", model=views.overview(ops)),
+            "contexts": lambda: fragment("live/contexts.html", trees=views.context_trees(ops)),
             "engines": lambda: fragment(
                 "live/engines.html",
-                rows=views.engine_rows(the_core),
+                rows=views.engine_rows(ops),
                 admin=auth.is_admin(request),
                 csrf=auth.csrf_token(request),
                 csrf_field=auth.CSRF_FIELD,
@@ -166,15 +167,20 @@ def dashboard_routes(config: DashboardConfig) -> list[HTTPRouteHandler | Router]
             raise HTTPException(status_code=404, detail=f"no live page {page!r}")
         return live.stream(renders[page], config)
 
+    @get("/live/sessions", **common, guards=[read])
+    async def live_sessions(core: Core) -> ServerSentEvent:
+        ops = core.views
+        return live.stream(lambda: fragment("live/sessions.html", model=views.session_list(ops)), config)
+
     @get("/live/sessions/{session_id:str}", **common, guards=[read])
     async def live_session(
-        state: State, session_id: FromPath[str], node: FromQuery[str | None] = None
+        core: Core, session_id: FromPath[str], node: FromQuery[str | None] = None
     ) -> ServerSentEvent:
-        the_core = core(state)
-        the_core.session_dag(session_id)  # 404 now, rather than an empty stream
+        ops = core.views
+        ops.session_dag(session_id)  # 404 now, rather than an empty stream
 
         def render() -> str:
-            return fragment("live/session.html", model=views.session_page(the_core, session_id, node))
+            return fragment("live/session.html", model=views.session_page(ops, session_id, node))
 
         return live.stream(render, config)
 
@@ -190,6 +196,7 @@ def dashboard_routes(config: DashboardConfig) -> list[HTTPRouteHandler | Router]
         login,
         logout,
         live_page,
+        live_sessions,
         live_session,
     ]
     static = create_static_files_router(path="/static", directories=[STATIC], name="dashboard-static")

@@ -1,4 +1,5 @@
-"""What each page shows, built from ServeCore methods only (never the scheduler's parts)."""
+"""What each page shows, built from the ServeCore's operator views only (never the scheduler's
+parts)."""
 
 from __future__ import annotations
 
@@ -6,17 +7,18 @@ from dataclasses import dataclass, field
 
 from markupsafe import Markup
 
-from parrot.platform.serve.core import EngineView, ServeCore
 from parrot.platform.serve.observe import (
     ContextTreeView,
     DagCall,
     DagVar,
+    DisplayState,
     SessionDag,
     SessionSummary,
 )
+from parrot.platform.serve.operator_views import EngineView, OperatorViews
 from parrot.web.svg import charts, dag, tree
 
-CALL_STATES = ("waiting", "queued", "running", "done", "failed")
+CALL_STATES = tuple(DisplayState)  # in the order the pages list them
 
 
 @dataclass(frozen=True)
@@ -28,9 +30,9 @@ class EngineRow:
     jobs_bar: Markup  # the engine's own running + waiting jobs / its running-job limit
 
 
-def engine_rows(core: ServeCore) -> list[EngineRow]:
+def engine_rows(ops: OperatorViews) -> list[EngineRow]:
     rows = []
-    for v in core.engine_views():
+    for v in ops.engine_views():
         health = "down" if not v.up else "missing pings" if v.missed_pings else "up"
         jobs = (v.jobs_running or 0) + (v.jobs_waiting or 0)
         rows.append(
@@ -61,10 +63,10 @@ class Overview:
     sessions: list[SessionSummary]
 
 
-def overview(core: ServeCore) -> Overview:
-    st = core.stats()
-    history = core.load_history()
-    engines = engine_rows(core)
+def overview(ops: OperatorViews) -> Overview:
+    st = ops.stats()
+    history = ops.load_history()
+    engines = engine_rows(ops)
     span = (history[-1].at - history[0].at) / 60 if len(history) > 1 else 0.0
     return Overview(
         engines=engines,
@@ -78,7 +80,7 @@ def overview(core: ServeCore) -> Overview:
         throughput=charts.sparkline([s.tokens_per_s for s in history], "tokens per second"),
         queue=charts.sparkline([float(s.queued) for s in history], "queued tasks"),
         minutes=span,
-        sessions=core.session_summaries()[:8],
+        sessions=ops.session_summaries()[:8],
     )
 
 
@@ -90,8 +92,8 @@ class SessionList:
     recent: int
 
 
-def session_list(core: ServeCore) -> SessionList:
-    sessions = core.session_summaries()
+def session_list(ops: OperatorViews) -> SessionList:
+    sessions = ops.session_summaries()
     totals = {state: 0 for state in CALL_STATES}
     for s in sessions:
         for state, n in s.states.items():
@@ -121,8 +123,8 @@ def node_link(session_id: str, node_id: str) -> str:
     return f"/sessions/{session_id}?node={node_id}#detail"
 
 
-def session_page(core: ServeCore, session_id: str, selected: str | None = None) -> SessionPage:
-    graph = core.session_dag(session_id)
+def session_page(ops: OperatorViews, session_id: str, selected: str | None = None) -> SessionPage:
+    graph = ops.session_dag(session_id)
     states = {state: 0 for state in CALL_STATES}
     for call in graph.calls:
         states[call.state] = states.get(call.state, 0) + 1
@@ -151,10 +153,10 @@ class EngineTree:
     sessions: list[str]  # sessions holding contexts on the engine
 
 
-def context_trees(core: ServeCore) -> list[EngineTree]:
+def context_trees(ops: OperatorViews) -> list[EngineTree]:
     out = []
-    for engine in core.engine_views():
-        view = core.context_tree(engine.engine_id)
+    for engine in ops.engine_views():
+        view = ops.context_tree(engine.engine_id)
         sessions = sorted({s for n in view.nodes for s in n.sessions})
         out.append(EngineTree(view, tree.render(view), sum(n.shared for n in view.nodes), sessions))
     return out

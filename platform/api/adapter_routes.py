@@ -9,14 +9,13 @@
 
 from __future__ import annotations
 
-from litestar import Router, get, post
-from litestar.datastructures import State
+from litestar import Controller, get, post
 from litestar.params import FromPath, FromQuery, JSONBody
 
 from parrot.engines.protocol.error_docs import BODY, PARAMS, SESSION, error_responses
 from parrot.engines.protocol.errors import NotFoundError
 from parrot.platform.api.auth import Sessions
-from parrot.platform.api.openai_front import models_served
+from parrot.platform.api.deps import Core
 from parrot.platform.serve.core import ServeCore
 from parrot.platform.serve.graph import RequestChain
 from parrot.platform.serve.oneshot import render_chat
@@ -24,20 +23,12 @@ from parrot.wire.adapter_bodies import CallUsage, RenderChat, RenderedChat, Sess
 
 
 def _served_model(core: ServeCore, asked: str | None) -> str:
-    served = models_served(core)
+    served = core.engines.models()
     if asked is None and served:
         return served[0]
     if asked in served:
         return asked
     raise NotFoundError(f"model {asked!r} is not served here; the engines serve {served}")
-
-
-@post("/render_chat", status_code=200, responses=error_responses(BODY, 404, 503))
-async def render_chat_text(data: JSONBody[RenderChat], state: State) -> RenderedChat:
-    core: ServeCore = state.core
-    model = _served_model(core, data.model)
-    pieces = await render_chat(core, model, data.messages)
-    return RenderedChat(model=model, prompt="".join(pieces), pieces=pieces)
 
 
 def _call_usage(request: RequestChain) -> CallUsage:
@@ -51,18 +42,23 @@ def _call_usage(request: RequestChain) -> CallUsage:
     )
 
 
-@get("/session/{session_id:str}/usage", responses=error_responses(PARAMS, SESSION))
-async def session_usage(
-    session_id: FromPath[str],
-    sessions: Sessions,
-    state: State,
-    call_id: FromQuery[list[str] | None] = None,
-) -> SessionUsage:
-    core: ServeCore = state.core
-    session = sessions(session_id)
-    calls = [core.call(session, c) for c in call_id] if call_id else list(session.calls.values())
-    return SessionUsage(session_id=session_id, calls=[_call_usage(c) for c in calls])
+class AdapterController(Controller):
+    path = "/v1"
 
+    @post("/render_chat", status_code=200, responses=error_responses(BODY, 404, 503))
+    async def render_chat_text(self, data: JSONBody[RenderChat], core: Core) -> RenderedChat:
+        model = _served_model(core, data.model)
+        pieces = await render_chat(core, model, data.messages)
+        return RenderedChat(model=model, prompt="".join(pieces), pieces=pieces)
 
-def adapter_routes() -> Router:
-    return Router(path="/v1", route_handlers=[render_chat_text, session_usage])
+    @get("/session/{session_id:str}/usage", responses=error_responses(PARAMS, SESSION))
+    async def session_usage(
+        self,
+        session_id: FromPath[str],
+        sessions: Sessions,
+        core: Core,
+        call_id: FromQuery[list[str] | None] = None,
+    ) -> SessionUsage:
+        session = sessions(session_id)
+        calls = [core.calls.find(session, c) for c in call_id] if call_id else list(session.calls.values())
+        return SessionUsage(session_id=session_id, calls=[_call_usage(c) for c in calls])

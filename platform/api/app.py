@@ -1,11 +1,15 @@
-"""Routes of the Parrot REST API. Each reads the session from the Bearer header."""
+"""Routes of the Parrot REST API, one controller per domain (sessions, variables, calls,
+engines, health), as thin as they can be: each turns its request body into domain types,
+calls a ServeCore service and shapes the answer. Every handler gets the ServeCore as the
+``core`` dependency and opens sessions with the ``sessions`` dependency (the Bearer
+header's ``session_auth``), both declared once on the app (:mod:`.deps`)."""
 
 from __future__ import annotations
 
 import secrets
 from typing import Annotated
 
-from litestar import Litestar, Request, delete, get, post, put
+from litestar import Controller, Litestar, Request, delete, get, post, put
 from litestar.datastructures import State
 from litestar.logging.config import LoggingConfig
 from litestar.params import FromPath, FromQuery, JSONBody, QueryParameter
@@ -13,14 +17,16 @@ from litestar.params import FromPath, FromQuery, JSONBody, QueryParameter
 from parrot.engines.protocol.error_docs import ADMIN, BODY, CREATES, PARAMS, SESSION, STORE, error_responses
 from parrot.engines.protocol.http import exception_handlers
 from parrot.engines.protocol.json_body import JsonRequest
-from parrot.platform.api.adapter_routes import adapter_routes
-from parrot.platform.api.auth import SESSIONS, Sessions, admin_guard
-from parrot.platform.api.openai_front import openai_front
+from parrot.platform.api.adapter_routes import AdapterController
+from parrot.platform.api.auth import Sessions, admin_guard
+from parrot.platform.api.deps import DEPENDENCIES, Core
+from parrot.platform.api.openai_front import OpenAIController
 from parrot.platform.api.schemas import CreateVar, RegisterEngine, SetVar, SubmitCall, SubmitTransform
-from parrot.platform.serve.core import EngineView, ServeCore
+from parrot.platform.serve.core import ServeCore
 from parrot.platform.serve.graph import RequestChain, SemanticVariable
 from parrot.platform.serve.metrics import CONTENT_TYPE
 from parrot.platform.serve.observe import ContextTreeView, SessionDag
+from parrot.platform.serve.operator_views import EngineView
 from parrot.web.app import dashboard_routes
 from parrot.web.config import DashboardConfig
 from parrot.wire.responses import (
@@ -35,10 +41,6 @@ from parrot.wire.responses import (
 )
 
 MAX_WAIT_S = 3600.0
-
-
-def _core(state: State) -> ServeCore:
-    return state.core
 
 
 def _var_info(var: SemanticVariable, with_value: bool = True) -> VarInfo:
@@ -62,97 +64,6 @@ def _call_info(request: RequestChain) -> CallInfo:
     )
 
 
-@post("/v1/session", status_code=201, responses=error_responses(CREATES, STORE))
-async def create_session(request: Request, state: State) -> SessionCreated:
-    # Counted per client address (behind a reverse proxy: the address it forwards, when
-    # uvicorn trusts it: --forwarded-allow-ips), for the sessions-per-client limit.
-    client = request.client.host if request.client else "unknown"
-    session, auth = await _core(state).create_session(client=client)
-    return SessionCreated(session_id=session.session_id, session_auth=auth)
-
-
-@get("/v1/session/{session_id:str}", responses=error_responses(PARAMS, SESSION))
-async def session_info(session_id: FromPath[str], sessions: Sessions, state: State) -> SessionInfo:
-    session = sessions(session_id)
-    return SessionInfo(
-        session_id=session_id,
-        vars=[_var_info(v, with_value=False) for v in session.vars.values()],
-        calls=[_call_info(c) for c in session.calls.values()],
-    )
-
-
-@get("/v1/session/{session_id:str}/dag", responses=error_responses(PARAMS, SESSION))
-async def session_dag(session_id: FromPath[str], sessions: Sessions, state: State) -> SessionDag:
-    """The session's calls and variables as a DAG (values cut to a preview), with each
-    call's state, engine, timings and filled-in template. Needs the session's auth."""
-    sessions(session_id)
-    return _core(state).session_dag(session_id)
-
-
-@delete("/v1/session/{session_id:str}", status_code=204, responses=error_responses(PARAMS, SESSION, STORE))
-async def delete_session(session_id: FromPath[str], sessions: Sessions, state: State) -> None:
-    await _core(state).delete_session(sessions(session_id))
-
-
-@post("/v1/semantic_var", status_code=201, responses=error_responses(BODY, SESSION, CREATES, STORE))
-async def create_var(data: JSONBody[CreateVar], sessions: Sessions, state: State) -> VarInfo:
-    session = sessions(data.session_id)
-    return _var_info(await _core(state).create_var(session, data.name, data.value), with_value=False)
-
-
-@put("/v1/semantic_var/{var_id:str}", responses=error_responses(BODY, SESSION, STORE))
-async def set_var(var_id: FromPath[str], data: JSONBody[SetVar], sessions: Sessions, state: State) -> VarInfo:
-    session = sessions(data.session_id)
-    return _var_info(await _core(state).set_var(session, var_id, data.value), with_value=False)
-
-
-@get("/v1/semantic_var/{var_id:str}", responses=error_responses(PARAMS, SESSION, 408, 424))
-async def get_var(
-    var_id: FromPath[str],
-    sessions: Sessions,
-    state: State,
-    session_id: FromQuery[str],
-    criteria: FromQuery[str] = "latency",
-    timeout: Annotated[float, QueryParameter(ge=0, le=MAX_WAIT_S)] = 300.0,
-) -> VarInfo:
-    session = sessions(session_id)
-    return _var_info(await _core(state).get_var(session, var_id, criteria, timeout))
-
-
-@post("/v1/semantic_call", status_code=201, responses=error_responses(BODY, SESSION, 409, CREATES, STORE))
-async def submit_call(data: JSONBody[SubmitCall], sessions: Sessions, state: State) -> CallSubmitted:
-    session = sessions(data.session_id)
-    call, outputs = await _core(state).submit_call(
-        session, data.template, data.parameters, data.models, data.output_criteria
-    )
-    info = [
-        ParamInfo(name=p.name, is_output=p.is_output, var_id=outputs.get(p.name) or p.var_id)
-        for p in data.parameters
-    ]
-    return CallSubmitted(call_id=call.call_id, outputs=outputs, param_info=info)
-
-
-@post(
-    "/v1/semantic_transform", status_code=201, responses=error_responses(BODY, SESSION, 409, CREATES, STORE)
-)
-async def submit_transform(
-    data: JSONBody[SubmitTransform], sessions: Sessions, state: State
-) -> CallSubmitted:
-    session = sessions(data.session_id)
-    call, outputs = await _core(state).submit_transform(session, data.inputs, data.steps, data.output)
-    info = [ParamInfo(name=n.var.name, is_output=False, var_id=n.var.var_id) for n in call.chains[0].fills]
-    info.append(ParamInfo(name=data.output, is_output=True, var_id=outputs[data.output]))
-    return CallSubmitted(call_id=call.call_id, outputs=outputs, param_info=info)
-
-
-@get("/v1/semantic_call/{call_id:str}", responses=error_responses(PARAMS, SESSION))
-async def call_info(
-    call_id: FromPath[str], sessions: Sessions, state: State, session_id: FromQuery[str]
-) -> CallInfo:
-    session = sessions(session_id)
-    return _call_info(_core(state).call(session, call_id))
-
-
 def _engine_info(view: EngineView) -> EngineInfo:
     return EngineInfo(
         engine_id=view.engine_id,
@@ -165,54 +76,154 @@ def _engine_info(view: EngineView) -> EngineInfo:
     )
 
 
-@get("/v1/engines")
-async def list_engines(state: State) -> list[EngineInfo]:
-    return [_engine_info(v) for v in _core(state).engine_views()]
+class SessionController(Controller):
+    path = "/v1/session"
+
+    @post(status_code=201, responses=error_responses(CREATES, STORE))
+    async def create_session(self, request: Request, core: Core) -> SessionCreated:
+        # Counted per client address (behind a reverse proxy: the address it forwards, when
+        # uvicorn trusts it: --forwarded-allow-ips), for the sessions-per-client limit.
+        client = request.client.host if request.client else "unknown"
+        session, auth = await core.sessions.create(client=client)
+        return SessionCreated(session_id=session.session_id, session_auth=auth)
+
+    @get("/{session_id:str}", responses=error_responses(PARAMS, SESSION))
+    async def session_info(self, session_id: FromPath[str], sessions: Sessions) -> SessionInfo:
+        session = sessions(session_id)
+        return SessionInfo(
+            session_id=session_id,
+            vars=[_var_info(v, with_value=False) for v in session.vars.values()],
+            calls=[_call_info(c) for c in session.calls.values()],
+        )
+
+    @get("/{session_id:str}/dag", responses=error_responses(PARAMS, SESSION))
+    async def session_dag(self, session_id: FromPath[str], sessions: Sessions, core: Core) -> SessionDag:
+        """The session's calls and variables as a DAG (values cut to a preview), with each
+        call's state, engine, timings and filled-in template. Needs the session's auth."""
+        sessions(session_id)
+        return core.views.session_dag(session_id)
+
+    @delete("/{session_id:str}", status_code=204, responses=error_responses(PARAMS, SESSION, STORE))
+    async def delete_session(self, session_id: FromPath[str], sessions: Sessions, core: Core) -> None:
+        await core.sessions.delete(sessions(session_id))
 
 
-@post(
-    "/v1/engines", status_code=201, guards=[admin_guard], responses=error_responses(BODY, ADMIN, 409, STORE)
-)
-async def register_engine(data: JSONBody[RegisterEngine], state: State) -> EngineInfo:
-    core = _core(state)
-    slot = await core.register(data.spec())
-    return _engine_info(core.engine_view(slot.engine_id))
+class VariableController(Controller):
+    path = "/v1/semantic_var"
+
+    @post(status_code=201, responses=error_responses(BODY, SESSION, CREATES, STORE))
+    async def create_var(self, data: JSONBody[CreateVar], sessions: Sessions, core: Core) -> VarInfo:
+        session = sessions(data.session_id)
+        return _var_info(await core.vars.create(session, data.name, data.value), with_value=False)
+
+    @put("/{var_id:str}", responses=error_responses(BODY, SESSION, STORE))
+    async def set_var(
+        self, var_id: FromPath[str], data: JSONBody[SetVar], sessions: Sessions, core: Core
+    ) -> VarInfo:
+        session = sessions(data.session_id)
+        return _var_info(await core.vars.set(session, var_id, data.value), with_value=False)
+
+    @get("/{var_id:str}", responses=error_responses(PARAMS, SESSION, 408, 424))
+    async def get_var(
+        self,
+        var_id: FromPath[str],
+        sessions: Sessions,
+        core: Core,
+        session_id: FromQuery[str],
+        criteria: FromQuery[str] = "latency",
+        timeout: Annotated[float, QueryParameter(ge=0, le=MAX_WAIT_S)] = 300.0,
+    ) -> VarInfo:
+        session = sessions(session_id)
+        return _var_info(await core.vars.get(session, var_id, criteria, timeout))
 
 
-@delete(
-    "/v1/engines/{engine_id:str}",
-    status_code=204,
-    guards=[admin_guard],
-    responses=error_responses(PARAMS, ADMIN, 404, STORE),
-)
-async def remove_engine(engine_id: FromPath[str], state: State) -> None:
-    await _core(state).remove_engine(engine_id)
+class CallController(Controller):
+    path = "/v1"
+
+    @post("/semantic_call", status_code=201, responses=error_responses(BODY, SESSION, 409, CREATES, STORE))
+    async def submit_call(self, data: JSONBody[SubmitCall], sessions: Sessions, core: Core) -> CallSubmitted:
+        session = sessions(data.session_id)
+        bindings = [p.binding() for p in data.parameters]
+        call, outputs = await core.calls.submit(
+            session, data.template, bindings, data.models, data.output_criteria
+        )
+        info = [
+            ParamInfo(name=p.name, is_output=p.is_output, var_id=outputs.get(p.name) or p.var_id)
+            for p in data.parameters
+        ]
+        return CallSubmitted(call_id=call.call_id, outputs=outputs, param_info=info)
+
+    @post(
+        "/semantic_transform",
+        status_code=201,
+        responses=error_responses(BODY, SESSION, 409, CREATES, STORE),
+    )
+    async def submit_transform(
+        self, data: JSONBody[SubmitTransform], sessions: Sessions, core: Core
+    ) -> CallSubmitted:
+        session = sessions(data.session_id)
+        inputs = [item.binding(n) for n, item in enumerate(data.inputs)]
+        call, outputs = await core.calls.submit_transform(session, inputs, data.steps, data.output)
+        info = [
+            ParamInfo(name=n.var.name, is_output=False, var_id=n.var.var_id) for n in call.chains[0].fills
+        ]
+        info.append(ParamInfo(name=data.output, is_output=True, var_id=outputs[data.output]))
+        return CallSubmitted(call_id=call.call_id, outputs=outputs, param_info=info)
+
+    @get("/semantic_call/{call_id:str}", responses=error_responses(PARAMS, SESSION))
+    async def call_info(
+        self, call_id: FromPath[str], sessions: Sessions, core: Core, session_id: FromQuery[str]
+    ) -> CallInfo:
+        session = sessions(session_id)
+        return _call_info(core.calls.find(session, call_id))
 
 
-@get(
-    "/v1/engines/{engine_id:str}/contexts",
-    guards=[admin_guard],
-    responses=error_responses(PARAMS, ADMIN, 404),
-)
-async def engine_contexts(engine_id: FromPath[str], state: State) -> ContextTreeView:
-    """The prefix tree of the contexts held on an engine, with the sessions holding each
-    node. Needs the admin token (it shows every session's use of the engine)."""
-    return _core(state).context_tree(engine_id)
+class EngineController(Controller):
+    """Listing engines is open; changing them, or seeing every session's contexts on one,
+    needs the admin token."""
+
+    path = "/v1/engines"
+
+    @get()
+    async def list_engines(self, core: Core) -> list[EngineInfo]:
+        return [_engine_info(v) for v in core.views.engine_views()]
+
+    @post(status_code=201, guards=[admin_guard], responses=error_responses(BODY, ADMIN, 409, STORE))
+    async def register_engine(self, data: JSONBody[RegisterEngine], core: Core) -> EngineInfo:
+        slot = await core.engines.register(data.spec())
+        return _engine_info(core.views.engine_view(slot.engine_id))
+
+    @delete(
+        "/{engine_id:str}",
+        status_code=204,
+        guards=[admin_guard],
+        responses=error_responses(PARAMS, ADMIN, 404, STORE),
+    )
+    async def remove_engine(self, engine_id: FromPath[str], core: Core) -> None:
+        await core.engines.remove(engine_id)
+
+    @get("/{engine_id:str}/contexts", guards=[admin_guard], responses=error_responses(PARAMS, ADMIN, 404))
+    async def engine_contexts(self, engine_id: FromPath[str], core: Core) -> ContextTreeView:
+        """The prefix tree of the contexts held on an engine, with the sessions holding each
+        node. Needs the admin token (it shows every session's use of the engine)."""
+        return core.views.context_tree(engine_id)
 
 
-@get("/metrics", media_type=CONTENT_TYPE)
-async def metrics(state: State) -> bytes:
-    """Prometheus text format (``prometheus_client``)."""
-    return _core(state).metrics.render()
+class HealthController(Controller):
+    path = "/"
 
+    @get("/metrics", media_type=CONTENT_TYPE)
+    async def metrics(self, core: Core) -> bytes:
+        """Prometheus text format (``prometheus_client``)."""
+        return core.metrics.render(core.views.stats())
 
-@get("/healthz")
-async def healthz(state: State) -> Health:
-    """Liveness (always 200 while the server answers) and whether it can serve calls."""
-    views = _core(state).engine_views()
-    up = sum(view.up for view in views)
-    reason = None if up else ("no engine is up" if views else "no engine is registered")
-    return Health(status="degraded" if reason else "ok", engines=len(views), engines_up=up, reason=reason)
+    @get("/healthz")
+    async def healthz(self, core: Core) -> Health:
+        """Liveness (always 200 while the server answers) and whether it can serve calls."""
+        views = core.views.engine_views()
+        up = sum(view.up for view in views)
+        reason = None if up else ("no engine is up" if views else "no engine is registered")
+        return Health(status="degraded" if reason else "ok", engines=len(views), engines_up=up, reason=reason)
 
 
 def create_app(
@@ -238,27 +249,16 @@ def create_app(
         # the process's logging is the CLI's (--log-level); Litestar would reset the root to INFO
         logging_config=LoggingConfig(configure_root_logger=False),
         route_handlers=[
-            create_session,
-            session_info,
-            session_dag,
-            delete_session,
-            create_var,
-            set_var,
-            get_var,
-            submit_call,
-            submit_transform,
-            call_info,
-            healthz,
-            list_engines,
-            register_engine,
-            remove_engine,
-            engine_contexts,
-            metrics,
-            openai_front(),
-            adapter_routes(),
+            SessionController,
+            VariableController,
+            CallController,
+            EngineController,
+            HealthController,
+            OpenAIController,
+            AdapterController,
             *pages,
         ],
-        dependencies=SESSIONS,
+        dependencies=DEPENDENCIES,
         # Without a configured token nobody is admin: a random one no client can know.
         state=State(
             {

@@ -2,8 +2,9 @@
 
 - ``admin_guard``: routes that change or show every session's engines need the admin token;
 - ``openai_key_guard``: the OpenAI front needs one of its API keys, when any is configured;
-- ``sessions`` (a dependency): a :class:`SessionAccess` bound to the request's bearer token,
-  which opens a session only for the holder of its ``session_auth``.
+- ``sessions`` (a dependency, :mod:`parrot.platform.api.deps`): a :class:`SessionAccess`
+  bound to the request's bearer token, which opens a session only for the holder of its
+  ``session_auth``.
 
 Failures raise the shared error classes (401 without a token, 403 with a wrong one), which
 the one exception translator turns into JSON.
@@ -14,14 +15,13 @@ from __future__ import annotations
 import hmac
 from dataclasses import dataclass
 
-from litestar import Request
 from litestar.connection import ASGIConnection
-from litestar.datastructures import State
-from litestar.di import NamedDependency, Provide
+from litestar.di import NamedDependency
 from litestar.handlers.base import BaseRouteHandler
 
-from parrot.platform.serve.core import ServeCore, Session
+from parrot.platform.serve.core import ServeCore
 from parrot.platform.serve.errors import ForbiddenError, UnauthorizedError
+from parrot.platform.serve.session_service import Session
 
 
 def bearer_token(connection: ASGIConnection) -> str | None:
@@ -73,12 +73,7 @@ class SessionAccess:
     token: str | None
 
     def __call__(self, session_id: str) -> Session:
-        return self.core.session(session_id, self.token)
+        return self.core.sessions.open(session_id, self.token)
 
 
-def _session_access(request: Request, state: State) -> SessionAccess:
-    return SessionAccess(state.core, bearer_token(request))
-
-
-SESSIONS = {"sessions": Provide(_session_access, sync_to_thread=False)}
 Sessions = NamedDependency[SessionAccess]  # a handler's ``sessions`` parameter

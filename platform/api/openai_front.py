@@ -13,8 +13,7 @@ from __future__ import annotations
 import time
 import uuid
 
-from litestar import Request, Router, get, post
-from litestar.datastructures import State
+from litestar import Controller, Request, get, post
 from litestar.params import JSONBody
 from litestar.response import Stream
 
@@ -32,6 +31,7 @@ from parrot.engines.protocol.openai_stream import (
 )
 from parrot.engines.protocol.stream_docs import JsonOrEventStream
 from parrot.platform.api.auth import openai_key_guard
+from parrot.platform.api.deps import Core
 from parrot.platform.serve.core import ServeCore
 from parrot.platform.serve.oneshot import OneShot, render_chat
 from parrot.wire.chat import ChatTurn
@@ -48,12 +48,8 @@ COMPLETION_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
 CHAT_MAX_TOKENS = 512  # without max_tokens a chat answer stops here (or at end of sequence)
 
 
-def models_served(core: ServeCore) -> list[str]:
-    return core.models()
-
-
 def _model(core: ServeCore, asked: str | None) -> str:
-    served = models_served(core)
+    served = core.engines.models()
     if not served:
         raise NotFoundError("no engine is registered")
     if asked is None:
@@ -79,65 +75,62 @@ def _final_usage(data, run: OneShot):
     return run.usage if data.stream_options and data.stream_options.include_usage else None
 
 
-@post(
-    "/completions",
-    status_code=200,
-    responses=error_responses(BODY, ADMIN, 404, CREATES, 503),
-    operation_class=JsonOrEventStream,
-)
-async def completions(
-    data: JSONBody[CompletionRequest], state: State, request: Request
-) -> CompletionResponse | Stream:
-    core: ServeCore = state.core
-    if data.echo or data.logprobs:
-        raise BadRequestError("echo and logprobs are not supported")
-    model = _model(core, data.model)
-    sampling = sampling_params(data, COMPLETION_MAX_TOKENS)
-    run = await OneShot.start(core, [_prompt(data.prompt)], sampling, data.n, model, stream=data.stream)
-    rid, created = f"cmpl-{uuid.uuid4().hex}", int(time.time())
-    if not data.stream:
-        # A client that gives up stops the generation (its session is closed).
-        answers = await unless_disconnected(request, run.answers())
-        return completion_response(
-            rid, created, model, answers, run.usage(sum(a.completion_tokens for a in answers))
-        )
-    body = completion_stream(run.events(), rid, created, model, _final_usage(data, run))
-    return EventStream(body)
+class OpenAIController(Controller):
+    """The OpenAI-compatible routes, behind the front's API keys (when any is configured)."""
 
+    path = "/v1"
+    guards = (openai_key_guard,)
 
-@post(
-    "/chat/completions",
-    status_code=200,
-    responses=error_responses(BODY, ADMIN, 404, CREATES, 503),
-    operation_class=JsonOrEventStream,
-)
-async def chat_completions(
-    data: JSONBody[ChatCompletionRequest], state: State, request: Request
-) -> ChatCompletionResponse | Stream:
-    core: ServeCore = state.core
-    if data.logprobs:
-        raise BadRequestError("logprobs are not supported")
-    model = _model(core, data.model)
-    messages = [ChatTurn(role=m.role, content=content_text(m.content)) for m in data.messages]
-    pieces = await render_chat(core, model, messages)
-    sampling = sampling_params(data, CHAT_MAX_TOKENS)
-    run = await OneShot.start(core, pieces, sampling, data.n, model, stream=data.stream)
-    rid, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
-    if not data.stream:
-        # A client that gives up stops the generation (its session is closed).
-        answers = await unless_disconnected(request, run.answers())
-        return chat_response(
-            rid, created, model, answers, run.usage(sum(a.completion_tokens for a in answers))
-        )
-    body = chat_stream(run.events(), data.n, rid, created, model, _final_usage(data, run))
-    return EventStream(body)
+    @post(
+        "/completions",
+        status_code=200,
+        responses=error_responses(BODY, ADMIN, 404, CREATES, 503),
+        operation_class=JsonOrEventStream,
+    )
+    async def completions(
+        self, data: JSONBody[CompletionRequest], core: Core, request: Request
+    ) -> CompletionResponse | Stream:
+        if data.echo or data.logprobs:
+            raise BadRequestError("echo and logprobs are not supported")
+        model = _model(core, data.model)
+        sampling = sampling_params(data, COMPLETION_MAX_TOKENS)
+        run = await OneShot.start(core, [_prompt(data.prompt)], sampling, data.n, model, stream=data.stream)
+        rid, created = f"cmpl-{uuid.uuid4().hex}", int(time.time())
+        if not data.stream:
+            # A client that gives up stops the generation (its session is closed).
+            answers = await unless_disconnected(request, run.answers())
+            return completion_response(
+                rid, created, model, answers, run.usage(sum(a.completion_tokens for a in answers))
+            )
+        body = completion_stream(run.events(), rid, created, model, _final_usage(data, run))
+        return EventStream(body)
 
+    @post(
+        "/chat/completions",
+        status_code=200,
+        responses=error_responses(BODY, ADMIN, 404, CREATES, 503),
+        operation_class=JsonOrEventStream,
+    )
+    async def chat_completions(
+        self, data: JSONBody[ChatCompletionRequest], core: Core, request: Request
+    ) -> ChatCompletionResponse | Stream:
+        if data.logprobs:
+            raise BadRequestError("logprobs are not supported")
+        model = _model(core, data.model)
+        messages = [ChatTurn(role=m.role, content=content_text(m.content)) for m in data.messages]
+        pieces = await render_chat(core, model, messages)
+        sampling = sampling_params(data, CHAT_MAX_TOKENS)
+        run = await OneShot.start(core, pieces, sampling, data.n, model, stream=data.stream)
+        rid, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
+        if not data.stream:
+            # A client that gives up stops the generation (its session is closed).
+            answers = await unless_disconnected(request, run.answers())
+            return chat_response(
+                rid, created, model, answers, run.usage(sum(a.completion_tokens for a in answers))
+            )
+        body = chat_stream(run.events(), data.n, rid, created, model, _final_usage(data, run))
+        return EventStream(body)
 
-@get("/models", responses=error_responses(ADMIN))
-async def models(state: State) -> ModelList:
-    return ModelList(data=[ModelCard(id=m, created=0) for m in models_served(state.core)])
-
-
-def openai_front() -> Router:
-    handlers = [completions, chat_completions, models]
-    return Router(path="/v1", route_handlers=handlers, guards=[openai_key_guard])
+    @get("/models", responses=error_responses(ADMIN))
+    async def models(self, core: Core) -> ModelList:
+        return ModelList(data=[ModelCard(id=m, created=0) for m in core.engines.models()])

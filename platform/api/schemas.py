@@ -7,9 +7,10 @@ from typing import Annotated, Literal
 import msgspec
 
 from parrot.engines.protocol.errors import BadRequestError
-from parrot.platform.serve.core import CallParameter, TransformInput
+from parrot.platform.serve.call_service import Binding
 from parrot.platform.serve.engine_registry import EngineSpec
 from parrot.platform.serve.transforms import Steps
+from parrot.wire.sampling import SamplingParams
 
 Name = Annotated[str, msgspec.Meta(min_length=1, max_length=256)]
 # Values and templates: their size limits are the server's configured Limits (413 with the
@@ -26,6 +27,28 @@ class CreateVar(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
 class SetVar(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     session_id: str
     value: Text
+
+
+class CallParameter(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    """A placeholder of the template: an input (``var_id`` or ``value``) or an output."""
+
+    name: str
+    is_output: bool = False
+    var_id: str | None = None
+    value: str | None = None
+    sampling: SamplingParams | None = None
+
+    def binding(self) -> Binding:
+        return Binding(self.name, self.is_output, self.var_id, self.value, self.sampling)
+
+
+class TransformInput(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    var_id: str | None = None
+    value: str | None = None
+
+    def binding(self, position: int) -> Binding:
+        """Bound as ``input<position>`` (the name the stored call and the DAG show)."""
+        return Binding(f"input{position}", var_id=self.var_id, value=self.value)
 
 
 class SubmitCall(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):

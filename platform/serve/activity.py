@@ -8,6 +8,8 @@ import logging
 import time
 from dataclasses import dataclass
 
+from parrot.platform.serve.call_state import CallState
+
 log = logging.getLogger("parrot.activity")
 
 
@@ -27,11 +29,11 @@ class ActivityLog:
         self._since = time.monotonic()
 
     def call_finished(
-        self, call_id: str, state: str, seconds: float, engine_id: str | None, error: str | None = None
+        self, call_id: str, state: CallState, seconds: float, engine_id: str | None, error: str | None = None
     ) -> None:
         """A call is done or failed, ``seconds`` after it was submitted."""
         window = self._window
-        if state == "done":
+        if state == CallState.DONE:
             window.done += 1
         else:
             window.failed += 1

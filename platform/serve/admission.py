@@ -18,8 +18,6 @@ from parrot.platform.serve.limits import Limits, describe
 if TYPE_CHECKING:
     from parrot.platform.serve.graph import RequestChain
 
-SETTLED = ("done", "failed")
-
 
 class Admission:
     def __init__(self, limits: Limits | None = None) -> None:
@@ -122,5 +120,5 @@ class Admission:
     def _prune(self) -> None:
         # A call settles through the ServeCore's progress hook; this catches one that
         # settled on a path that does not report (so a count never leaks for good).
-        for call_id in [c for c, r in self._pending.items() if r.state in SETTLED]:
+        for call_id in [c for c, r in self._pending.items() if r.state.settled]:
             del self._pending[call_id]

@@ -15,6 +15,7 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 
 from parrot.engines.protocol.schemas import GenerateResponse, StreamEnd
+from parrot.platform.serve.call_state import CallState
 from parrot.platform.serve.errors import GraphError
 from parrot.wire.sampling import SamplingParams
 from parrot.wire.template import Chunk, PlaceholderChunk, TemplateError, TextChunk
@@ -146,13 +147,13 @@ class RequestChain:
     timings: dict[str, float] = field(default_factory=dict)
 
     @property
-    def state(self) -> str:
+    def state(self) -> CallState:
         outs = self.output_vars()
         if any(v.error for v in outs):
-            return "failed"
+            return CallState.FAILED
         if all(v.ready for v in outs):
-            return "done"
-        return "running" if "started_at" in self.timings else "pending"
+            return CallState.DONE
+        return CallState.RUNNING if "started_at" in self.timings else CallState.PENDING
 
     @property
     def stored(self) -> bool:

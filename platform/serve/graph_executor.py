@@ -18,9 +18,9 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
-import time
 
 from parrot.engines.protocol.errors import ParrotError
+from parrot.platform.serve.call_ledger import CallLedger
 from parrot.platform.serve.errors import TransformError
 from parrot.platform.serve.graph import CompletionChain, RequestChain, TransformGen
 from parrot.platform.serve.scheduler.global_scheduler import GlobalScheduler
@@ -28,6 +28,7 @@ from parrot.platform.serve.scheduler.task import LATENCY, THROUGHPUT, Completion
 from parrot.platform.serve.transform_runner import TransformRunner
 
 log = logging.getLogger(__name__)
+TRANSFORM_ENGINE = "servecore"  # where a transform call runs, as its engine_id says
 
 
 class GraphExecutor:
@@ -39,11 +40,13 @@ class GraphExecutor:
         scheduler: GlobalScheduler,
         seq: itertools.count,
         transforms: TransformRunner,
+        calls: CallLedger,
     ) -> None:
         self.session_id = session_id
         self.scheduler = scheduler
         self.transforms = transforms  # the ServeCore's, shared by all sessions
         self.variables = scheduler.variables
+        self.calls = calls  # where a transform's start is recorded
         self.seq = seq  # task arrival order, shared by all sessions
         self.app_seq: int | None = None  # submission order of this session's first call
         self._watchers: dict[str, asyncio.Task] = {}  # by chain key
@@ -126,8 +129,7 @@ class GraphExecutor:
     async def _transform(self, chain: CompletionChain, gen: TransformGen) -> None:
         """Transforms run on the ServeCore (string work needs no engine), in a worker thread
         within their time budget."""
-        chain.request.engine_id = "servecore"
-        chain.request.timings.setdefault("started_at", time.time())
+        self.calls.started(chain.request, TRANSFORM_ENGINE)
         try:
             value = await self.transforms.apply(gen.steps, [v.value or "" for v in chain.input_vars()])
         except TransformError as error:

@@ -18,6 +18,10 @@ import ctypes.util
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from parrot.platform.serve.tokenizer_manager import TokenizerManager
 
 
 def malloc_trim() -> Callable[[int], int] | None:
@@ -51,3 +55,10 @@ class MemoryTrimmer:
         await asyncio.to_thread(self._trim, 0)  # ctypes calls release the GIL
         self.trims += 1
         return True
+
+    async def watch(self, tokenizers: TokenizerManager, every_s: float = 1.0) -> None:
+        """Trim after the tokenizers' big work (``tokenizers.big_at``), looking every
+        ``every_s`` seconds (runs until cancelled)."""
+        while True:
+            await self.after(tokenizers.big_at)
+            await asyncio.sleep(every_s)

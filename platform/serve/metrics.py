@@ -4,19 +4,19 @@
 Names follow vLLM's style with a ``parrot:`` prefix. Distributions (task time, time to
 first token, time per output token, SV wait) are histograms observed as things happen;
 counts the ServeCore keeps anyway (tasks done, prompt tokens, engines, ...) are read from
-:meth:`ServeCore.stats` at scrape time by a collector.
+:meth:`OperatorViews.stats` at scrape time.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 if TYPE_CHECKING:
-    from parrot.platform.serve.core import CoreStats
+    from parrot.platform.serve.operator_views import CoreStats
 
 CONTENT_TYPE = "text/plain; version=0.0.4"  # the format of generate_latest (Litestar adds the charset)
 # Seconds: a task or a wait runs from milliseconds (a cached prefix, a ready SV) to minutes.
@@ -49,10 +49,6 @@ class ServeMetrics:
             buckets=LATENCY_BUCKETS, registry=reg,
         )
 
-    def watch(self, stats: Callable[[], CoreStats]) -> None:
-        """Export the counts of ``stats()`` (read at each scrape)."""
-        self.registry.register(_StatsCollector(stats))
-
     def observe_task(self, seconds: float, first_token_s: float | None, output_tokens: int) -> None:
         self.task_seconds.observe(seconds)
         if first_token_s is not None:
@@ -63,17 +59,20 @@ class ServeMetrics:
     def observe_wait(self, seconds: float) -> None:
         self.sv_wait.observe(seconds)
 
-    def render(self) -> bytes:
-        """The Prometheus text exposition (format 0.0.4)."""
-        return generate_latest(self.registry)
+    def render(self, stats: CoreStats) -> bytes:
+        """The Prometheus text exposition (format 0.0.4): the histograms, and the counts of
+        ``stats`` (taken by the caller at this scrape, so nothing here reads upwards)."""
+        counts = CollectorRegistry()
+        counts.register(_StatsCollector(stats))
+        return generate_latest(self.registry) + generate_latest(counts)
 
 
 class _StatsCollector:
-    def __init__(self, stats: Callable[[], CoreStats]) -> None:
+    def __init__(self, stats: CoreStats) -> None:
         self.stats = stats
 
     def collect(self) -> Iterator[Metric]:
-        st = self.stats()
+        st = self.stats
         yield GaugeMetricFamily("parrot:num_sessions", "Live sessions.", value=st.sessions)
         yield GaugeMetricFamily("parrot:num_tasks_waiting", "Tasks in the global queue.", value=st.queued)
         tasks = CounterMetricFamily("parrot:tasks", "Completion tasks by outcome.", labels=["state"])

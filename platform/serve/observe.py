@@ -2,7 +2,7 @@
 
 The dashboard and the JSON routes ``GET /v1/session/{id}/dag`` and
 ``GET /v1/engines/{id}/contexts`` show these; they are built from the graph and the context
-tree by the functions here (called by ServeCore methods), so nothing outside the serve
+tree by the functions here (called by :mod:`.operator_views`), so nothing outside the serve
 layer reads the scheduler's structures. Values are cut to ``VALUE_PREVIEW`` characters.
 """
 
@@ -11,9 +11,11 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from enum import StrEnum
 
 import msgspec
 
+from parrot.platform.serve.call_state import CallState
 from parrot.platform.serve.contexts import ContextTree
 from parrot.platform.serve.graph import (
     CompletionChain,
@@ -28,8 +30,16 @@ from parrot.platform.serve.graph import (
 VALUE_PREVIEW = 4000  # characters of a value or a template piece shown
 TREE_NODES = 400  # context-tree nodes shown per engine (the first in depth-first order)
 
-# Call states as operators see them (a finer split of RequestChain.state's "pending").
-WAITING, QUEUED, RUNNING, DONE, FAILED = "waiting", "queued", "running", "done", "failed"
+
+class DisplayState(StrEnum):
+    """A call's state as operators see it: :class:`CallState` with its ``pending`` split
+    into ``waiting`` (for inputs) and ``queued`` (ready, waiting for an engine)."""
+
+    WAITING = "waiting"
+    QUEUED = "queued"
+    RUNNING = CallState.RUNNING.value
+    DONE = CallState.DONE.value
+    FAILED = CallState.FAILED.value
 
 
 def _cut(text: str | None) -> tuple[str | None, bool]:
@@ -55,7 +65,7 @@ class DagCall:
     call_id: str
     seq: int  # submission order in the ServeCore
     kind: str  # "llm" or "transform"
-    state: str  # waiting, queued, running, done, failed
+    state: DisplayState
     engine: str | None
     inputs: list[str]  # var ids, in template order
     outputs: list[str]
@@ -101,7 +111,7 @@ class SessionSummary:
     session_id: str
     live: bool
     calls: int
-    states: dict[str, int]  # call state -> count
+    states: dict[DisplayState, int]  # call state -> count
     started_at: float | None  # the first call's submission (unix seconds)
     last_activity_at: float | None  # the latest call timing
     closed_at: float | None = None
@@ -138,12 +148,12 @@ class ContextTreeView:
 
 
 # -- session DAG ---------------------------------------------------------------------------
-def call_state(request: RequestChain) -> str:
+def call_state(request: RequestChain) -> DisplayState:
     state = request.state
-    if state != "pending":
-        return state
+    if state != CallState.PENDING:
+        return DisplayState(state.value)
     chain = next((c for c in request.chains if not c.settled), None)
-    return QUEUED if chain is not None and chain.ready() else WAITING
+    return DisplayState.QUEUED if chain is not None and chain.ready() else DisplayState.WAITING
 
 
 def _template(request: RequestChain) -> list[TemplatePart]:
@@ -218,7 +228,7 @@ def summarize(
     session_id: str, calls: Iterable[RequestChain], live: bool, closed_at: float | None = None
 ) -> SessionSummary:
     requests = list(calls)
-    states: dict[str, int] = {}
+    states: dict[DisplayState, int] = {}
     for request in requests:
         state = call_state(request)
         states[state] = states.get(state, 0) + 1

@@ -16,8 +16,9 @@ from collections.abc import AsyncIterator
 import msgspec
 
 from parrot.engines.protocol.openai_stream import Answer, Delta, Finish, usage
-from parrot.platform.serve.core import ServeCore, Session
+from parrot.platform.serve.core import ServeCore
 from parrot.platform.serve.graph import RequestChain
+from parrot.platform.serve.session_service import Session
 from parrot.wire.chat import ChatTurn
 from parrot.wire.openai_schemas import Usage
 from parrot.wire.sampling import SamplingParams
@@ -36,7 +37,7 @@ def chatml_pieces(messages: list[ChatTurn]) -> list[str]:
 async def render_chat(core: ServeCore, model: str, messages: list[ChatTurn]) -> list[str]:
     """The prompt pieces of a chat for ``model``: its own template, applied by an engine
     of that model that offers it, else ChatML."""
-    pieces = await core.render_chat(model, messages)
+    pieces = await core.engines.render_chat(model, messages)
     return pieces if pieces is not None else chatml_pieces(messages)
 
 
@@ -57,7 +58,7 @@ class OneShot:
         model: str,
         stream: bool = False,
     ) -> OneShot:
-        session, _ = await core.create_session(stored=False)
+        session, _ = await core.sessions.create(stored=False)
         run = cls(core, session, stream)
         try:
             for index in range(n):
@@ -67,7 +68,9 @@ class OneShot:
                 on_token = None
                 if run.queue is not None:
                     on_token = run._token_sink(index)
-                run.requests.append(await core.submit_prompt(session, pieces, seeded, [model], on_token))
+                run.requests.append(
+                    await core.calls.submit_prompt(session, pieces, seeded, [model], on_token)
+                )
         except BaseException:
             await run.close()
             raise
@@ -87,7 +90,7 @@ class OneShot:
             out = []
             for request in self.requests:
                 chain = request.chains[0]
-                text = await self.core.wait_value(chain.gen.var)
+                text = await self.core.vars.wait_value(chain.gen.var)
                 out.append(Answer(text, chain.result.finish_reason, len(chain.result.token_ids)))
             return out
         finally:
@@ -112,7 +115,7 @@ class OneShot:
     async def _finish(self, index: int, request: RequestChain) -> None:
         chain = request.chains[0]
         try:
-            await self.core.wait_value(chain.gen.var)
+            await self.core.vars.wait_value(chain.gen.var)
         except Exception as error:  # the producer failed: the stream ends with its reason
             self.queue.put_nowait(error)
         else:
@@ -126,4 +129,4 @@ class OneShot:
 
     async def close(self) -> None:
         if self.session.session_id in self.core.sessions:
-            await self.core.delete_session(self.session)
+            await self.core.sessions.delete(self.session)

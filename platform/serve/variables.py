@@ -12,18 +12,19 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from collections.abc import Iterable
 
 from parrot.engines.protocol import text
+from parrot.platform.serve.call_ledger import CallLedger
 from parrot.platform.serve.errors import ProducerFailedError
 from parrot.platform.serve.graph import SemanticVariable
+from parrot.platform.serve.metrics import ServeMetrics
 
 
-@dataclass
 class Variables:
-    on_change: Callable[[SemanticVariable], None] | None = None  # a value or an error arrived
-    on_wait: Callable[[float], None] | None = None  # seconds a get waited (for /metrics)
+    def __init__(self, calls: CallLedger, metrics: ServeMetrics) -> None:
+        self.calls = calls  # told of every value and error (it journals them, advances calls)
+        self.metrics = metrics  # seconds each get waited
 
     def set_value(self, var: SemanticVariable, value: str) -> None:
         if var.ready or var.error is not None:
@@ -51,8 +52,7 @@ class Variables:
 
     def _changed(self, var: SemanticVariable) -> None:
         var.settled.set()
-        if self.on_change is not None:
-            self.on_change(var)
+        self.calls.var_settled(var)
 
     async def wait(self, var: SemanticVariable, timeout: float | None = None) -> str:
         """The value, once there; raises :class:`ProducerFailedError` with the reason when it
@@ -64,8 +64,7 @@ class Variables:
                     raise TimeoutError
                 await asyncio.wait_for(var.settled.wait(), timeout)
         finally:
-            if self.on_wait is not None:
-                self.on_wait(time.monotonic() - started)
+            self.metrics.observe_wait(time.monotonic() - started)
         if var.error:
             raise ProducerFailedError(f"variable {var.name!r} has no value: {var.error}")
         return var.value or ""

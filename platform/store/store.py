@@ -18,6 +18,7 @@ from sqlalchemy import delete, event, select, update
 from sqlalchemy.ext.asyncio import AsyncEngine, async_sessionmaker, create_async_engine
 
 from parrot.engines.protocol.urls import public_url
+from parrot.platform.serve.call_state import UNFINISHED, CallState
 from parrot.platform.store.models import (
     CallRecord,
     EngineRecord,
@@ -30,7 +31,6 @@ from parrot.platform.store.secret_box import SecretBox
 log = logging.getLogger(__name__)
 
 MIGRATIONS_DIR = Path(__file__).resolve().parents[2] / "migrations"
-UNFINISHED = ("pending", "running")
 
 
 def now() -> datetime:
@@ -197,7 +197,7 @@ class Store:
             parameters=parameters,
             models=models or [],
             output_criteria=output_criteria,
-            state="pending",
+            state=CallState.PENDING,
             timings=timings or {},
             created_at=now(),
         )

@@ -8,7 +8,8 @@ from conftest import DATABASES, ServerThread, database_url
 from prometheus_client.parser import text_string_to_metric_families
 
 from parrot.platform.api.app import create_app
-from parrot.platform.serve.core import CallParameter, ServeCore
+from parrot.platform.serve.call_service import Binding
+from parrot.platform.serve.core import ServeCore
 from parrot.platform.store.store import Store
 from parrot.sdk.results import parse_metrics
 from parrot.wire.sampling import SamplingParams
@@ -250,26 +251,26 @@ async def test_idle_sessions_expire_and_free_their_contexts(engine_server):
     core = ServeCore(session_timeout_s=60)
     await core.start()
     try:
-        slot = await core.register_engine(engine_server.url)
-        session, _ = await core.create_session()
-        _, outputs = await core.submit_call(
+        slot = await core.engines.register_builtin(engine_server.url)
+        session, _ = await core.sessions.create()
+        _, outputs = await core.calls.submit(
             session,
             "Hello {{who}}: {{a}}",
             [
-                CallParameter(name="who", value="Ada"),
-                CallParameter(name="a", is_output=True, sampling=SamplingParams(max_tokens=2)),
+                Binding(name="who", value="Ada"),
+                Binding(name="a", is_output=True, sampling=SamplingParams(max_tokens=2)),
             ],
             [],
             None,
         )
-        await core.get_var(session, outputs["a"], "latency", 60)
+        await core.vars.get(session, outputs["a"], "latency", 60)
         mine = [c.context_id for c in slot.contexts.of_session(session.session_id)]
         assert mine
-        active, active_auth = await core.create_session()
+        active, active_auth = await core.sessions.create()
         session.last_active -= 61  # idle for longer than the timeout (no sleeping in tests)
         active.last_active -= 61
-        core.session(active.session_id, active_auth)  # touched: stays
-        assert await core.expire_idle_sessions() == [session.session_id]
+        core.sessions.open(active.session_id, active_auth)  # touched: stays
+        assert await core.sessions.expire_idle() == [session.session_id]
         assert session.session_id not in core.sessions and active.session_id in core.sessions
         # Its contexts are gone, here and on the engine (freeing them again frees nothing);
         # a prefix of constant template text may stay cached for other sessions.

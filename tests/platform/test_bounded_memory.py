@@ -8,7 +8,8 @@ import asyncio
 
 import pytest
 
-from parrot.platform.serve.core import CallParameter, ServeCore
+from parrot.platform.serve.call_service import Binding
+from parrot.platform.serve.core import ServeCore
 from parrot.platform.serve.engine_registry import OPENAI, EngineSpec
 from parrot.platform.serve.oneshot import OneShot
 from parrot.platform.serve.scheduler.health import HealthSettings
@@ -18,7 +19,7 @@ pytestmark = pytest.mark.asyncio(loop_scope="function")
 
 
 async def monitor_round(core: ServeCore) -> None:
-    for slot in core.engine_slots():
+    for slot in core.engines.slots():
         await core.scheduler.monitor.check(slot)
 
 
@@ -26,10 +27,10 @@ async def test_one_shot_prompts_stay_within_what_the_engine_holds(engine_server)
     core = ServeCore(health=HealthSettings(interval_s=60))  # rounds run by hand below
     await core.start()
     try:
-        slot = await core.register_engine(engine_server.url)
+        slot = await core.engines.register_builtin(engine_server.url)
         capacity = slot.token_capacity
         sampling = SamplingParams(max_tokens=2, temperature=0)
-        model = core.models()[0]
+        model = core.engines.models()[0]
         # Each request: a distinct ~450-token system prompt, kept as a shared prefix.
         for n in range(3 * capacity // 450):
             system = f"Rule set {n}: " + " ".join(f"rule {n}.{i} says keep the lamp lit" for i in range(50))
@@ -37,7 +38,7 @@ async def test_one_shot_prompts_stay_within_what_the_engine_holds(engine_server)
             await run.answers()
             await monitor_round(core)
             assert slot.contexts.held_symbols() <= capacity
-        assert core.stats().evicted > 0 and not slot.contexts.of_session(run.session.session_id)
+        assert core.views.stats().evicted > 0 and not slot.contexts.of_session(run.session.session_id)
         info = await slot.client.ping()
         assert info["kv_blocks_used"] <= info["kv_blocks_total"]
     finally:
@@ -49,20 +50,20 @@ async def test_text_contexts_of_an_openai_engine_stay_within_their_budget(engine
     core = ServeCore(health=HealthSettings(interval_s=60, text_chars=budget))
     await core.start()
     try:
-        slot = await core.register(
+        slot = await core.engines.register(
             EngineSpec(OPENAI, f"{engine_server.url}/v1", model=engine.model_name, api="completions")
         )
-        session, _ = await core.create_session()
+        session, _ = await core.sessions.create()
         for n in range(12):
             params = [
-                CallParameter(name="doc", value=f"Document {n}: " + "the tide came in and out. " * 30),
-                CallParameter(name="a", is_output=True, sampling=SamplingParams(max_tokens=2, temperature=0)),
+                Binding(name="doc", value=f"Document {n}: " + "the tide came in and out. " * 30),
+                Binding(name="a", is_output=True, sampling=SamplingParams(max_tokens=2, temperature=0)),
             ]
-            _, out = await core.submit_call(session, "{{doc}}\nSummary:{{a}}", params, [], None)
-            await core.get_var(session, out["a"], "latency", 120)
+            _, out = await core.calls.submit(session, "{{doc}}\nSummary:{{a}}", params, [], None)
+            await core.vars.get(session, out["a"], "latency", 120)
             await monitor_round(core)
             assert slot.contexts.held_symbols() <= budget
         await asyncio.sleep(0)
-        assert core.stats().evicted > 0
+        assert core.views.stats().evicted > 0
     finally:
         await core.stop()

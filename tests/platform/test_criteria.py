@@ -9,8 +9,9 @@ import itertools
 
 import pytest
 
+from parrot.platform.serve.call_service import Binding
 from parrot.platform.serve.contexts import ContextTree
-from parrot.platform.serve.core import CallParameter, ServeCore
+from parrot.platform.serve.core import ServeCore
 from parrot.platform.serve.errors import WaitTimeoutError
 from parrot.platform.serve.scheduler.policy import SchedulingPolicy
 from parrot.platform.serve.scheduler.slot import EngineSlot
@@ -29,20 +30,20 @@ async def chain_session(core: ServeCore, criteria: str | None = None):
     """a -> b -> c, and an unrelated d, submitted to a core that is not started (nothing is
     dispatched, so the marks can be read)."""
     core.scheduler.add_engine(idle_slot())
-    session, _ = await core.create_session()
+    session, _ = await core.sessions.create()
     outs = {}
     for template, src, dst in (
         ("Topic: {{a}}", None, "a"),
         ("{{a}} then {{b}}", "a", "b"),
         ("{{b}} so {{c}}", "b", "c"),
     ):
-        params = [CallParameter(name=dst, is_output=True)]
+        params = [Binding(name=dst, is_output=True)]
         if src:
-            params.insert(0, CallParameter(name=src, var_id=outs[src]))
-        _, out = await core.submit_call(session, template, params, [], criteria if dst == "c" else None)
+            params.insert(0, Binding(name=src, var_id=outs[src]))
+        _, out = await core.calls.submit(session, template, params, [], criteria if dst == "c" else None)
         outs.update(out)
-    _, out = await core.submit_call(
-        session, "Other: {{d}}", [CallParameter(name="d", is_output=True)], [], None
+    _, out = await core.calls.submit(
+        session, "Other: {{d}}", [Binding(name="d", is_output=True)], [], None
     )
     outs.update(out)
     for _ in range(20):  # the watchers queue the chains whose inputs are ready (a and d)
@@ -65,7 +66,7 @@ async def test_a_latency_get_marks_the_producers_with_their_depth():
     session, outs = await chain_session(core)
     assert marks(session) == {"a": 0, "b": 0, "c": 0, "d": 0}
     with pytest.raises(WaitTimeoutError):
-        await core.get_var(session, outs["c"], LATENCY, 0.01)
+        await core.vars.get(session, outs["c"], LATENCY, 0.01)
     assert marks(session) == {"a": 3, "b": 2, "c": 1, "d": 0}
     queued = {t.chain.gen.var.name: (t.latency, t.depth) for t in core.scheduler.queue}
     assert queued == {"a": (True, 3), "d": (False, 0)}
@@ -77,7 +78,7 @@ async def test_a_throughput_get_marks_nothing():
     core = ServeCore()
     session, outs = await chain_session(core)
     with pytest.raises(WaitTimeoutError):
-        await core.get_var(session, outs["c"], THROUGHPUT, 0.01)
+        await core.vars.get(session, outs["c"], THROUGHPUT, 0.01)
     assert set(marks(session).values()) == {0}
 
 
@@ -91,18 +92,18 @@ async def test_a_consumer_makes_its_queued_producers_a_group_whenever_it_arrives
     """The maps are queued before the reduce is submitted: they join its group then."""
     core = ServeCore()
     core.scheduler.add_engine(idle_slot())
-    session, _ = await core.create_session()
+    session, _ = await core.sessions.create()
     maps = []
     for i in range(3):
-        _, out = await core.submit_call(
-            session, f"Part {i}: {{{{s}}}}", [CallParameter(name="s", is_output=True)], [], None
+        _, out = await core.calls.submit(
+            session, f"Part {i}: {{{{s}}}}", [Binding(name="s", is_output=True)], [], None
         )
         maps.append(out["s"])
     await asyncio.sleep(0.05)
     assert {t.group for t in core.scheduler.queue} == {None}
-    params = [CallParameter(name=f"s{i}", var_id=v) for i, v in enumerate(maps)]
-    params.append(CallParameter(name="total", is_output=True))
-    reduce, _ = await core.submit_call(session, "{{s0}} {{s1}} {{s2}} All: {{total}}", params, [], None)
+    params = [Binding(name=f"s{i}", var_id=v) for i, v in enumerate(maps)]
+    params.append(Binding(name="total", is_output=True))
+    reduce, _ = await core.calls.submit(session, "{{s0}} {{s1}} {{s2}} All: {{total}}", params, [], None)
     groups = {t.group for t in core.scheduler.queue}
     assert groups == {(session.executor.app_seq, reduce.seq)}  # by application, then consumer
 

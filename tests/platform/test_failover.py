@@ -13,7 +13,8 @@ import httpx
 import pytest
 from conftest import ParrotProcess, free_port
 
-from parrot.platform.serve.core import CallParameter, ServeCore
+from parrot.platform.serve.call_service import Binding
+from parrot.platform.serve.core import ServeCore
 from parrot.platform.serve.errors import ProducerFailedError
 from parrot.platform.serve.scheduler.health import HealthSettings
 from parrot.wire.sampling import SamplingParams
@@ -34,18 +35,18 @@ def engine_process(model_cache_dir) -> tuple[ParrotProcess, str]:
 
 
 async def submit(core: ServeCore, n: int, max_tokens: int = 48) -> tuple:
-    session, _ = await core.create_session()
+    session, _ = await core.sessions.create()
     outputs = []
     for i in range(n):
         params = [
-            CallParameter(name="x", value=f"Voyage {i} of the lighthouse tender"),
-            CallParameter(
+            Binding(name="x", value=f"Voyage {i} of the lighthouse tender"),
+            Binding(
                 name="y",
                 is_output=True,
                 sampling=SamplingParams(max_tokens=max_tokens, temperature=0, ignore_eos=True),
             ),
         ]
-        _, out = await core.submit_call(session, "Log of {{x}}: {{y}}", params, [], None)
+        _, out = await core.calls.submit(session, "Log of {{x}}: {{y}}", params, [], None)
         outputs.append(out["y"])
     return session, outputs
 
@@ -62,16 +63,16 @@ async def test_tasks_of_a_lost_engine_finish_on_another(model_cache_dir, how):
     core = ServeCore(health=HEALTH)
     try:
         await core.start()
-        doomed = (await core.register_engine(first_url)).engine_id
+        doomed = (await core.engines.register_builtin(first_url)).engine_id
         session, outputs = await submit(core, 4)
         await running_on(core, doomed)
-        spare = (await core.register_engine(second_url)).engine_id
+        spare = (await core.engines.register_builtin(second_url)).engine_id
         os.kill(first.proc.pid, how)
         lost_at = time.monotonic()
         while core.scheduler.engines[doomed].up:  # found by its missed pings, not a timeout
             assert time.monotonic() - lost_at < DETECTION_BOUND_S
             await asyncio.sleep(0.05)
-        values = [(await core.get_var(session, v, "latency", 300)).value for v in outputs]
+        values = [(await core.vars.get(session, v, "latency", 300)).value for v in outputs]
         assert all(values)
         assert {r.engine_id for r in session.calls.values()} == {spare}
         if how == signal.SIGSTOP:
@@ -88,7 +89,7 @@ async def test_tasks_of_a_lost_engine_finish_on_another(model_cache_dir, how):
                     await asyncio.sleep(0.2)
                 assert info["num_running"] == info["num_waiting"] == 0
             again, more = await submit(core, 1, max_tokens=4)  # and it serves again
-            await core.get_var(again, more[0], "latency", 60)
+            await core.vars.get(again, more[0], "latency", 60)
     finally:
         await core.stop()
         for process in (first, second):
@@ -102,14 +103,14 @@ async def test_tasks_of_a_lone_hung_engine_fail_with_the_reason_in_bounded_time(
     core = ServeCore(health=HEALTH)
     try:
         await core.start()
-        engine_id = (await core.register_engine(url)).engine_id
+        engine_id = (await core.engines.register_builtin(url)).engine_id
         session, outputs = await submit(core, 2, max_tokens=400)
         await running_on(core, engine_id)
         os.kill(process.proc.pid, signal.SIGSTOP)  # the port stays open: no connection error
         stopped = time.monotonic()
         for var_id in outputs:
             with pytest.raises(ProducerFailedError, match="every engine that serves them is down"):
-                await core.get_var(session, var_id, "latency", 120)
+                await core.vars.get(session, var_id, "latency", 120)
         # Detection (missed pings) plus the grace for an engine to come back, not an HTTP timeout.
         assert time.monotonic() - stopped < DETECTION_BOUND_S + HEALTH.down_grace_s
     finally:

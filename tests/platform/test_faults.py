@@ -139,7 +139,7 @@ def engine_idle_but_for_the_servecore(
 ) -> None:
     """Waits until the engine runs no job and holds the contexts the ServeCore still tracks
     and the ``others`` it held before (of other tests' servers on the shared engine)."""
-    slot = core.engine_slots()[0]
+    slot = core.engines.slots()[0]
     deadline = time.monotonic() + timeout_s
     while True:
         info = engine_contexts(engine_url)
@@ -154,7 +154,7 @@ def engine_idle_but_for_the_servecore(
 
 def test_clients_that_go_away_lose_nothing_and_leak_nothing(served, engine_server):
     core, _store, api, _ = served
-    others = engine_contexts(engine_server.url)["num_contexts"] - len(core.engine_slots()[0].contexts)
+    others = engine_contexts(engine_server.url)["num_contexts"] - len(core.engines.slots()[0].contexts)
     # 1. A client gives up on a get of a long call: the call goes on, its value is kept.
     sid, auth = new_session(api)
     long_out = submit(api, sid, auth, "The history of lighthouses", 96, ignore_eos=True)
@@ -196,6 +196,6 @@ def test_clients_that_go_away_lose_nothing_and_leak_nothing(served, engine_serve
     # tracks (shared prefixes it may evict), nothing of the session, and runs no job.
     assert api.delete(f"/v1/session/{sid}", headers=auth).status_code in (200, 204)
     engine_idle_but_for_the_servecore(core, engine_server.url, others)
-    slot = core.engine_slots()[0]
+    slot = core.engines.slots()[0]
     assert not slot.contexts.of_session(sid)
     assert all(c.owner is None and c.refs == 0 for c in slot.contexts.contexts.values())

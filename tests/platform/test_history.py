@@ -20,7 +20,7 @@ def test_history_keeps_the_last_span_only():
 
 def test_servecore_samples_its_load():
     core = ServeCore(history=LoadHistory(span_s=300, interval_s=1))
-    sample = core.sample_load()
+    sample = core.views.sample_load()
     assert sample.queued == 0 and sample.running == 0 and sample.tokens_per_s == 0
-    assert core.load_history() == [sample]
-    assert core.session_summaries() == []
+    assert core.views.load_history() == [sample]
+    assert core.views.session_summaries() == []

@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 from sqlalchemy import event
 
-from parrot.platform.serve.core import CallParameter, ServeCore
+from parrot.platform.serve.call_service import Binding
+from parrot.platform.serve.core import ServeCore
 from parrot.platform.serve.errors import StoreError
 from parrot.platform.store.store import Store, sqlite_url
 
@@ -38,30 +39,30 @@ async def test_a_refused_write_fails_the_request_and_changes_nothing(engine_serv
     core = ServeCore(store=store)
     await core.start()
     try:
-        await core.register_engine(engine_server.url)
-        session, _ = await core.create_session()
-        topic = await core.create_var(session, "topic", "tides")
-        waiting = await core.create_var(session, "later")
-        generated = (await core.engine_slots()[0].client.ping())["tokens_generated"]
-        params = [CallParameter(name="t", var_id=topic.var_id), CallParameter(name="a", is_output=True)]
+        await core.engines.register_builtin(engine_server.url)
+        session, _ = await core.sessions.create()
+        topic = await core.vars.create(session, "topic", "tides")
+        waiting = await core.vars.create(session, "later")
+        generated = (await core.engines.slots()[0].client.ping())["tokens_generated"]
+        params = [Binding(name="t", var_id=topic.var_id), Binding(name="a", is_output=True)]
         async with Refusal(store):
             with pytest.raises(StoreError, match="did not take the write"):
-                await core.create_session()
+                await core.sessions.create()
             with pytest.raises(StoreError):
-                await core.create_var(session, "x", "y")
+                await core.vars.create(session, "x", "y")
             with pytest.raises(StoreError):
-                await core.submit_call(session, "About {{t}}: {{a}}", params, [], None)
+                await core.calls.submit(session, "About {{t}}: {{a}}", params, [], None)
             with pytest.raises(StoreError):
-                await core.set_var(session, waiting.var_id, "now")
+                await core.vars.set(session, waiting.var_id, "now")
         # Nothing of the refused requests exists, nothing ran on the engine.
         assert list(core.sessions) == [session.session_id]
         assert set(session.vars) == {topic.var_id, waiting.var_id} and not session.calls
         assert not waiting.ready and not topic.consumers and not session.graph.requests
-        assert (await core.engine_slots()[0].client.ping())["tokens_generated"] == generated
+        assert (await core.engines.slots()[0].client.ping())["tokens_generated"] == generated
         # Writes are taken again: the same requests now work, and what was told is stored.
-        request, out = await core.submit_call(session, "About {{t}}: {{a}}", params, [], None)
-        await core.set_var(session, waiting.var_id, "now")
-        await core.get_var(session, out["a"], "latency", 120)
+        request, out = await core.calls.submit(session, "About {{t}}: {{a}}", params, [], None)
+        await core.vars.set(session, waiting.var_id, "now")
+        await core.vars.get(session, out["a"], "latency", 120)
         stored = await store.snapshot()
         assert request.call_id in {c.call_id for c in stored.calls}
         assert {v.var_id: v.value for v in stored.vars}[waiting.var_id] == "now"

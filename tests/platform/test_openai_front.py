@@ -115,7 +115,7 @@ def test_sixteen_chats_with_one_system_prompt_hold_it_once(front, engine_server)
     # The system prompt once, plus a few blocks of each request's own (not 16 copies of it).
     assert held <= system_blocks + 16 * 4 < 16 * system_blocks, (held, system_blocks)
     # One context shared by every session ends at the system message; every request forked it.
-    (slot,) = core.engine_slots()
+    (slot,) = core.engines.slots()
     (system_piece, _) = engine.post(
         "/render_chat",
         json={"messages": [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "x"}]},
@@ -123,7 +123,7 @@ def test_sixteen_chats_with_one_system_prompt_hold_it_once(front, engine_server)
     length = len(engine.post("/tokenize", json={"text": system_piece}).json()["token_ids"])
     shared = [c for c in slot.contexts.contexts.values() if c.owner is None and c.length == length]
     assert len(shared) == 1
-    assert core.stats().reused_tokens >= 15 * (length - 1)
+    assert core.views.stats().reused_tokens >= 15 * (length - 1)
     engine.close()
 
 

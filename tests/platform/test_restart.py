@@ -131,7 +131,8 @@ async def test_a_stored_engine_that_does_not_answer_comes_back_marked_down(tmp_p
     """A restart finds its engines in the store; one that is gone is kept, marked down, with
     its model (so calls for it get a clear 503, and it is used again once it answers)."""
     from parrot.engines.protocol.errors import EngineUnavailableError
-    from parrot.platform.serve.core import CallParameter, ServeCore
+    from parrot.platform.serve.call_service import Binding
+    from parrot.platform.serve.core import ServeCore
     from parrot.platform.store.store import Store, sqlite_url
 
     store = Store(sqlite_url(tmp_path))
@@ -148,10 +149,10 @@ async def test_a_stored_engine_that_does_not_answer_comes_back_marked_down(tmp_p
         assert slots["engine-7"].task_limit == 2
         live = next(s for s in slots.values() if s.engine_id != "engine-7")
         assert live.up and live.engine_id == "engine-8"  # numbering goes on after the stored ids
-        session, _ = await core.create_session()
+        session, _ = await core.sessions.create()
         with pytest.raises(EngineUnavailableError, match="down"):
-            await core.submit_call(
-                session, "Q: {{a}}", [CallParameter(name="a", is_output=True)], ["gone-model"], None
+            await core.calls.submit(
+                session, "Q: {{a}}", [Binding(name="a", is_output=True)], ["gone-model"], None
             )
     finally:
         await core.stop()

@@ -9,7 +9,8 @@ import itertools
 import pytest
 import pytest_asyncio
 
-from parrot.platform.serve.core import CallParameter, ServeCore, TransformInput
+from parrot.platform.serve.call_service import Binding
+from parrot.platform.serve.core import ServeCore
 from parrot.platform.serve.errors import ProducerFailedError
 from parrot.platform.serve.transforms import JsonField
 from parrot.wire.sampling import SamplingParams
@@ -47,45 +48,45 @@ class Spy:
 async def core(engine_server):
     core = ServeCore()
     await core.start()
-    slot = await core.register_engine(engine_server.url)
+    slot = await core.engines.register_builtin(engine_server.url)
     slot.client = Spy(slot.client)
     yield core
     await core.stop()
 
 
-def out(name: str, max_tokens: int = 8) -> CallParameter:
-    return CallParameter(
+def out(name: str, max_tokens: int = 8) -> Binding:
+    return Binding(
         name=name, is_output=True, sampling=SamplingParams(max_tokens=max_tokens, temperature=0)
     )
 
 
 async def call(core, session, template: str, **params) -> dict:
     parameters = [
-        p if isinstance(p, CallParameter) else CallParameter(name=n, **p) for n, p in params.items()
+        p if isinstance(p, Binding) else Binding(name=n, **p) for n, p in params.items()
     ]
-    request, outputs = await core.submit_call(session, template, parameters, [], None)
+    request, outputs = await core.calls.submit(session, template, parameters, [], None)
     return {"request": request, **outputs}
 
 
 def spy(core) -> Spy:
-    return core.engine_slots()[0].client
+    return core.engines.slots()[0].client
 
 
 async def test_a_chain_runs_in_order_with_one_engine_request_per_step(core):
-    session, _ = await core.create_session()
+    session, _ = await core.sessions.create()
     a = await call(core, session, "Write one sentence about tides: {{a}}", a=out("a"))
     b = await call(
         core, session, "Make this shorter: {{x}}\nShorter: {{b}}", x={"var_id": a["a"]}, b=out("b")
     )
     c = await call(core, session, "A title for: {{y}}\nTitle: {{c}}", y={"var_id": b["b"]}, c=out("c"))
     # Everything was submitted; only the last value is awaited.
-    await core.get_var(session, c["c"], "latency", 120)
+    await core.vars.get(session, c["c"], "latency", 120)
     steps = [x["request"] for x in (a, b, c)]
     for before, after in itertools.pairwise(steps):  # server-side timings
         assert after.timings["started_at"] >= before.timings["finished_at"]
     assert spy(core).count("generate") == 3 and spy(core).count("fill") == 0  # nothing else
     # Each prompt is the whole rendered text, tokenized at once.
-    slot = core.engine_slots()[0]
+    slot = core.engines.slots()[0]
     rendered = f"Make this shorter: {session.vars[a['a']].value}\nShorter: "
     expected = (await core.tokenizers.encode(slot.model, rendered)).ids
     assert tuple(steps[1].chains[0].prompt_tokens[slot.model]) == expected
@@ -94,7 +95,7 @@ async def test_a_chain_runs_in_order_with_one_engine_request_per_step(core):
 async def test_a_waiting_call_has_its_known_prefix_filled_ahead(core):
     """The document before the placeholder is filled while the first step generates; when
     the summary arrives only the rest of the prompt is computed."""
-    session, _ = await core.create_session()
+    session, _ = await core.sessions.create()
     first = await call(core, session, "Name a harbour town: {{town}}", town=out("town", 24))
     second = await call(
         core,
@@ -103,9 +104,9 @@ async def test_a_waiting_call_has_its_known_prefix_filled_ahead(core):
         t={"var_id": first["town"]},
         answer=out("answer"),
     )
-    await core.get_var(session, second["answer"], "latency", 120)
-    stats = core.stats()
-    doc_tokens = len((await core.tokenizers.encode(core.models()[0], "Document: " + DOCUMENT)).ids)
+    await core.vars.get(session, second["answer"], "latency", 120)
+    stats = core.views.stats()
+    doc_tokens = len((await core.tokenizers.encode(core.engines.models()[0], "Document: " + DOCUMENT)).ids)
     assert stats.filled_ahead >= doc_tokens - 2
     fills = [kw for name, kw in spy(core).calls if name == "fill"]
     generations = [kw for name, kw in spy(core).calls if name == "generate"]
@@ -116,13 +117,13 @@ async def test_a_waiting_call_has_its_known_prefix_filled_ahead(core):
 
 
 async def test_a_multi_output_call_continues_from_what_it_generated(core):
-    session, _ = await core.create_session()
+    session, _ = await core.sessions.create()
     both = await call(
         core, session, "Pick a colour: {{a}}\nNow a fruit of that colour: {{b}}", a=out("a", 6), b=out("b", 6)
     )
-    await core.get_var(session, both["b"], "latency", 120)
+    await core.vars.get(session, both["b"], "latency", 120)
     first, second = both["request"].chains
-    model = core.models()[0]
+    model = core.engines.models()[0]
     kept = first.prompt_tokens[model] + first.result.token_ids
     # The second prompt starts with the first prompt and the generated tokens as they are,
     # and forks the first generation's context there (nothing of it computed again).
@@ -133,7 +134,7 @@ async def test_a_multi_output_call_continues_from_what_it_generated(core):
 
 
 async def test_map_reduce_runs_the_maps_as_one_group_before_the_reduce(core):
-    session, _ = await core.create_session()
+    session, _ = await core.sessions.create()
     maps = [
         await call(
             core,
@@ -147,7 +148,7 @@ async def test_map_reduce_runs_the_maps_as_one_group_before_the_reduce(core):
     params = {f"s{i}": {"var_id": m["s"]} for i, m in enumerate(maps)}
     inputs = " ".join(f"{{{{s{i}}}}}" for i in range(6))
     reduce = await call(core, session, f"Combine: {inputs}\nAll: {{{{total}}}}", **params, total=out("total"))
-    await core.get_var(session, reduce["total"], "throughput", 180)
+    await core.vars.get(session, reduce["total"], "throughput", 180)
     groups = {m["request"].chains[0].group for m in maps}
     assert groups == {(session.executor.app_seq, reduce["request"].seq)}
     last_map = max(m["request"].timings["finished_at"] for m in maps)
@@ -157,11 +158,11 @@ async def test_map_reduce_runs_the_maps_as_one_group_before_the_reduce(core):
 async def test_sessions_share_the_system_prompt_context(core):
     system = "You are a museum guide for the old lighthouse. Reply briefly. " * 6
     for n in range(3):
-        session, _ = await core.create_session()
+        session, _ = await core.sessions.create()
         answer = await call(
             core, session, system + "\nUser: {{q}}\nGuide: {{a}}", q={"value": f"Question {n}?"}, a=out("a")
         )
-        await core.get_var(session, answer["a"], "latency", 120)
+        await core.vars.get(session, answer["a"], "latency", 120)
     # The first call kept the template's constant text as a checkpoint context shared by
     # every session; the later calls (other sessions) forked at least that much (from the
     # checkpoint, or deeper from an earlier prompt that shares more with theirs).
@@ -175,22 +176,22 @@ async def test_sessions_share_the_system_prompt_context(core):
 
 
 async def test_latency_critical_tasks_run_first_on_the_engine_too(core):
-    session, _ = await core.create_session()
+    session, _ = await core.sessions.create()
     bulk = await call(core, session, "Story: {{s}}", s=out("s"))
     urgent = await call(core, session, "Answer now: {{a}}", a=out("a"))
-    await core.get_var(session, urgent["a"], "latency", 120)
-    await core.get_var(session, bulk["s"], "throughput", 120)
+    await core.vars.get(session, urgent["a"], "latency", 120)
+    await core.vars.get(session, bulk["s"], "throughput", 120)
     priorities = [kw["priority"] for name, kw in spy(core).calls if name == "generate"]
     assert sorted(priorities) == [0, 1]
 
 
 async def test_a_failed_producer_fails_its_consumers_with_the_reason(core):
-    session, _ = await core.create_session()
+    session, _ = await core.sessions.create()
     steps = [JsonField(path="x")]  # the input is not JSON: the transform fails
-    _, outputs = await core.submit_transform(session, [TransformInput(value="not json")], steps, "x")
+    _, outputs = await core.calls.submit_transform(session, [Binding("input0", value="not json")], steps, "x")
     consumer = await call(core, session, "Echo {{x}}: {{y}}", x={"var_id": outputs["x"]}, y=out("y"))
     with pytest.raises(ProducerFailedError, match="input 'x' failed"):
-        await core.get_var(session, consumer["y"], "latency", 30)
+        await core.vars.get(session, consumer["y"], "latency", 30)
     assert consumer["request"].state == "failed" and spy(core).count("generate") == 0
 
 
@@ -199,9 +200,9 @@ async def test_a_context_another_session_forks_from_outlives_its_session_until_t
     reaches the engine: A's context stays until B is done with it (then it is freed), so B
     runs once, without a "parent does not exist" retry."""
     prompt = "You keep the tide tables of the harbour and answer in a few words. " * 8 + "Q: {{q}}\nA: {{a}}"
-    first, _ = await core.create_session()
+    first, _ = await core.sessions.create()
     a = await call(core, first, prompt, q={"value": "When is high water?"}, a=out("a", 4))
-    value = (await core.get_var(first, a["a"], "latency", 120)).value
+    value = (await core.vars.get(first, a["a"], "latency", 120)).value
     engine = spy(core)
     gate, held_calls = asyncio.Event(), []
     generate = engine.generate
@@ -212,7 +213,7 @@ async def test_a_context_another_session_forks_from_outlives_its_session_until_t
         return await generate(*args, **kwargs)
 
     engine.generate = held
-    second, _ = await core.create_session()
+    second, _ = await core.sessions.create()
     asked = prompt.replace("{{q}}", "When is high water?")
     continued = asked.replace("{{a}}", value + " And low water? {{b}}")
     b = await call(core, second, continued, b=out("b", 4))
@@ -222,16 +223,16 @@ async def test_a_context_another_session_forks_from_outlives_its_session_until_t
         await asyncio.sleep(0.01)
     ((_, _, forked_from),) = held_calls
     assert forked_from == next(kw for n, kw in engine.calls if n == "generate")["args"][0]  # A's context
-    await core.delete_session(first)
-    assert forked_from in core.engine_slots()[0].contexts.contexts  # kept for B
+    await core.sessions.delete(first)
+    assert forked_from in core.engines.slots()[0].contexts.contexts  # kept for B
     gate.set()
-    assert (await core.get_var(second, b["b"], "latency", 120)).value
+    assert (await core.vars.get(second, b["b"], "latency", 120)).value
     assert len(held_calls) == 1 and engine.count("generate") == 2  # B ran once
     for _ in range(100):  # freed in the background once B was done with it
-        if forked_from not in core.engine_slots()[0].contexts.contexts:
+        if forked_from not in core.engines.slots()[0].contexts.contexts:
             break
         await asyncio.sleep(0.05)
-    assert forked_from not in core.engine_slots()[0].contexts.contexts
+    assert forked_from not in core.engines.slots()[0].contexts.contexts
     freed = [i for n, kw in engine.calls if n == "abort" for i in kw["args"][0]]
     freed += [kw["args"][0] for n, kw in engine.calls if n == "free_context"]
     assert forked_from in freed

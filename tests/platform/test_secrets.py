@@ -277,7 +277,7 @@ def test_a_restart_with_another_key_skips_the_engines_it_cannot_open(tmp_path, l
         core = ServeCore(store=Store(sqlite_url(tmp_path)))
         await core.start()
         try:
-            assert core.engine_views() == []
+            assert core.views.engine_views() == []
             assert len(await core.journal.store.engines()) == 1
         finally:
             await core.stop()
@@ -356,7 +356,9 @@ def test_an_engine_url_given_at_start_brings_new_credentials_for_a_stored_engine
         core = ServeCore(store=Store(sqlite_url(tmp_path)))
         await core.start((with_credentials(url),))
         try:
-            assert [(v.engine_id, v.up, v.url) for v in core.engine_views()] == [("engine-4", True, url)]
+            assert [(v.engine_id, v.up, v.url) for v in core.views.engine_views()] == [
+                ("engine-4", True, url)
+            ]
             await core.journal.flush()
             (record,) = await core.journal.store.engines()
             assert core.journal.store.engine_secrets(record) == {"url": with_credentials(url)}

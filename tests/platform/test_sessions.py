@@ -12,7 +12,8 @@ import pytest_asyncio
 from conftest import ServerThread
 
 from parrot.platform.api.app import create_app
-from parrot.platform.serve.core import CallParameter, ServeCore
+from parrot.platform.serve.call_service import Binding
+from parrot.platform.serve.core import ServeCore
 from parrot.platform.serve.errors import SessionClosedError, WaitTimeoutError
 from parrot.wire.sampling import SamplingParams
 
@@ -26,19 +27,19 @@ async def test_fresh_variables_are_never_ready_whatever_lived_at_their_address()
     go with their sessions; the 2,000 made after them have no value and wait."""
     core = ServeCore()
     for _ in range(20):
-        session, _ = await core.create_session()
+        session, _ = await core.sessions.create()
         for n in range(100):
-            var = await core.create_var(session, f"v{n}", "a value")
-            await core.get_var(session, var.var_id, "throughput", 0)  # waited on: its event exists
-        await core.delete_session(session)
+            var = await core.vars.create(session, f"v{n}", "a value")
+            await core.vars.get(session, var.var_id, "throughput", 0)  # waited on: its event exists
+        await core.sessions.delete(session)
     gc.collect()
     fresh = []
     for _ in range(20):
-        session, _ = await core.create_session()
-        fresh += [(session, (await core.create_var(session, f"w{n}")).var_id) for n in range(100)]
+        session, _ = await core.sessions.create()
+        fresh += [(session, (await core.vars.create(session, f"w{n}")).var_id) for n in range(100)]
     for session, var_id in fresh:
         with pytest.raises(WaitTimeoutError):
-            await core.get_var(session, var_id, "throughput", 0)
+            await core.vars.get(session, var_id, "throughput", 0)
 
 
 def test_fresh_variables_over_the_api_answer_408_not_an_empty_value(engine_server, tmp_path):
@@ -68,28 +69,28 @@ def test_fresh_variables_over_the_api_answer_408_not_an_empty_value(engine_serve
 async def core(engine_server):
     core = ServeCore(session_timeout_s=60)
     await core.start()
-    await core.register_engine(engine_server.url)
+    await core.engines.register_builtin(engine_server.url)
     yield core
     await core.stop()
 
 
 async def engine_info(core) -> dict:
-    return await core.engine_slots()[0].client.ping()
+    return await core.engines.slots()[0].client.ping()
 
 
 async def busy_session(core):
     """A session with two long generations running and a call queued behind one of them."""
-    session, _ = await core.create_session()
+    session, _ = await core.sessions.create()
     outs = []
     for n in range(2):
         params = [
-            CallParameter(name="x", value=f"tale {n}"),
-            CallParameter(name="y", is_output=True, sampling=LONG),
+            Binding(name="x", value=f"tale {n}"),
+            Binding(name="y", is_output=True, sampling=LONG),
         ]
-        _, out = await core.submit_call(session, "A long {{x}}: {{y}}", params, [], None)
+        _, out = await core.calls.submit(session, "A long {{x}}: {{y}}", params, [], None)
         outs.append(out["y"])
-    params = [CallParameter(name="y", var_id=outs[0]), CallParameter(name="z", is_output=True, sampling=LONG)]
-    _, out = await core.submit_call(session, "Continue {{y}} -> {{z}}", params, [], None)
+    params = [Binding(name="y", var_id=outs[0]), Binding(name="z", is_output=True, sampling=LONG)]
+    _, out = await core.calls.submit(session, "Continue {{y}} -> {{z}}", params, [], None)
     outs.append(out["z"])
     while (await engine_info(core))["num_running"] < 2:
         await asyncio.sleep(0.02)
@@ -101,12 +102,12 @@ async def busy_session(core):
 async def test_a_session_that_goes_stops_its_work_and_frees_its_contexts(core, how):
     before = await engine_info(core)
     session, outs = await busy_session(core)
-    waiter = asyncio.create_task(core.get_var(session, outs[2], "throughput", 120))
+    waiter = asyncio.create_task(core.vars.get(session, outs[2], "throughput", 120))
     if how == "delete":
-        await core.delete_session(session)
+        await core.sessions.delete(session)
     else:
         session.last_active -= 61  # idle past the timeout (no sleeping in tests)
-        assert await core.expire_idle_sessions() == [session.session_id]
+        assert await core.sessions.expire_idle() == [session.session_id]
     # Its generations were aborted on the engine, not left to run their 400 tokens.
     after = await engine_info(core)
     assert after["num_running"] == after["num_waiting"] == 0
@@ -117,6 +118,6 @@ async def test_a_session_that_goes_stops_its_work_and_frees_its_contexts(core, h
         await waiter
     # Nothing of it is left on the engine, and the queued call never runs.
     assert after["num_contexts"] <= before["num_contexts"] + 1  # a shared template prefix may stay
-    assert not core.engine_slots()[0].contexts.of_session(session.session_id)
+    assert not core.engines.slots()[0].contexts.of_session(session.session_id)
     await asyncio.sleep(0.5)
     assert (await engine_info(core))["tokens_generated"] == generated

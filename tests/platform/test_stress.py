@@ -10,7 +10,8 @@ import random
 import pytest
 import pytest_asyncio
 
-from parrot.platform.serve.core import CallParameter, ServeCore
+from parrot.platform.serve.call_service import Binding
+from parrot.platform.serve.core import ServeCore
 from parrot.wire.sampling import SamplingParams
 
 pytestmark = pytest.mark.asyncio(loop_scope="function")
@@ -29,45 +30,45 @@ SESSIONS = 12
 async def core(engine_server):
     core = ServeCore()
     await core.start()
-    await core.register_engine(engine_server.url)
+    await core.engines.register_builtin(engine_server.url)
     yield core
     await core.stop()
 
 
 async def run_chain(core: ServeCore, topic: str, rng: random.Random | None) -> list:
     """The chain's calls, all submitted (with random pauses) before its last value is read."""
-    session, _ = await core.create_session()
+    session, _ = await core.sessions.create()
     var = {"value": topic}
     calls = []
     for step in STEPS:
         if rng is not None:
             await asyncio.sleep(rng.uniform(0, 0.06))
-        params = [CallParameter(name="x", **var), CallParameter(name="y", is_output=True, sampling=SAMPLING)]
-        request, out = await core.submit_call(session, step, params, [], None)
+        params = [Binding(name="x", **var), Binding(name="y", is_output=True, sampling=SAMPLING)]
+        request, out = await core.calls.submit(session, step, params, [], None)
         calls.append(request)
         var = {"var_id": out["y"]}
-    await core.get_var(session, var["var_id"], "latency", 600)
+    await core.vars.get(session, var["var_id"], "latency", 600)
     return calls
 
 
 async def expected_prompt(core: ServeCore, step: int, value: str) -> tuple[int, ...]:
     text = STEPS[step].replace("{{x}}", value).replace("{{y}}", "")
-    return (await core.tokenizers.encode(core.models()[0], text)).ids
+    return (await core.tokenizers.encode(core.engines.models()[0], text)).ids
 
 
 async def test_concurrent_chains_run_every_step_after_its_input_and_with_it(core):
     rng = random.Random(2026)
     topics = [f"the lighthouse at cape {n}" for n in range(SESSIONS)]
-    before = (await core.engine_slots()[0].client.ping())["tokens_generated"]
+    before = (await core.engines.slots()[0].client.ping())["tokens_generated"]
 
     async def delayed(topic: str):
         await asyncio.sleep(rng.uniform(0, 0.3))
         return await run_chain(core, topic, rng)
 
     together = await asyncio.gather(*(delayed(t) for t in topics))
-    generated = (await core.engine_slots()[0].client.ping())["tokens_generated"] - before
+    generated = (await core.engines.slots()[0].client.ping())["tokens_generated"] - before
     assert generated == SESSIONS * len(STEPS) * TOKENS  # every token of every step, once
-    model = core.models()[0]
+    model = core.engines.models()[0]
     for topic, calls in zip(topics, together, strict=True):
         value = topic
         for step, call in enumerate(calls):

@@ -169,3 +169,13 @@ def test_live_parts_stream_html_fragments(browser_like):
     assert first.event == "update" and 'data-stat="sessions"' in first.data
     assert browser_like.get("/live/nothing").status_code == 404
     assert browser_like.get("/live/sessions/nope").status_code == 404
+
+
+def test_the_live_session_list_streams(browser_like):
+    """Issue 24, defect 5: ``/live/sessions/{session_id}`` made "sessions" a fixed path
+    segment, so ``/live/{page}`` never matched ``/live/sessions`` and it answered 404."""
+    with connect_sse(browser_like, "GET", "/live/sessions") as source:
+        assert source.response.status_code == 200
+        assert source.response.headers["content-type"].startswith("text/event-stream")
+        first = next(source.iter_sse())
+    assert first.event == "update" and "data-count=" in first.data

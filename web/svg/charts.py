@@ -5,8 +5,10 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 
-from parrot.platform.serve.observe import DagCall
+from parrot.platform.serve.observe import DagCall, DisplayState
 from parrot.web.svg import Markup, num, text
+
+UNSETTLED = (DisplayState.WAITING, DisplayState.QUEUED, DisplayState.RUNNING)  # still moving
 
 
 def load_bar(used: float | None, total: float | None, width: int = 140, height: int = 10) -> Markup:
@@ -68,7 +70,7 @@ def gantt(calls: Sequence[DagCall], width: int = 720, bar: int = 14) -> Markup:
         return Markup('<p class="muted">No calls yet.</p>')
     t0 = min(c.timings["submitted_at"] for c in runs)
     t1 = max(max(c.timings.values()) for c in runs)
-    if any(c.state in ("running", "queued", "waiting") for c in runs):
+    if any(c.state in UNSETTLED for c in runs):
         t1 = max(t1, now)
     span = max(t1 - t0, 1e-3)
     engines = sorted({c.engine or "(not placed)" for c in runs})

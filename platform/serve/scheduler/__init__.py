@@ -6,7 +6,8 @@
 - :mod:`.slot`: an engine as the scheduler sees it (load, capacity, health, contexts);
 - :mod:`.runner`: running one task on an engine (its requests, their errors, requeue);
 - :mod:`.health`: the engine monitor (pings, down and up; asks for memory to be relieved);
-- :mod:`.global_scheduler`: the dispatch loop that ties them together.
+- :mod:`.global_scheduler`: the dispatch loop that ties them together;
+- :mod:`.snapshot`: what the rest of the ServeCore may read of it (engines, counters).
 
 What the engines hold (contexts, leases, fill-ahead holds, eviction, frees) is owned by
 :mod:`parrot.platform.serve.context_manager`, never changed here.

@@ -15,9 +15,10 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable, Coroutine
+from collections.abc import Coroutine
 
 from parrot.engines.protocol.errors import ParrotError
+from parrot.platform.serve.call_ledger import CallLedger
 from parrot.platform.serve.context_manager import ContextManager, spawn
 from parrot.platform.serve.contexts import MemoryPressure
 from parrot.platform.serve.graph import CompletionChain
@@ -49,8 +50,11 @@ class GlobalScheduler:
         pressure: MemoryPressure | None = None,
         health: HealthSettings | None = None,
         metrics: ServeMetrics | None = None,
+        *,
+        calls: CallLedger,
     ) -> None:
         self.variables = variables
+        self.calls = calls  # told when a task starts: the call's state advances there
         self.metrics = metrics or ServeMetrics()
         self.prompts = prompts
         self.policy = policy or SchedulingPolicy()
@@ -73,8 +77,6 @@ class GlobalScheduler:
             fixed_limit=lambda slot: self.fixed_limits.get(slot.engine_id),
             on_round=self.wake,
         )
-        self.on_start: Callable[[CompletionTask], None] | None = None
-        self.on_done: Callable[[CompletionTask], None] | None = None
         self._jobs: dict[str, tuple[CompletionTask, asyncio.Task]] = {}  # running, by chain key
         self._background: set[asyncio.Task] = set()
         self._wake = asyncio.Event()
@@ -234,8 +236,7 @@ class GlobalScheduler:
         slot.load += need
         task.engine_id = slot.engine_id
         task.attempts += 1
-        if self.on_start is not None:
-            self.on_start(task)
+        self.calls.started(task.chain.request, slot.engine_id)
         job = asyncio.create_task(self._execute(task, lease, need))
         self._jobs[task.key] = (task, job)
 
@@ -247,7 +248,6 @@ class GlobalScheduler:
     async def _execute(self, task: CompletionTask, lease: Lease, need: int) -> None:
         slot = lease.slot
         var = task.gen.var
-        finished = True
         try:
             result = await self.runner.run(task, lease)
             task.chain.result = result
@@ -258,7 +258,6 @@ class GlobalScheduler:
             else:
                 log.warning("call %s runs again: %s", task.chain.request.call_id, why)
                 self.stats.requeued += 1
-                finished = False
                 if why.engine_failed and slot.up:  # the monitor brings it back once it answers
                     slot.mark_down()
                     self.contexts.engine_lost(slot)
@@ -275,8 +274,6 @@ class GlobalScheduler:
             slot.running.pop(task.key, None)
             slot.load -= need
             self._jobs.pop(task.key, None)
-            if finished and self.on_done is not None:
-                self.on_done(task)
             self.wake()
 
     def _fail(self, task: CompletionTask, reason: str) -> None:

@@ -1,0 +1,199 @@
+"""What operators see: engines, counters for ``/metrics``, the load history, the sessions
+and their DAGs, the context trees; and the two loops that feed the history and the
+activity log.
+
+Everything here is read-only and reads the scheduler through one narrow interface
+(:mod:`parrot.platform.serve.scheduler.snapshot`), never its queue, slots or trees, so the
+scheduler can change without touching the views.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass
+
+from parrot.engines.protocol.errors import NotFoundError
+from parrot.platform.serve import observe
+from parrot.platform.serve.activity import ActivityLog
+from parrot.platform.serve.engine_registry import EngineRegistry
+from parrot.platform.serve.history import LoadHistory, LoadSample
+from parrot.platform.serve.journal import Journal
+from parrot.platform.serve.observe import ContextTreeView, SessionDag, SessionSummary
+from parrot.platform.serve.scheduler import snapshot
+from parrot.platform.serve.scheduler.global_scheduler import GlobalScheduler
+from parrot.platform.serve.scheduler.snapshot import SchedulerSnapshot
+from parrot.platform.serve.session_service import SessionService
+from parrot.platform.serve.tokenizer_manager import TokenizerManager
+
+
+@dataclass(frozen=True)
+class EngineView:
+    """An engine as operators see it (never with its API key)."""
+
+    engine_id: str
+    kind: str
+    url: str
+    model: str
+    up: bool
+    running: int  # tasks placed on it now
+    capacity: int  # tasks at once
+    contexts: int  # contexts the ServeCore holds on it
+    info: dict  # its last ping
+    missed_pings: int = 0  # in a row (down after a few)
+    # From its last ping (None: the engine does not say, e.g. an OpenAI endpoint).
+    jobs_running: int | None = None
+    jobs_waiting: int | None = None
+    kv_blocks_used: int | None = None
+    kv_blocks_total: int | None = None
+    tokens_per_s: float | None = None
+
+
+@dataclass(frozen=True)
+class CoreStats:
+    """Counters for /metrics."""
+
+    sessions: int
+    queued: int
+    done: int
+    failed: int
+    requeued: int
+    prompt_tokens: int
+    reused_tokens: int
+    filled_ahead: int
+    evicted: int
+    tokenizer_hits: int
+    tokenizer_misses: int
+    store_failures: int
+    engines: list[EngineView]
+
+
+class OperatorViews:
+    def __init__(
+        self,
+        scheduler: GlobalScheduler,
+        registry: EngineRegistry,
+        sessions: SessionService,
+        tokenizers: TokenizerManager,
+        journal: Journal,
+        history: LoadHistory,
+        activity: ActivityLog,
+    ) -> None:
+        self.scheduler = scheduler
+        self.registry = registry
+        self.sessions = sessions
+        self.tokenizers = tokenizers
+        self.journal = journal
+        self.history = history
+        self.activity = activity
+        self._loops: list[asyncio.Task] = []
+
+    # -- engines and counters --------------------------------------------------------------
+    def engine_views(self, now: SchedulerSnapshot | None = None) -> list[EngineView]:
+        now = now or snapshot.take(self.scheduler)
+        return [
+            EngineView(
+                engine_id=e.engine_id,
+                kind=self.registry.specs[e.engine_id].kind,
+                url=self.registry.url_of(e.engine_id),
+                model=e.model,
+                up=e.up,
+                running=e.running,
+                capacity=e.task_limit,
+                contexts=e.contexts,
+                info=e.info,
+                missed_pings=e.missed_pings,
+                jobs_running=e.info.get("num_running"),
+                jobs_waiting=e.info.get("num_waiting"),
+                kv_blocks_used=e.info.get("kv_blocks_used"),
+                kv_blocks_total=e.info.get("kv_blocks_total"),
+                tokens_per_s=e.info.get("tokens_per_s"),
+            )
+            for e in now.engines
+        ]
+
+    def engine_view(self, engine_id: str) -> EngineView:
+        for view in self.engine_views():
+            if view.engine_id == engine_id:
+                return view
+        raise NotFoundError(f"engine {engine_id!r} is not registered")
+
+    def stats(self) -> CoreStats:
+        now = snapshot.take(self.scheduler)
+        return CoreStats(
+            sessions=len(self.sessions),
+            queued=now.queued,
+            done=now.done,
+            failed=now.failed,
+            requeued=now.requeued,
+            prompt_tokens=now.prompt_tokens,
+            reused_tokens=now.reused_tokens,
+            filled_ahead=now.filled_ahead,
+            evicted=now.evicted,
+            tokenizer_hits=self.tokenizers.hits,
+            tokenizer_misses=self.tokenizers.misses,
+            store_failures=self.journal.failures,
+            engines=self.engine_views(now),
+        )
+
+    # -- load history ------------------------------------------------------------------------
+    def sample_load(self) -> LoadSample:
+        """Record the load now in the history (the sampling loop does so every interval)."""
+        now = snapshot.take(self.scheduler)
+        sample = LoadSample(
+            at=time.time(),
+            tokens_per_s=float(sum(e.info.get("tokens_per_s") or 0.0 for e in now.engines if e.up)),
+            queued=now.queued,
+            running=now.running,
+        )
+        self.history.add(sample)
+        return sample
+
+    def load_history(self) -> list[LoadSample]:
+        """Load samples of the last minutes, oldest first."""
+        return self.history.samples()
+
+    # -- sessions and contexts ---------------------------------------------------------------
+    def session_summaries(self) -> list[SessionSummary]:
+        """Live sessions (newest first), then recently closed ones (newest first). One-shot
+        sessions of the OpenAI front are not listed."""
+        live = [
+            observe.summarize(s.session_id, s.calls.values(), live=True)
+            for s in self.sessions.live()
+            if s.stored
+        ]
+        live.sort(key=lambda s: s.started_at or 0.0, reverse=True)
+        return live + [summary for summary, _ in reversed(self.sessions.recent)]
+
+    def session_dag(self, session_id: str) -> SessionDag:
+        """The DAG of a live session, or of a recently closed one as it was when it closed.
+        No auth check: the caller checks who may see it."""
+        session = self.sessions.get(session_id)
+        if session is not None:
+            return observe.session_dag(session_id, session.calls.values(), session.vars.values(), True)
+        for summary, dag in self.sessions.recent:
+            if summary.session_id == session_id:
+                return dag
+        raise NotFoundError(f"session {session_id!r} does not exist")
+
+    def context_tree(self, engine_id: str) -> ContextTreeView:
+        """The contexts this ServeCore holds on an engine, as their prefix tree."""
+        return snapshot.engine_contexts(self.scheduler, engine_id)
+
+    # -- loops -------------------------------------------------------------------------------
+    def start(self) -> None:
+        self._loops = [asyncio.create_task(self._sample_loop()), asyncio.create_task(self._activity_loop())]
+
+    def stop(self) -> None:
+        for loop in self._loops:
+            loop.cancel()
+
+    async def _sample_loop(self) -> None:
+        while True:
+            self.sample_load()
+            await asyncio.sleep(self.history.interval_s)
+
+    async def _activity_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.activity.interval_s)
+            self.activity.summarize(len(self.sessions), snapshot.queued(self.scheduler))

@@ -1,0 +1,127 @@
+"""Semantic variables of sessions: created, set by clients, read (waiting for their value).
+
+A variable joins its session here and its record is written here; values produced by calls
+arrive through :class:`~parrot.platform.serve.variables.Variables` (which the scheduler is
+given). A latency-critical get *activates* the variable's producers, backwards through the
+session's DAG, so the scheduler runs them first.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+from collections.abc import Sequence
+
+from parrot.engines.protocol.errors import BadRequestError, NotFoundError, ParrotError
+from parrot.platform.serve.admission import Admission
+from parrot.platform.serve.errors import SessionClosedError, WaitTimeoutError
+from parrot.platform.serve.graph import SemanticVariable
+from parrot.platform.serve.journal import Journal
+from parrot.platform.serve.scheduler.global_scheduler import GlobalScheduler
+from parrot.platform.serve.scheduler.task import LATENCY, THROUGHPUT
+from parrot.platform.serve.session_service import Session, SessionService
+from parrot.platform.serve.variables import Variables
+from parrot.platform.store.models import VariableRecord
+
+CRITERIA = (LATENCY, THROUGHPUT)
+
+
+def new_id(kind: str) -> str:
+    """A fresh id of a variable or a call (``var-…``, ``call-…``)."""
+    return f"{kind}-{secrets.token_hex(8)}"
+
+
+def check_criteria(criteria: str | None, what: str) -> None:
+    if criteria is not None and criteria not in CRITERIA:
+        raise BadRequestError(f"{what} must be one of {CRITERIA}, got {criteria!r}")
+
+
+class VariableService:
+    def __init__(
+        self, journal: Journal, admission: Admission, variables: Variables, scheduler: GlobalScheduler
+    ) -> None:
+        self.journal = journal
+        self.admission = admission
+        self.variables = variables
+        self.scheduler = scheduler
+
+    def add(self, session: Session, var: SemanticVariable) -> asyncio.Future | None:
+        """Add ``var`` to its session; the future of its record's write (None: not stored)."""
+        var.stored = session.stored
+        session.vars[var.var_id] = var
+        if not var.stored:
+            return None
+        return self.journal.record(
+            lambda store: store.add_var(var.var_id, session.session_id, var.name, var.value)
+        )
+
+    async def create(self, session: Session, name: str, value: str | None = None) -> SemanticVariable:
+        self.admission.check_text(name, "the variable name")
+        self.admission.check_value(value, f"the value of variable {name!r}")
+        self.admission.check_session_growth(session.session_id, len(session.vars), 1, len(session.calls), 0)
+        var = SemanticVariable(new_id("var"), name, value)
+        stored = self.add(session, var)
+        try:
+            await self.journal.commit(*filter(None, [stored]))
+        except ParrotError:
+            session.vars.pop(var.var_id, None)
+            raise
+        return var
+
+    def find(self, session: Session, var_id: str) -> SemanticVariable:
+        var = session.vars.get(var_id)
+        if var is None:
+            raise NotFoundError(f"variable {var_id!r} does not exist in session {session.session_id!r}")
+        return var
+
+    async def set(self, session: Session, var_id: str, value: str) -> SemanticVariable:
+        var = self.find(session, var_id)
+        self.admission.check_value(value, f"the value of variable {var_id!r}")
+        if var.producer is not None:
+            raise BadRequestError(f"variable {var_id!r} is the output of call {var.producer.request.call_id}")
+        if var.ready:
+            raise BadRequestError(f"variable {var_id!r} already has a value")
+        if var.stored:  # stored first: consumers start the moment the value is set
+            await self.journal.commit(self.journal.record(lambda store: store.set_var_value(var_id, value)))
+        if var.ready:  # set by a concurrent request meanwhile
+            raise BadRequestError(f"variable {var_id!r} already has a value")
+        self.variables.set_value(var, value)
+        return var
+
+    async def get(self, session: Session, var_id: str, criteria: str, timeout: float) -> SemanticVariable:
+        """The variable once it has its value (a ``latency`` get runs its producers first)."""
+        var = self.find(session, var_id)
+        check_criteria(criteria, "criteria")
+        if criteria == LATENCY:
+            self.activate(session, [var])
+        try:
+            await self.variables.wait(var, timeout)
+        except TimeoutError:
+            raise WaitTimeoutError(f"variable {var_id!r} has no value after {timeout}s") from None
+        except ParrotError:
+            if session.closed:
+                raise SessionClosedError(
+                    f"session {session.session_id!r} was deleted while waiting"
+                ) from None
+            raise
+        return var
+
+    async def wait_value(self, var: SemanticVariable) -> str:
+        """The value of a variable of a live session (raises the producer's failure)."""
+        return await self.variables.wait(var)
+
+    def activate(self, session: Session, targets: list[SemanticVariable]) -> None:
+        """Mark the producers of ``targets``, backwards through the DAG, latency-critical."""
+        found = []
+        for var in targets:
+            found += [(chain, depth) for chain, depth in session.graph.producers_of(var) if not chain.settled]
+        self.scheduler.prioritize(found)
+
+    @staticmethod
+    def restore(records: Sequence[VariableRecord], sessions: SessionService) -> None:
+        """Variables from the store, with the values and errors they had."""
+        for record in records:
+            session = sessions.get(record.session_id or "")
+            if session is not None:
+                var = SemanticVariable(record.var_id, record.name, record.value, record.error)
+                session.vars[var.var_id] = var
