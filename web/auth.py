@@ -7,6 +7,10 @@ dashboard needs the CSRF token of Litestar's CSRF middleware (a hidden form fiel
 must match an HttpOnly cookie). Both secrets are made at start: restarting the server
 signs everybody out.
 
+The dashboard's settings (:class:`DashboardConfig`) travel on its Router's ``opt`` (the
+per-layer options Litestar hands to guards), under :data:`CONFIG`; the guards below read
+them there, and handlers take them as the ``dashboard`` dependency (:data:`DEPENDENCIES`).
+
 The read-only pages are open to clients on the loopback interface unless
 ``require_sign_in``; from any other address they need signing in.
 """
@@ -20,11 +24,13 @@ import secrets
 from litestar import Request
 from litestar.config.csrf import CSRFConfig
 from litestar.connection import ASGIConnection
+from litestar.di import NamedDependency, Provide
 from litestar.handlers.base import BaseRouteHandler
 from litestar.middleware import DefineMiddleware
 from litestar.middleware.csrf import CSRFMiddleware
-from litestar.middleware.session.client_side import CookieBackendConfig
-from litestar.types import Guard
+from litestar.middleware.session import SessionMiddleware
+from litestar.middleware.session.client_side import ClientSideSessionBackend, CookieBackendConfig
+from litestar.types import ASGIApp
 from litestar.utils.scope.state import ScopeState
 
 from parrot.web.config import DashboardConfig
@@ -32,15 +38,25 @@ from parrot.web.config import DashboardConfig
 SESSION_COOKIE = "parrot_dashboard"
 CSRF_COOKIE = "parrot_csrf"
 CSRF_FIELD = "_csrf_token"  # the form field Litestar's CSRF middleware reads
+CONFIG = "dashboard"  # the key of the DashboardConfig in the dashboard Router's ``opt``
 
 
 class NotSignedIn(Exception):
     """The request needs a signed-in admin (a page: sign in first; an action: refused)."""
 
 
+def cookie_session(app: ASGIApp, config: CookieBackendConfig) -> SessionMiddleware:
+    """The cookie session middleware, made when Litestar builds a route's middleware stack.
+
+    Litestar deep-copies a Router when it is registered, middleware definitions included;
+    the session backend's cipher cannot be copied, so the definition holds only the
+    backend's config (``CookieBackendConfig.middleware`` would hold the backend itself)."""
+    return SessionMiddleware(app=app, backend=ClientSideSessionBackend(config=config))
+
+
 def middleware(config: DashboardConfig) -> list[DefineMiddleware]:
-    """The cookie session and the CSRF check, for the dashboard's routes only (the REST API
-    keeps its Bearer tokens)."""
+    """The cookie session and the CSRF check, for the dashboard's Router only (the REST API
+    keeps its Bearer tokens). Its secrets are made here, once per app."""
     session = CookieBackendConfig(
         secret=secrets.token_bytes(32),
         key=SESSION_COOKIE,
@@ -56,7 +72,7 @@ def middleware(config: DashboardConfig) -> list[DefineMiddleware]:
         cookie_samesite="strict",
         cookie_secure=config.secure_cookies,
     )
-    return [session.middleware, DefineMiddleware(CSRFMiddleware, config=csrf)]
+    return [DefineMiddleware(cookie_session, config=session), DefineMiddleware(CSRFMiddleware, config=csrf)]
 
 
 def is_admin(request: ASGIConnection) -> bool:
@@ -88,14 +104,23 @@ def may_read(request: ASGIConnection, config: DashboardConfig) -> bool:
     return not config.require_sign_in and is_loopback(request.client.host if request.client else None)
 
 
-def read_guard(config: DashboardConfig) -> Guard:
+def dashboard_config(handler: BaseRouteHandler) -> DashboardConfig:
+    """The settings of the dashboard ``handler`` belongs to (its Router's ``opt``)."""
+    return handler.opt[CONFIG]
+
+
+def provide_config(request: Request) -> DashboardConfig:
+    return dashboard_config(request.route_handler)
+
+
+DEPENDENCIES = {"dashboard": Provide(provide_config, sync_to_thread=False)}
+Dashboard = NamedDependency[DashboardConfig]  # a handler's ``dashboard`` parameter
+
+
+def read_guard(connection: ASGIConnection, handler: BaseRouteHandler) -> None:
     """A guard for the pages: a signed-in admin, or (unless sign-in is required) a loopback client."""
-
-    def guard(connection: ASGIConnection, _: BaseRouteHandler) -> None:
-        if not may_read(connection, config):
-            raise NotSignedIn("sign in with the admin token to see this page")
-
-    return guard
+    if not may_read(connection, dashboard_config(handler)):
+        raise NotSignedIn("sign in with the admin token to see this page")
 
 
 def admin_guard(connection: ASGIConnection, _: BaseRouteHandler) -> None:

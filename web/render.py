@@ -1,11 +1,18 @@
-"""The dashboard's Jinja environment: templates from ``web/templates``, autoescaped."""
+"""The dashboard's Jinja environment (templates from ``web/templates``, autoescaped) and the
+two ways a handler renders one: a whole page (with the sign-in state and the CSRF token
+its forms need) or a fragment (a live part)."""
 
 from __future__ import annotations
 
 import time
+from functools import cache
 from pathlib import Path
+from typing import Any
 
 from jinja2 import Environment, FileSystemLoader, StrictUndefined, select_autoescape
+from litestar import MediaType, Request, Response
+
+from parrot.web import auth
 
 TEMPLATES = Path(__file__).parent / "templates"
 
@@ -33,7 +40,9 @@ def percent(value: float | None) -> str:
     return "—" if value is None else f"{100 * value:.0f}%"
 
 
+@cache
 def environment() -> Environment:
+    """One per process: the templates are read-only files, and Jinja renders concurrently."""
     env = Environment(
         loader=FileSystemLoader(TEMPLATES),
         autoescape=select_autoescape(default=True, default_for_string=True),
@@ -43,3 +52,19 @@ def environment() -> Environment:
     )
     env.filters.update(ago=ago, seconds=seconds, clock=clock, percent=percent)
     return env
+
+
+def page(template: str, request: Request, code: int = 200, **context: Any) -> Response[str]:
+    jinja = environment().get_template(template)
+    body = jinja.render(
+        path=request.url.path,
+        admin=auth.is_admin(request),
+        csrf=auth.csrf_token(request),
+        csrf_field=auth.CSRF_FIELD,
+        **context,
+    )
+    return Response(body, media_type=MediaType.HTML, status_code=code, headers={"Cache-Control": "no-store"})
+
+
+def fragment(template: str, **context: Any) -> str:
+    return environment().get_template(template).render(**context)
