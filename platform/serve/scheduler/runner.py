@@ -94,7 +94,7 @@ class TaskRunner:
             raise
         lease.settle(result)
         if not slot.text:
-            task.chain.prompt_tokens[slot.model] = list(lease.prompt.symbols)
+            task.chain.prompt_ids_by_model[slot.model] = list(lease.prompt.symbols)
         self.stats.done += 1
         ttft = first_token[0] - started if first_token else None
         self.metrics.observe_task(time.monotonic() - started, ttft, len(result.token_ids))
