@@ -96,9 +96,7 @@ class EngineCore:
             priority=priority,
             background=background,
         )
-        job.checkpoints = self._checkpoints(ctx, checkpoints, self.pool.planned(ctx) + len(token_ids))
-        job.created = [ctx, *job.checkpoints] if created else list(job.checkpoints)
-        self._enqueue(job, len(token_ids))
+        self._enqueue(job, created, checkpoints, self.pool.planned(ctx) + len(token_ids), len(token_ids))
 
     def submit_generate(
         self,
@@ -136,9 +134,7 @@ class EngineCore:
             sampling=sampling,
             priority=priority,
         )
-        job.checkpoints = self._checkpoints(ctx, checkpoints, prompt_len)
-        job.created = [ctx, *job.checkpoints] if created else list(job.checkpoints)
-        self._enqueue(job, len(tail_token_ids) + sampling.max_tokens)
+        self._enqueue(job, created, checkpoints, prompt_len, len(tail_token_ids) + sampling.max_tokens)
 
     def free_context(self, context_id: int) -> int:
         ctx = self.pool.contexts.get(context_id)
@@ -257,8 +253,15 @@ class EngineCore:
         if not ctx.materialized and not self.scheduler.jobs_of(ctx):
             self.pool.discard(ctx)
 
-    def _enqueue(self, job: Job, extra: int) -> None:
-        self.pool.plan(job.context, extra)
+    def _enqueue(
+        self, job: Job, created: bool, checkpoints: Sequence[tuple[int, int]], prompt_len: int, extra: int
+    ) -> None:
+        """Queue a job whose context (``created``: made by this request) will hold
+        ``prompt_len`` tokens once its prompt is computed, and ``extra`` more than now at most."""
+        ctx = job.context
+        job.checkpoints = self._checkpoints(ctx, checkpoints, prompt_len)
+        job.created = [ctx, *job.checkpoints] if created else list(job.checkpoints)
+        self.pool.plan(ctx, extra)
         self.scheduler.add(job)
 
     # -- the step ------------------------------------------------------------------------

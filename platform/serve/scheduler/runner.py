@@ -48,7 +48,7 @@ class SchedulerStats:
     prompt_tokens: int = 0  # of started tasks
     reused_tokens: int = 0  # of those, forked from a context on the engine (prefix hits)
     filled_ahead: int = 0  # tokens filled before their call's inputs were all there
-    evicted: int = 0  # cached contexts freed under engine memory pressure
+    evicted: int = 0  # contexts freed under memory pressure (the context manager counts; snapshots copy)
 
 
 class TaskRunner:
