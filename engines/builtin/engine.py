@@ -25,7 +25,7 @@ from parrot.engines.builtin.block_manager import BlockManager
 from parrot.engines.builtin.context_pool import ContextPool, Target
 from parrot.engines.builtin.engine_config import EngineConfig
 from parrot.engines.builtin.engine_core import EngineCore
-from parrot.engines.builtin.jobs import JobSink, Outbox
+from parrot.engines.builtin.jobs import GenerateResult, JobSink, Outbox
 from parrot.engines.builtin.kv_cache import allocate_kv_cache, num_blocks_for_budget
 from parrot.engines.builtin.metrics import EngineMetrics
 from parrot.engines.builtin.model.build import build_model
@@ -45,6 +45,7 @@ from parrot.wire.sampling import SamplingParams
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
+Reply = TypeVar("Reply", GenerateResponse, StreamEnd)
 
 
 class BuiltinEngine:
@@ -233,15 +234,7 @@ class BuiltinEngine:
         )  # fmt: skip
         result = await self._job(submit, sink)
         self.metrics.observe(result)
-        return GenerateResponse(
-            context_id=result.context_id,
-            token_ids=result.token_ids,
-            text=result.text,
-            finish_reason=result.finish_reason,
-            prompt_tokens=result.prompt_tokens,
-            cached_tokens=result.cached_tokens,
-            stop_string=result.stop_string,
-        )
+        return _reply(result, GenerateResponse)
 
     async def generate_stream(
         self,
@@ -270,15 +263,7 @@ class BuiltinEngine:
                 yield event
             result = await sink.result
             self.metrics.observe(result)
-            yield StreamEnd(
-                finish_reason=result.finish_reason,
-                context_id=result.context_id,
-                token_ids=result.token_ids,
-                text=result.text,
-                prompt_tokens=result.prompt_tokens,
-                cached_tokens=result.cached_tokens,
-                stop_string=result.stop_string,
-            )
+            yield _reply(result, StreamEnd)
             finished = True
         finally:
             if not finished:  # the client went away: stop generating for it
@@ -381,3 +366,17 @@ def _settle(future: asyncio.Future, result: Any, error: BaseException | None) ->
         future.set_exception(error)
     else:
         future.set_result(result)
+
+
+def _reply(result: GenerateResult, kind: type[Reply]) -> Reply:
+    """A finished generation as the wire says it: a ``GenerateResponse``, or the
+    ``StreamEnd`` of a stream (the same fields, without the engine-clock timings)."""
+    return kind(
+        context_id=result.context_id,
+        token_ids=result.token_ids,
+        text=result.text,
+        finish_reason=result.finish_reason,
+        prompt_tokens=result.prompt_tokens,
+        cached_tokens=result.cached_tokens,
+        stop_string=result.stop_string,
+    )

@@ -41,6 +41,17 @@ def parse_size(text: str) -> int:
 
 WEIGHT_FORMATS = ("exact", "int8", "int4", "gguf")
 CPU_MATMULS = ("auto", "torch", "blas")
+# The environment variables ``EngineConfig.from_env`` reads, and the field each sets.
+ENV_FIELDS = {
+    "PARROT_MODEL": "model",
+    "PARROT_DEVICE": "device",
+    "PARROT_DTYPE": "dtype",
+    "PARROT_WEIGHTS": "weights",
+    "PARROT_KV_CACHE_MEMORY": "kv_cache_bytes",  # a size: "2GiB", "512m"
+    "PARROT_ATTENTION_BACKEND": "attention_backend",
+    "PARROT_CPU_MATMUL": "cpu_matmul",
+    "PARROT_CACHE_DIR": "cache_dir",
+}
 
 
 @dataclass(frozen=True)
@@ -117,23 +128,8 @@ class EngineConfig:
     @classmethod
     def from_env(cls, **overrides) -> EngineConfig:
         """Defaults, then PARROT_* environment variables, then explicit overrides (CLI flags)."""
-        env = os.environ
-        values: dict = {}
-        if "PARROT_MODEL" in env:
-            values["model"] = env["PARROT_MODEL"]
-        if "PARROT_DEVICE" in env:
-            values["device"] = env["PARROT_DEVICE"]
-        if "PARROT_DTYPE" in env:
-            values["dtype"] = env["PARROT_DTYPE"]
-        if "PARROT_WEIGHTS" in env:
-            values["weights"] = env["PARROT_WEIGHTS"]
-        if "PARROT_KV_CACHE_MEMORY" in env:
-            values["kv_cache_bytes"] = parse_size(env["PARROT_KV_CACHE_MEMORY"])
-        if "PARROT_ATTENTION_BACKEND" in env:
-            values["attention_backend"] = env["PARROT_ATTENTION_BACKEND"]
-        if "PARROT_CPU_MATMUL" in env:
-            values["cpu_matmul"] = env["PARROT_CPU_MATMUL"]
-        if "PARROT_CACHE_DIR" in env:
-            values["cache_dir"] = env["PARROT_CACHE_DIR"]
+        values: dict = {field: os.environ[name] for name, field in ENV_FIELDS.items() if name in os.environ}
+        if "kv_cache_bytes" in values:
+            values["kv_cache_bytes"] = parse_size(values["kv_cache_bytes"])
         values.update({k: v for k, v in overrides.items() if v is not None})
         return cls(**values)

@@ -96,49 +96,45 @@ class EngineCore:
             priority=priority,
             background=background,
         )
-        job.checkpoints = self._checkpoints(ctx, checkpoints, self.pool.planned(ctx) + len(token_ids))
-        job.created = [ctx, *job.checkpoints] if created else list(job.checkpoints)
-        self._enqueue(job, len(token_ids))
+        self._enqueue(job, created, checkpoints, self.pool.planned(ctx) + len(token_ids), len(token_ids))
 
     def submit_generate(
         self,
         target: Target,
         sampling: SamplingParams,
         sink: JobSink,
-        prompt_tokens: Sequence[int] = (),
+        tail_token_ids: Sequence[int] = (),
         priority: int = 0,
         checkpoints: Sequence[tuple[int, int]] = (),
     ) -> None:
-        """Generate into the context, after filling ``prompt_tokens`` (the prompt's tail) in
+        """Generate into the context, after filling ``tail_token_ids`` (the prompt's tail) in
         the same job."""
         new_root = target.parent_id is None and target.context_id not in self.pool.contexts
-        if new_root and not prompt_tokens:
+        if new_root and not tail_token_ids:
             raise UnknownContextError(
                 f"context {target.context_id} does not exist: fill it first, "
                 "or pass parent_context_id to fork"
             )
-        self._check_tokens(prompt_tokens)
+        self._check_tokens(tail_token_ids)
         created = target.context_id not in self.pool.contexts
         ctx = self.pool.context_for(target)
-        prompt_len = self.pool.planned(ctx) + len(prompt_tokens)
+        prompt_len = self.pool.planned(ctx) + len(tail_token_ids)
         if prompt_len == 0:
             self._drop_if_empty(ctx)
             raise BadRequestError(
                 f"context {target.context_id} is empty: fill it (or fork a filled parent) before generating"
             )
-        self._check_length(ctx, len(prompt_tokens) + sampling.max_tokens, what="generate")
+        self._check_length(ctx, len(tail_token_ids) + sampling.max_tokens, what="generate")
         job = Job(
             JobKind.GENERATE,
             ctx,
             sink,
             self._next_seq(),
-            fill_tokens=list(prompt_tokens),
+            fill_tokens=list(tail_token_ids),
             sampling=sampling,
             priority=priority,
         )
-        job.checkpoints = self._checkpoints(ctx, checkpoints, prompt_len)
-        job.created = [ctx, *job.checkpoints] if created else list(job.checkpoints)
-        self._enqueue(job, len(prompt_tokens) + sampling.max_tokens)
+        self._enqueue(job, created, checkpoints, prompt_len, len(tail_token_ids) + sampling.max_tokens)
 
     def free_context(self, context_id: int) -> int:
         ctx = self.pool.contexts.get(context_id)
@@ -257,8 +253,15 @@ class EngineCore:
         if not ctx.materialized and not self.scheduler.jobs_of(ctx):
             self.pool.discard(ctx)
 
-    def _enqueue(self, job: Job, extra: int) -> None:
-        self.pool.plan(job.context, extra)
+    def _enqueue(
+        self, job: Job, created: bool, checkpoints: Sequence[tuple[int, int]], prompt_len: int, extra: int
+    ) -> None:
+        """Queue a job whose context (``created``: made by this request) will hold
+        ``prompt_len`` tokens once its prompt is computed, and ``extra`` more than now at most."""
+        ctx = job.context
+        job.checkpoints = self._checkpoints(ctx, checkpoints, prompt_len)
+        job.created = [ctx, *job.checkpoints] if created else list(job.checkpoints)
+        self.pool.plan(ctx, extra)
         self.scheduler.add(job)
 
     # -- the step ------------------------------------------------------------------------

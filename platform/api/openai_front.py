@@ -21,6 +21,7 @@ from parrot.engines.protocol.disconnect import unless_disconnected
 from parrot.engines.protocol.error_docs import ADMIN, BODY, CREATES, error_responses
 from parrot.engines.protocol.errors import BadRequestError, NotFoundError
 from parrot.engines.protocol.openai_stream import (
+    Answer,
     EventStream,
     chat_response,
     chat_stream,
@@ -42,6 +43,7 @@ from parrot.wire.openai_schemas import (
     CompletionResponse,
     ModelCard,
     ModelList,
+    Usage,
 )
 
 COMPLETION_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
@@ -75,18 +77,28 @@ def _final_usage(data, run: OneShot):
     return run.usage if data.stream_options and data.stream_options.include_usage else None
 
 
+async def _finished(request: Request, run: OneShot) -> tuple[list[Answer], Usage]:
+    """The answers of a run that does not stream, and their usage. A client that gives up
+    stops the generation (its session is closed)."""
+    answers = await unless_disconnected(request, run.answers())
+    return answers, run.usage(sum(a.completion_tokens for a in answers))
+
+
+# What the two generation routes share: one answer, or an event stream.
+_GENERATION = dict(
+    status_code=200,
+    responses=error_responses(BODY, ADMIN, 404, CREATES, 503),
+    operation_class=JsonOrEventStream,
+)
+
+
 class OpenAIController(Controller):
     """The OpenAI-compatible routes, behind the front's API keys (when any is configured)."""
 
     path = "/v1"
     guards = (openai_key_guard,)
 
-    @post(
-        "/completions",
-        status_code=200,
-        responses=error_responses(BODY, ADMIN, 404, CREATES, 503),
-        operation_class=JsonOrEventStream,
-    )
+    @post("/completions", **_GENERATION)
     async def completions(
         self, data: JSONBody[CompletionRequest], core: Core, request: Request
     ) -> CompletionResponse | Stream:
@@ -97,20 +109,11 @@ class OpenAIController(Controller):
         run = await OneShot.start(core, [_prompt(data.prompt)], sampling, data.n, model, stream=data.stream)
         rid, created = f"cmpl-{uuid.uuid4().hex}", int(time.time())
         if not data.stream:
-            # A client that gives up stops the generation (its session is closed).
-            answers = await unless_disconnected(request, run.answers())
-            return completion_response(
-                rid, created, model, answers, run.usage(sum(a.completion_tokens for a in answers))
-            )
+            return completion_response(rid, created, model, *await _finished(request, run))
         body = completion_stream(run.events(), rid, created, model, _final_usage(data, run))
         return EventStream(body)
 
-    @post(
-        "/chat/completions",
-        status_code=200,
-        responses=error_responses(BODY, ADMIN, 404, CREATES, 503),
-        operation_class=JsonOrEventStream,
-    )
+    @post("/chat/completions", **_GENERATION)
     async def chat_completions(
         self, data: JSONBody[ChatCompletionRequest], core: Core, request: Request
     ) -> ChatCompletionResponse | Stream:
@@ -123,11 +126,7 @@ class OpenAIController(Controller):
         run = await OneShot.start(core, pieces, sampling, data.n, model, stream=data.stream)
         rid, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
         if not data.stream:
-            # A client that gives up stops the generation (its session is closed).
-            answers = await unless_disconnected(request, run.answers())
-            return chat_response(
-                rid, created, model, answers, run.usage(sum(a.completion_tokens for a in answers))
-            )
+            return chat_response(rid, created, model, *await _finished(request, run))
         body = chat_stream(run.events(), data.n, rid, created, model, _final_usage(data, run))
         return EventStream(body)
 

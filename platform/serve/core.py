@@ -13,9 +13,11 @@ dashboard, the OpenAI front, the CLI, the tests) use the services it names:
   show.
 
 Below them: the :class:`GlobalScheduler` (orders tasks, picks engines), the
-:class:`Variables` (values arrive, waiters wake) and the :class:`CallLedger` (a call's
-state advances and is journaled there), and the :class:`Journal` over the SQL store. Lower
-parts are given what they call at construction; none calls back into a higher one.
+:class:`ContextManager` (``contexts``: the contexts on the engines, built here over the
+scheduler's engine slots and given to it), the :class:`Variables` (values arrive, waiters
+wake) and the :class:`CallLedger` (a call's state advances and is journaled there), and
+the :class:`Journal` over the SQL store. Lower parts are given what they call at
+construction; none calls back into a higher one.
 
 What a client is told exists is stored first: a route returns only after its own writes
 are in the database, and a write the database does not take fails the request (503) and
@@ -30,6 +32,7 @@ from parrot.platform.serve.activity import ActivityLog
 from parrot.platform.serve.admission import Admission
 from parrot.platform.serve.call_ledger import CallLedger
 from parrot.platform.serve.call_service import CallService
+from parrot.platform.serve.context_manager import ContextManager
 from parrot.platform.serve.contexts import MemoryPressure
 from parrot.platform.serve.engine_registry import EngineRegistry
 from parrot.platform.serve.engine_service import EngineService
@@ -43,6 +46,7 @@ from parrot.platform.serve.prompt import PromptBuilder
 from parrot.platform.serve.scheduler.global_scheduler import GlobalScheduler
 from parrot.platform.serve.scheduler.health import HealthSettings
 from parrot.platform.serve.scheduler.policy import SchedulingPolicy
+from parrot.platform.serve.scheduler.slot import EngineSlot
 from parrot.platform.serve.session_service import SessionService
 from parrot.platform.serve.tokenizer_manager import TokenizerManager
 from parrot.platform.serve.transform_runner import TransformLimits, TransformRunner
@@ -75,11 +79,17 @@ class ServeCore:
         self.activity = activity or ActivityLog()
         ledger = CallLedger(self.journal, self.admission, self.activity)
         variables = Variables(ledger, self.metrics)
+        health = health or HealthSettings()
+        # The engine slots: the scheduler adds and removes them, the context manager owns
+        # the contexts they hold.
+        slots: dict[str, EngineSlot] = {}
+        self.contexts = ContextManager(pressure or MemoryPressure(), health.text_chars, slots.values)
         self.scheduler = GlobalScheduler(
             variables,
             PromptBuilder(self.tokenizers),
+            self.contexts,
+            slots,
             policy,
-            pressure,
             health,
             self.metrics,
             calls=ledger,
@@ -121,7 +131,7 @@ class ServeCore:
             await store.migrate()
             snapshot = await store.snapshot()
             # This run's context ids; contexts of earlier runs are freed on their engines.
-            await self.scheduler.contexts.claim_region(store)
+            await self.contexts.claim_region(store)
         self.journal.start()
         self.scheduler.start()
         await self.engines.restore(snapshot.engines if snapshot else [], engine_urls)

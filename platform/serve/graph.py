@@ -98,7 +98,7 @@ class CompletionChain:
     # The consumer call that waits on this chain together with others (a task group):
     # (its application's start, its submission order), so groups sort by application.
     group: tuple[int, int] | None = None
-    prompt_tokens: dict[str, list[int]] = field(default_factory=dict)  # model -> prompt it ran with
+    prompt_ids_by_model: dict[str, list[int]] = field(default_factory=dict)  # model -> prompt it ran with
 
     @property
     def key(self) -> str:

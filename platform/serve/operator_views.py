@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 
 from parrot.engines.protocol.errors import NotFoundError
 from parrot.platform.serve import observe
@@ -123,13 +123,7 @@ class OperatorViews:
         return CoreStats(
             sessions=len(self.sessions),
             queued=now.queued,
-            done=now.done,
-            failed=now.failed,
-            requeued=now.requeued,
-            prompt_tokens=now.prompt_tokens,
-            reused_tokens=now.reused_tokens,
-            filled_ahead=now.filled_ahead,
-            evicted=now.evicted,
+            **asdict(now.counters),
             tokenizer_hits=self.tokenizers.hits,
             tokenizer_misses=self.tokenizers.misses,
             store_failures=self.journal.failures,

@@ -115,7 +115,7 @@ class PromptBuilder:
         previous = chain.previous
         if previous is None or previous.result is None:
             return None
-        before = previous.prompt_tokens.get(model)
+        before = previous.prompt_ids_by_model.get(model)
         result = previous.result
         if before is None or not result.token_ids or getattr(result, "stop_string", False):
             return None

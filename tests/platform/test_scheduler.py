@@ -89,7 +89,7 @@ async def test_a_chain_runs_in_order_with_one_engine_request_per_step(core):
     slot = core.engines.slots()[0]
     rendered = f"Make this shorter: {session.vars[a['a']].value}\nShorter: "
     expected = (await core.tokenizers.encode(slot.model, rendered)).ids
-    assert tuple(steps[1].chains[0].prompt_tokens[slot.model]) == expected
+    assert tuple(steps[1].chains[0].prompt_ids_by_model[slot.model]) == expected
 
 
 async def test_a_waiting_call_has_its_known_prefix_filled_ahead(core):
@@ -124,10 +124,10 @@ async def test_a_multi_output_call_continues_from_what_it_generated(core):
     await core.vars.get(session, both["b"], "latency", 120)
     first, second = both["request"].chains
     model = core.engines.models()[0]
-    kept = first.prompt_tokens[model] + first.result.token_ids
+    kept = first.prompt_ids_by_model[model] + first.result.token_ids
     # The second prompt starts with the first prompt and the generated tokens as they are,
     # and forks the first generation's context there (nothing of it computed again).
-    assert second.prompt_tokens[model][: len(kept)] == kept
+    assert second.prompt_ids_by_model[model][: len(kept)] == kept
     generations = [kw for name, kw in spy(core).calls if name == "generate"]
     assert generations[1]["args"][2] == generations[0]["args"][0]
     assert generations[1]["parent_len"] == len(kept)

@@ -76,7 +76,7 @@ async def test_concurrent_chains_run_every_step_after_its_input_and_with_it(core
             if step:  # started only once its producer had finished (server-side timings)
                 assert call.timings["started_at"] >= calls[step - 1].timings["finished_at"]
             # ... and ran with exactly that producer's final value in its prompt
-            assert tuple(chain.prompt_tokens[model]) == await expected_prompt(core, step, value)
+            assert tuple(chain.prompt_ids_by_model[model]) == await expected_prompt(core, step, value)
             assert len(chain.result.token_ids) == TOKENS
             value = chain.gen.var.value
 
@@ -88,7 +88,7 @@ async def test_concurrent_chains_run_every_step_after_its_input_and_with_it(core
         alone = await run_chain(core, topic, None)
         for mine, theirs in zip(calls, alone, strict=True):
             a, b = mine.chains[0], theirs.chains[0]
-            assert a.prompt_tokens[model] == b.prompt_tokens[model]
+            assert a.prompt_ids_by_model[model] == b.prompt_ids_by_model[model]
             if a.gen.var.value != b.gen.var.value:
                 numerics += 1
                 break  # later steps start from another text: not comparable

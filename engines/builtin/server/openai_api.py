@@ -189,7 +189,7 @@ class OpenAIAPI(Controller):
         _check_model(engine, data.model)
         if data.echo or data.logprobs:
             raise BadRequestError("echo and logprobs are not supported")
-        tokens = await _prompt_tokens(engine, data.prompt)
+        tokens = await _prompt_token_ids(engine, data.prompt)
         sampling = _sampling(data, len(tokens), engine.core.max_model_len, default_max=16)
         run = _Run(engine, ids, tokens, sampling, data.n)
         rid, created, model = f"cmpl-{uuid.uuid4().hex}", int(time.time()), engine.model_name
@@ -247,7 +247,7 @@ class OpenAIAPI(Controller):
         return ModelList(data=[ModelCard(id=engine.model_name, created=0)])
 
 
-async def _prompt_tokens(engine: BuiltinEngine, prompt: str | list[int | str]) -> list[int]:
+async def _prompt_token_ids(engine: BuiltinEngine, prompt: str | list[int | str]) -> list[int]:
     """A prompt string, a one-element list of strings, or a list of token ids."""
     if isinstance(prompt, list) and any(isinstance(p, str) for p in prompt):
         if len(prompt) != 1 or not isinstance(prompt[0], str):

@@ -20,7 +20,6 @@ from collections.abc import Coroutine
 from parrot.engines.protocol.errors import ParrotError
 from parrot.platform.serve.call_ledger import CallLedger
 from parrot.platform.serve.context_manager import ContextManager, spawn
-from parrot.platform.serve.contexts import MemoryPressure
 from parrot.platform.serve.graph import CompletionChain
 from parrot.platform.serve.leases import Lease
 from parrot.platform.serve.metrics import ServeMetrics
@@ -46,28 +45,29 @@ class GlobalScheduler:
         self,
         variables: Variables,
         prompts: PromptBuilder,
+        contexts: ContextManager,
+        engines: dict[str, EngineSlot],
         policy: SchedulingPolicy | None = None,
-        pressure: MemoryPressure | None = None,
         health: HealthSettings | None = None,
         metrics: ServeMetrics | None = None,
         *,
         calls: CallLedger,
     ) -> None:
+        """``engines``: the slots, empty; this scheduler adds and removes them, ``contexts``
+        (which the ServeCore built over the same slots) owns what they hold."""
         self.variables = variables
         self.calls = calls  # told when a task starts: the call's state advances there
         self.metrics = metrics or ServeMetrics()
         self.prompts = prompts
         self.policy = policy or SchedulingPolicy()
         self.queue = TaskQueue(self.policy)
-        self.engines: dict[str, EngineSlot] = {}
+        self.engines = engines
         self.fixed_limits: dict[str, int] = {}  # engines with a configured task limit
         self.stats = SchedulerStats()
         self.health = health or HealthSettings()
         parent_wait_ms = round(1000 * self.health.parent_wait_s)
         self.runner = TaskRunner(prompts, self.policy, self.stats, self.metrics, parent_wait_ms)
-        self.contexts = ContextManager(
-            pressure or MemoryPressure(), self.health.text_chars, self.engines.values
-        )
+        self.contexts = contexts
         self.monitor = EngineMonitor(
             self.health,
             self.contexts,

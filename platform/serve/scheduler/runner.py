@@ -48,7 +48,7 @@ class SchedulerStats:
     prompt_tokens: int = 0  # of started tasks
     reused_tokens: int = 0  # of those, forked from a context on the engine (prefix hits)
     filled_ahead: int = 0  # tokens filled before their call's inputs were all there
-    evicted: int = 0  # cached contexts freed under engine memory pressure
+    evicted: int = 0  # contexts freed under memory pressure (the context manager counts; snapshots copy)
 
 
 class TaskRunner:
@@ -94,7 +94,7 @@ class TaskRunner:
             raise
         lease.settle(result)
         if not slot.text:
-            task.chain.prompt_tokens[slot.model] = list(lease.prompt.symbols)
+            task.chain.prompt_ids_by_model[slot.model] = list(lease.prompt.symbols)
         self.stats.done += 1
         ttft = first_token[0] - started if first_token else None
         self.metrics.observe_task(time.monotonic() - started, ttft, len(result.token_ids))

@@ -8,11 +8,12 @@ this module changes with them and its readers do not.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from parrot.engines.protocol.errors import NotFoundError
 from parrot.platform.serve.observe import ContextTreeView, context_tree
 from parrot.platform.serve.scheduler.global_scheduler import GlobalScheduler
+from parrot.platform.serve.scheduler.runner import SchedulerStats
 from parrot.platform.serve.scheduler.slot import EngineSlot
 
 
@@ -34,13 +35,7 @@ class EngineLoad:
 class SchedulerSnapshot:
     engines: list[EngineLoad]
     queued: int  # ready tasks waiting for an engine
-    done: int
-    failed: int
-    requeued: int
-    prompt_tokens: int  # of started tasks
-    reused_tokens: int  # of those, forked from a context on the engine
-    filled_ahead: int
-    evicted: int  # cached contexts freed under engine memory pressure
+    counters: SchedulerStats  # a copy
 
     @property
     def running(self) -> int:
@@ -48,7 +43,6 @@ class SchedulerSnapshot:
 
 
 def take(scheduler: GlobalScheduler) -> SchedulerSnapshot:
-    st = scheduler.stats
     engines = [
         EngineLoad(
             engine_id=slot.engine_id,
@@ -65,13 +59,7 @@ def take(scheduler: GlobalScheduler) -> SchedulerSnapshot:
     return SchedulerSnapshot(
         engines=engines,
         queued=len(scheduler.queue),
-        done=st.done,
-        failed=st.failed,
-        requeued=st.requeued,
-        prompt_tokens=st.prompt_tokens,
-        reused_tokens=st.reused_tokens,
-        filled_ahead=st.filled_ahead,
-        evicted=scheduler.monitor.evicted,
+        counters=replace(scheduler.stats, evicted=scheduler.monitor.evicted),
     )
 
 
