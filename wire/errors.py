@@ -5,7 +5,7 @@ It lives in the wire contract because the template grammar (:mod:`parrot.wire.te
 which the client checks before it sends and the server checks when it receives, raises one;
 the server's own errors (:mod:`parrot.engines.protocol.errors`,
 :mod:`parrot.platform.serve.errors`) extend these classes, and
-:mod:`parrot.engines.protocol.http` turns any of them into a JSON response in one place.
+:mod:`parrot.engines.protocol.error_responses` turns any of them into a JSON response in one place.
 """
 
 

@@ -31,7 +31,7 @@ class OpenAIEngineConfig:
     - ``model``: the model name sent with every request (and reported by ``ping``).
     - ``api_key``: None (or empty) for endpoints without authentication.
     - ``api``: ``"chat"`` (``/chat/completions``, text mapped onto messages, see
-      :mod:`parrot.engines.openai.chat`) or ``"completions"`` (``/completions``, text verbatim).
+      :mod:`parrot.engines.openai.chat_messages`) or ``"completions"`` (``/completions``, text verbatim).
     - ``capacity``: requests in flight to the endpoint at once (more wait in the engine).
     - ``timeout_s``: the longest wait for the endpoint (connect, or between bytes of an answer).
     - ``max_retries``: retries by the ``openai`` client after a retryable failure (408, 409,

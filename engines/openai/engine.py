@@ -2,7 +2,7 @@
 
 Contexts are text (:mod:`parrot.engines.openai.contexts`): ``fill`` appends text,
 ``generate`` sends a context's whole text to the endpoint, through the completions API
-(verbatim) or the chat API (mapped onto messages, :mod:`parrot.engines.openai.chat`), and
+(verbatim) or the chat API (mapped onto messages, :mod:`parrot.engines.openai.chat_messages`), and
 appends the answer. Lengths in responses are characters; ``token_ids`` are always empty
 and stream events carry ``token_id=-1`` (the endpoint's tokens are not seen here), while
 ``prompt_tokens`` / ``cached_tokens`` are the endpoint's own usage counts when it reports them.

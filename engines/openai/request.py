@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from parrot.engines.openai.chat import to_messages
+from parrot.engines.openai.chat_messages import to_messages
 from parrot.engines.openai.config import CHAT, OpenAIEngineConfig
 from parrot.engines.protocol.text import replace_invalid
 from parrot.wire.sampling import SamplingParams

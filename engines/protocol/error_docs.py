@@ -1,6 +1,6 @@
 """The error answers of Parrot's routes, as their OpenAPI schemas (``/schema``) document them.
 
-Every error a route gives is the one body of :mod:`parrot.engines.protocol.http`
+Every error a route gives is the one body of :mod:`parrot.engines.protocol.error_responses`
 (``{"error": {"code", "message"}}``), whatever its status. Litestar would document a 400
 with its own ``{"status_code", "detail"}`` body, which Parrot never sends; a route's
 ``responses=error_responses(...)`` replaces it and names the other statuses the route can

@@ -2,7 +2,7 @@
 
 Every error a client can cause is a :class:`ParrotError` subclass that carries its HTTP
 status and a stable ``code``; the root classes are part of the wire contract
-(:mod:`parrot.wire.errors`), and :mod:`parrot.engines.protocol.http` turns them into JSON
+(:mod:`parrot.wire.errors`), and :mod:`parrot.engines.protocol.error_responses` turns them into JSON
 responses in one place. Anything else that escapes is a bug and becomes a 500 without a
 traceback in the response.
 """

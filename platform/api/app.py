@@ -15,7 +15,7 @@ from litestar.logging.config import LoggingConfig
 from litestar.params import FromPath, FromQuery, JSONBody, QueryParameter
 
 from parrot.engines.protocol.error_docs import ADMIN, BODY, CREATES, PARAMS, SESSION, STORE, error_responses
-from parrot.engines.protocol.http import exception_handlers
+from parrot.engines.protocol.error_responses import exception_handlers
 from parrot.engines.protocol.json_body import JsonRequest
 from parrot.platform.api.adapter_routes import AdapterController
 from parrot.platform.api.auth import Sessions, admin_guard

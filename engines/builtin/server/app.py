@@ -18,8 +18,8 @@ from parrot.engines.builtin.metrics import CONTENT_TYPE
 from parrot.engines.builtin.server.deps import ENGINE, EngineDep, engine_state
 from parrot.engines.protocol.disconnect import unless_disconnected
 from parrot.engines.protocol.error_docs import BODY, error_responses
+from parrot.engines.protocol.error_responses import exception_handlers
 from parrot.engines.protocol.errors import BadRequestError, NotFoundError
-from parrot.engines.protocol.http import exception_handlers
 from parrot.engines.protocol.json_body import JsonRequest
 from parrot.engines.protocol.schemas import (
     AbortRangeRequest,

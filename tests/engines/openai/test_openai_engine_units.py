@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from parrot.engines.openai.chat import to_messages
+from parrot.engines.openai.chat_messages import to_messages
 from parrot.engines.openai.config import OpenAIEngineConfig
 from parrot.engines.openai.contexts import ContextStore
 from parrot.engines.openai.engine import OpenAIEngine
