@@ -13,7 +13,6 @@ from dataclasses import dataclass
 from parrot.wire.errors import BadRequestError
 
 NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
-MAX_TEMPLATE_CHARS = 1_000_000
 
 
 class TemplateError(BadRequestError):
@@ -49,10 +48,10 @@ def parse_template(template: str) -> list[Chunk]:
     """Split a template into text and placeholder chunks.
 
     ``{{`` opens a placeholder, which must be closed by ``}}`` around a name (spaces allowed
-    inside the braces); single braces and a stray ``}}`` are ordinary text.
+    inside the braces); single braces and a stray ``}}`` are ordinary text. The size of a
+    template is bounded where it enters the server (``--max-prompt-chars``, 413), not here:
+    one limit, one answer.
     """
-    if len(template) > MAX_TEMPLATE_CHARS:
-        raise TemplateError(f"the template has {len(template)} characters, more than {MAX_TEMPLATE_CHARS}")
     chunks: list[Chunk] = []
     pos = 0
     while pos < len(template):

@@ -76,7 +76,15 @@ class CallService:
         chunks = parse_template(template)
         check_binding(chunks, [ParameterSpec(p.name, p.is_output) for p in bindings])
         outputs: dict[str, SamplingParams] = {}
+        output_vars: dict[str, str] = {}  # var_id -> the output bound to it
         for p in bindings:
+            if p.is_output and p.var_id is not None:
+                if p.var_id in output_vars:  # else the second output would be dropped silently
+                    raise BadRequestError(
+                        f"outputs {output_vars[p.var_id]!r} and {p.name!r} are bound to the same "
+                        f"variable {p.var_id!r}: a variable has one producer"
+                    )
+                output_vars[p.var_id] = p.name
             if p.var_id is not None and p.value is not None:
                 raise BadRequestError(f"parameter {p.name!r}: give var_id or value, not both")
             if p.is_output:

@@ -330,6 +330,21 @@ def test_oversized_templates_are_refused(api, size, limit):
     assert info["calls"] == [] and info["vars"] == []  # a refused call leaves nothing behind
 
 
+def test_a_template_under_the_prompt_limit_is_not_refused_as_a_template(api):
+    """Issue 24, defect 7: one limit for templates, --max-prompt-chars (8 Mi by default): a
+    1.5 M-character template is taken (it was a 400 'more than 1000000'). It is far longer
+    than the model's context, so the call then fails with that reason."""
+    sid, auth = new_session(api)
+    body = {"session_id": sid, "template": "x " * 750_000 + "{{a}}", "parameters": [out("a")]}
+    r = api.post("/v1/semantic_call", headers=auth, json=body)
+    assert r.status_code == 201, r.text
+    var = api.get(
+        f"/v1/semantic_var/{r.json()['outputs']['a']}", params={"session_id": sid}, headers=auth
+    )
+    assert var.status_code == 424, var.text  # its producer failed, with the reason
+    api.delete(f"/v1/session/{sid}", headers=auth)
+
+
 @pytest.mark.parametrize(
     ("sampling", "field"),
     [
@@ -588,3 +603,26 @@ def test_text_with_a_nul_is_refused_with_a_400_on_every_store(api):
     put = api.put(var, json={"session_id": sid, "value": "\x00"}, headers=auth)
     assert put.status_code == 400 and "NUL" in put.text, put.text
     assert api.get("/healthz").json()["status"] == "ok"
+
+
+def test_one_variable_bound_to_two_outputs_of_a_call_is_refused(api):
+    """Issue 24, defect 6: the second output was dropped silently and the call reported done."""
+    sid, auth = new_session(api)
+    target = api.post("/v1/semantic_var", headers=auth, json={"session_id": sid, "name": "t"}).json()
+    r = api.post(
+        "/v1/semantic_call",
+        headers=auth,
+        json={
+            "session_id": sid,
+            "template": "First: {{a}} then: {{b}}",
+            "parameters": [
+                {"name": "a", "is_output": True, "var_id": target["var_id"], "sampling": {"max_tokens": 2}},
+                {"name": "b", "is_output": True, "var_id": target["var_id"], "sampling": {"max_tokens": 2}},
+            ],
+        },
+    )
+    assert r.status_code == 400, r.text
+    assert "bound to the same variable" in r.json()["error"]["message"]
+    session = api.get(f"/v1/session/{sid}", headers=auth).json()
+    assert session["calls"] == []  # nothing of the refused call is left
+    assert [v["var_id"] for v in session["vars"]] == [target["var_id"]]
