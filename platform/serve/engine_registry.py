@@ -58,6 +58,8 @@ class EngineSpec:
             out["api"] = self.api
         return out
 
+FIRST_PING_S = 10.0  # the first ping of an engine being registered
+
 
 def _connect(spec: EngineSpec, health: HealthSettings) -> Engine:
     if spec.kind == BUILTIN:
@@ -109,7 +111,11 @@ class EngineRegistry:
         client = _connect(spec, self.scheduler.health)
         model, up, info = spec.model or stored_model or "", True, {}
         try:
-            info = await client.ping()
+            # A new registration waits longer than a health ping: an engine that has just
+            # started may be slow to answer its first one (a restore keeps the short ping, so
+            # engines that are down do not hold the start up).
+            first = None if stored_model is not None else max(self.scheduler.health.timeout_s, FIRST_PING_S)
+            info = await client.ping(first)
             model = info["model"]
             await self.scheduler.contexts.free_orphans(url, client)
         except ParrotError as error:
