@@ -6,6 +6,8 @@ from typing import Annotated, Final
 
 import msgspec
 
+from parrot.wire.formats import OutputFormat
+
 # Temperatures below this are treated as greedy: dividing logits by a near-zero temperature
 # overflows to inf and the softmax to NaN (vLLM uses the same threshold).
 GREEDY_TEMPERATURE: Final = 1e-5
@@ -37,6 +39,10 @@ class SamplingParams(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw
     presence_penalty: Annotated[float, msgspec.Meta(ge=-2, le=2)] = 0.0
     frequency_penalty: Annotated[float, msgspec.Meta(ge=-2, le=2)] = 0.0
     repetition_penalty: Annotated[float, msgspec.Meta(gt=0, le=10)] = 1.0
+    # What the text must be (a JSON schema, a regex, ...): the engine constrains decoding to
+    # it. Travels with the sampling so every path to an engine carries it (as vLLM's
+    # structured outputs do); a semantic call sets it from its output parameter's ``format``.
+    format: OutputFormat | None = None
 
     @property
     def is_greedy(self) -> bool:
