@@ -28,7 +28,8 @@ from litestar.params import Body, FromPath, FromQuery
 from litestar.response import Redirect, ServerSentEvent
 from litestar.static_files import create_static_files_router
 
-from parrot.engines.protocol.errors import ParrotError
+from parrot.engines.protocol.errors import ParrotError, TooManyRequestsError
+from parrot.platform.api.auth import check_admin_token
 from parrot.platform.api.deps import Core
 from parrot.platform.serve.operator_views import OperatorViews
 from parrot.web import auth, forms, live, render, views
@@ -116,7 +117,11 @@ class SignInController(Controller):
     @post("/login", status_code=303)
     async def login(self, request: Request, state: State, data: Form) -> Response[str] | Redirect:
         target = auth.safe_next(data.get("next"))
-        if not auth.sign_in(request, str(data.get("token", "")), state.admin_token):
+        try:
+            right = check_admin_token(request, str(data.get("token", "")))
+        except TooManyRequestsError as error:
+            return render.page("login.html", request, 429, next=target, error=str(error))
+        if not right or not auth.sign_in(request, str(data.get("token", "")), state.admin_token):
             return render.page("login.html", request, 401, next=target, error="that is not the admin token")
         return Redirect(target, status_code=303)
 
