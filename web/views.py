@@ -117,14 +117,35 @@ class SessionPage:
     states: dict[str, int]
     detail: NodeDetail | None
     selected: str | None
+    drawn_calls: int  # the DAG and the timeline draw the latest calls only (MAX_DRAWN_CALLS)
+
+
+# A session's DAG and timeline draw at most this many calls (the latest): drawing is linear,
+# but 10,000 calls make 10 MB of SVG per update that no one can read. Counts cover them all.
+MAX_DRAWN_CALLS = 400
+
+
+def latest_calls(graph: SessionDag, limit: int = MAX_DRAWN_CALLS) -> SessionDag:
+    """The sub-DAG of the ``limit`` latest calls and the variables they touch."""
+    if len(graph.calls) <= limit:
+        return graph
+    calls = sorted(graph.calls, key=lambda c: c.seq)[-limit:]
+    kept = {c.call_id for c in calls}
+    touched = {v for c in calls for v in (*c.inputs, *c.outputs)}
+    edges = [e for e in graph.edges if (e.source in kept or e.target in kept)]
+    return SessionDag(
+        graph.session_id, graph.live, calls, [v for v in graph.vars if v.var_id in touched], edges
+    )
 
 
 def node_link(session_id: str, node_id: str) -> str:
     return f"/sessions/{session_id}?node={node_id}#detail"
 
 
-def session_page(ops: OperatorViews, session_id: str, selected: str | None = None) -> SessionPage:
-    graph = ops.session_dag(session_id)
+def session_page(graph: SessionDag, selected: str | None = None) -> SessionPage:
+    """The session page of a DAG snapshot (``OperatorViews.session_dag``). Pure: it runs in a
+    worker thread, off the event loop."""
+    session_id = graph.session_id
     states = {state: 0 for state in CALL_STATES}
     for call in graph.calls:
         states[call.state] = states.get(call.state, 0) + 1
@@ -135,13 +156,15 @@ def session_page(ops: OperatorViews, session_id: str, selected: str | None = Non
         var = next((v for v in graph.vars if v.var_id == selected), None)
         if call is not None or var is not None:
             detail = NodeDetail(call, var, names)
+    drawn = latest_calls(graph)
     return SessionPage(
         graph,
-        dag.render(graph, lambda node: node_link(session_id, node), selected),
-        charts.gantt(graph.calls),
+        dag.render(drawn, lambda node: node_link(session_id, node), selected),
+        charts.gantt(drawn.calls),
         states,
         detail,
         selected if detail is not None else None,
+        len(drawn.calls),
     )
 
 
