@@ -215,23 +215,24 @@ async def _big_session(api: httpx.AsyncClient, calls: int) -> tuple[str, dict]:
 
 async def _tab(url: str, sid: str, stop: asyncio.Event) -> tuple[int, int]:
     """One browser tab on the session's live page: (events, bytes) until ``stop``."""
-    events = size = 0
-    async with (
-        httpx.AsyncClient(base_url=url, timeout=httpx.Timeout(60, read=120)) as tab,
-        tab.stream("GET", f"/live/sessions/{sid}") as r,
-    ):
-        r.raise_for_status()
-        lines = r.aiter_lines()
-        while not stop.is_set():
-            try:
-                line = await asyncio.wait_for(anext(lines), timeout=0.5)
-            except TimeoutError:
-                continue
-            except StopAsyncIteration:
-                break
-            size += len(line)
-            events += line.startswith("event:")
-    return events, size
+    counts = [0, 0]
+
+    async def read() -> None:
+        async with (
+            httpx.AsyncClient(base_url=url, timeout=httpx.Timeout(60, read=300)) as tab,
+            tab.stream("GET", f"/live/sessions/{sid}") as r,
+        ):
+            r.raise_for_status()
+            async for line in r.aiter_lines():
+                counts[1] += len(line)
+                counts[0] += line.startswith("event:")
+
+    reading = asyncio.create_task(read())
+    await stop.wait()
+    reading.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await reading
+    return counts[0], counts[1]
 
 
 async def scenario_bigdag(url: str, sizes: dict) -> dict:

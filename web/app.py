@@ -32,7 +32,6 @@ from litestar.static_files import create_static_files_router
 from parrot.engines.protocol.errors import ParrotError, TooManyRequestsError
 from parrot.platform.api.auth import check_admin_token
 from parrot.platform.api.deps import Core
-from parrot.platform.serve.observe import SessionDag
 from parrot.platform.serve.operator_views import OperatorViews
 from parrot.web import auth, forms, live, render, views
 from parrot.web.auth import Dashboard
@@ -60,8 +59,8 @@ class PageController(Controller):
     async def session_page(
         self, request: Request, core: Core, session_id: FromPath[str], node: FromQuery[str | None] = None
     ) -> Response[str]:
-        graph = core.views.session_dag(session_id)  # the snapshot, on the loop; drawn in a thread
-        model = await asyncio.to_thread(views.session_page, graph, node)
+        snapshot = views.session_snapshot(core.views, session_id, node)  # on the loop, bounded
+        model = await asyncio.to_thread(views.session_page, snapshot, node)  # drawn off it
         live_url = f"/live/sessions/{quote(session_id)}" + (f"?node={quote(node)}" if node else "")
         return render.page("session.html", request, model=model, live_url=live_url)
 
@@ -155,8 +154,8 @@ def _draw_sessions(model: views.SessionList) -> str:
     return render.fragment("live/sessions.html", model=model)
 
 
-def _draw_session(graph: SessionDag, node: str | None) -> str:
-    return render.fragment("live/session.html", model=views.session_page(graph, node))
+def _draw_session(snapshot: views.SessionSnapshot, node: str | None) -> str:
+    return render.fragment("live/session.html", model=views.session_page(snapshot, node))
 
 
 class LiveController(Controller):
@@ -195,9 +194,9 @@ class LiveController(Controller):
         session_id: FromPath[str],
         node: FromQuery[str | None] = None,
     ) -> ServerSentEvent:
-        core.views.session_dag(session_id)  # 404 now, rather than an empty stream
+        core.views.session_dag(session_id, latest=1)  # the 404 now, rather than in the stream
         shared = live.renders(request)
-        snapshot = partial(core.views.session_dag, session_id)
+        snapshot = partial(views.session_snapshot, core.views, session_id, node)
         draw = partial(_draw_session, node=node)
         key = ("session", session_id, node)
         return live.stream(partial(shared.get, key, snapshot, draw, dashboard.live_interval_s), dashboard)

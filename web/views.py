@@ -3,6 +3,7 @@ parts)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from markupsafe import Markup
@@ -118,6 +119,7 @@ class SessionPage:
     detail: NodeDetail | None
     selected: str | None
     drawn_calls: int  # the DAG and the timeline draw the latest calls only (MAX_DRAWN_CALLS)
+    total_calls: int
 
 
 # A session's DAG and timeline draw at most this many calls (the latest): drawing is linear,
@@ -142,13 +144,35 @@ def node_link(session_id: str, node_id: str) -> str:
     return f"/sessions/{session_id}?node={node_id}#detail"
 
 
-def session_page(graph: SessionDag, selected: str | None = None) -> SessionPage:
-    """The session page of a DAG snapshot (``OperatorViews.session_dag``). Pure: it runs in a
-    worker thread, off the event loop."""
+@dataclass(frozen=True)
+class SessionSnapshot:
+    """What a session page draws from, taken on the event loop in time bounded by what is
+    drawn: the DAG of the latest calls (and the selected node), and a count of all calls per
+    state to run off the loop (None: count the DAG's calls, a closed session's whole DAG)."""
+
+    graph: SessionDag
+    count_states: Callable[[], dict[DisplayState, int]] | None = None
+
+
+def session_snapshot(ops: OperatorViews, session_id: str, selected: str | None = None) -> SessionSnapshot:
+    graph = ops.session_dag(session_id, latest=MAX_DRAWN_CALLS, keep=selected)
+    return SessionSnapshot(graph, ops.state_counts(session_id) if graph.live else None)
+
+
+def session_page(snapshot: SessionSnapshot | SessionDag, selected: str | None = None) -> SessionPage:
+    """The session page of a snapshot (:func:`session_snapshot`, or a whole DAG). Pure: it
+    runs in a worker thread, off the event loop."""
+    if isinstance(snapshot, SessionDag):
+        snapshot = SessionSnapshot(snapshot)
+    graph = snapshot.graph
     session_id = graph.session_id
     states = {state: 0 for state in CALL_STATES}
-    for call in graph.calls:
-        states[call.state] = states.get(call.state, 0) + 1
+    counted = snapshot.count_states() if snapshot.count_states else None
+    for state, n in (counted or {}).items():
+        states[state] = n
+    if counted is None:
+        for call in graph.calls:
+            states[call.state] = states.get(call.state, 0) + 1
     names = {v.var_id: v.name for v in graph.vars}
     detail = None
     if selected:
@@ -165,6 +189,7 @@ def session_page(graph: SessionDag, selected: str | None = None) -> SessionPage:
         detail,
         selected if detail is not None else None,
         len(drawn.calls),
+        max(sum(states.values()), len(graph.calls)),
     )
 
 

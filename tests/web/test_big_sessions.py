@@ -100,25 +100,34 @@ def test_a_failed_snapshot_reaches_its_caller_and_is_not_kept():
 
 
 def test_the_live_session_page_over_http(engine_server):
-    """The live page of a real session streams, and a closed tab leaves the server healthy."""
+    """A real session: its bounded snapshot keeps the latest calls (and the selected node),
+    its counts cover every call, its live page streams, and the server stays healthy."""
     core = ServeCore()
-    with (
-        ServerThread(create_app(core, engine_urls=(engine_server.url,))) as server,
-        httpx.Client(base_url=server.url, timeout=60) as api,
-    ):
+    app = create_app(core, engine_urls=(engine_server.url,))
+    with ServerThread(app) as server, httpx.Client(base_url=server.url, timeout=60) as api:
         s = api.post("/v1/session").json()
-        auth = {"Authorization": f"Bearer {s['session_auth']}"}
-        body = {
-            "session_id": s["session_id"],
-            "inputs": [{"value": "tides"}],
-            "steps": [{"type": "upper"}],
-            "output": "u",
-        }
-        assert api.post("/v1/semantic_transform", json=body, headers=auth).status_code == 201
-        with api.stream("GET", f"/live/sessions/{s['session_id']}") as r:
+        sid, auth = s["session_id"], {"Authorization": f"Bearer {s['session_auth']}"}
+        calls = []
+        for i in range(10):
+            body = {
+                "session_id": sid,
+                "inputs": [{"value": f"t{i}"}],
+                "steps": [{"type": "upper"}],
+                "output": "u",
+            }
+            r = api.post("/v1/semantic_transform", json=body, headers=auth)
+            assert r.status_code == 201, r.text
+            calls.append(r.json()["call_id"])
+        latest = core.views.session_dag(sid, latest=3, keep=calls[0])
+        assert [c.call_id for c in latest.calls] == [calls[0], *calls[-3:]]
+        touched = {v for c in latest.calls for v in (*c.inputs, *c.outputs)}
+        assert {v.var_id for v in latest.vars} == touched  # the variables of the kept calls only
+        assert sum(core.views.state_counts(sid)().values()) == 10
+        with api.stream("GET", f"/live/sessions/{sid}") as r:
             assert r.status_code == 200
             for line in r.iter_lines():
                 if line.startswith("data:") and "DAG" in line:
                     break
+        assert api.get("/live/sessions/nope").status_code == 404
         assert api.get("/healthz").status_code == 200
-        assert api.get(f"/sessions/{s['session_id']}").status_code == 200
+        assert api.get(f"/sessions/{sid}").status_code == 200
