@@ -36,6 +36,7 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 import httpx
+from httpx_sse import aconnect_sse
 
 from benchmarks._servers import free_port, launched, parrot_command
 from benchmarks.reliability.dag import dag_load, leaked_contexts
@@ -220,12 +221,12 @@ async def _tab(url: str, sid: str, stop: asyncio.Event) -> tuple[int, int]:
     async def read() -> None:
         async with (
             httpx.AsyncClient(base_url=url, timeout=httpx.Timeout(60, read=300)) as tab,
-            tab.stream("GET", f"/live/sessions/{sid}") as r,
+            aconnect_sse(tab, "GET", f"/live/sessions/{sid}") as source,
         ):
-            r.raise_for_status()
-            async for line in r.aiter_lines():
-                counts[1] += len(line)
-                counts[0] += line.startswith("event:")
+            source.response.raise_for_status()
+            async for event in source.aiter_sse():
+                counts[0] += 1
+                counts[1] += len(event.data)
 
     reading = asyncio.create_task(read())
     await stop.wait()

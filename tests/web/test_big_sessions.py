@@ -12,6 +12,7 @@ import time
 import httpx
 import pytest
 from conftest import ServerThread
+from httpx_sse import connect_sse
 
 from parrot.platform.api.app import create_app
 from parrot.platform.serve.core import ServeCore
@@ -123,11 +124,9 @@ def test_the_live_session_page_over_http(engine_server):
         touched = {v for c in latest.calls for v in (*c.inputs, *c.outputs)}
         assert {v.var_id for v in latest.vars} == touched  # the variables of the kept calls only
         assert sum(core.views.state_counts(sid)().values()) == 10
-        with api.stream("GET", f"/live/sessions/{sid}") as r:
-            assert r.status_code == 200
-            for line in r.iter_lines():
-                if line.startswith("data:") and "DAG" in line:
-                    break
+        with connect_sse(api, "GET", f"/live/sessions/{sid}") as source:
+            assert source.response.status_code == 200
+            assert any("DAG" in event.data for event in source.iter_sse())
         assert api.get("/live/sessions/nope").status_code == 404
         assert api.get("/healthz").status_code == 200
         assert api.get(f"/sessions/{sid}").status_code == 200
