@@ -34,6 +34,11 @@ class GrammarLimits:
     compile_timeout_s: float = 10.0  # --format-compile-timeout: longer is a 400
     cache_size: int = 64  # --format-cache-size: compiled formats kept (least recently used go)
 
+    @classmethod
+    def given(cls, **values: float | None) -> GrammarLimits:
+        """The limits with these values, a value None meaning the default (as CLI flags give them)."""
+        return cls(**{name: value for name, value in values.items() if value is not None})
+
     def __post_init__(self) -> None:
         if self.max_format_chars < 1 or self.cache_size < 1 or self.compile_timeout_s <= 0:
             raise ValueError("max_format_chars, cache_size and compile_timeout_s must be positive")
