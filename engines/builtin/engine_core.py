@@ -373,6 +373,7 @@ class EngineCore:
             "max_batch_size": self.max_batch_size,
             "tokens_computed": self.tokens_computed,
             "tokens_generated": self.tokens_generated,
+            "tokens_forced": self.post.tokens_forced,  # by jump-forward: generated, never sampled
             "shared_prefix_steps": self.shared_prefix_steps,
             "preemptions": self.scheduler.num_preemptions,
             "max_model_len": self.max_model_len,

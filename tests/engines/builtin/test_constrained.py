@@ -274,16 +274,18 @@ def test_jump_forward_gives_the_same_greedy_text_in_fewer_steps(engine, plain_en
     fmt = OutputFormat(json_schema=PROFILE)
 
     async def run(eng: BuiltinEngine):
-        before = eng.stats_now()["steps"]
+        before = eng.stats_now()
         result = await generate(eng, next(ids), params(fmt, max_tokens=96))
-        return result, eng.stats_now()["steps"] - before
+        after = eng.stats_now()
+        return result, after["steps"] - before["steps"], after["tokens_forced"] - before["tokens_forced"]
 
-    jumped, jumped_steps = asyncio.run(run(engine))
-    plain, plain_steps = asyncio.run(run(plain_engine))
+    jumped, jumped_steps, forced = asyncio.run(run(engine))
+    plain, plain_steps, none_forced = asyncio.run(run(plain_engine))
     assert jumped.finish_reason == plain.finish_reason == "stop"
     assert jumped.text == plain.text and matches(fmt, jumped.text)
     assert len(jumped.token_ids) >= jumped_steps  # forced tokens count as generated
     assert jumped_steps * 1.5 <= plain_steps, (jumped_steps, plain_steps)
+    assert forced > len(jumped.token_ids) / 2 and none_forced == 0
 
 
 @pytest.fixture(scope="module")
