@@ -17,7 +17,8 @@ from typing import Any
 import jsonschema_rs
 import msgspec
 
-from parrot.engines.protocol.errors import BadRequestError
+from parrot.engines.protocol.errors import BadFormatError, BadRequestError
+from parrot.engines.protocol.grammar import check_grammar, to_grammar
 from parrot.wire.chat import ChatTurn
 from parrot.wire.formats import OutputFormat
 from parrot.wire.openai_schemas import ChatCompletionRequest, JsonObjectFormat, JsonSchemaFormat
@@ -26,7 +27,8 @@ from parrot.wire.tool_calls import ToolPlan, plan_tools, render_turns
 
 
 def check_schema(schema: Any, field: str) -> None:
-    """``schema`` is a JSON schema (400 naming ``field`` otherwise)."""
+    """``schema`` is a JSON schema that the grammar library compiles (a 400 naming
+    ``field`` otherwise; ``bad_format`` when only the library refuses it)."""
     if not isinstance(schema, dict):
         raise BadRequestError(f"{field} must be a JSON schema (an object)")
     try:
@@ -35,6 +37,11 @@ def check_schema(schema: Any, field: str) -> None:
         raise BadRequestError(f"{field} is not a valid JSON schema: {error.message}") from None
     except jsonschema_rs.ReferencingError as error:
         raise BadRequestError(f"{field} has a reference that cannot be resolved: {error}") from None
+    fmt = OutputFormat(json_schema=schema)
+    try:
+        check_grammar(fmt, to_grammar(fmt))
+    except BadFormatError as error:
+        raise BadFormatError(f"{field}: {error}") from None
 
 
 def output_format(req, tools: ToolPlan | None = None) -> OutputFormat | None:
