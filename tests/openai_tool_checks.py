@@ -192,3 +192,41 @@ def check_bad_inputs(base_url: str) -> None:
         assert r.status_code == status, (fields, r.text)
         error = r.json()["error"]
         assert fragment in error["message"], (fields, error)
+
+
+def check_completion_format(oai: openai.OpenAI) -> None:
+    """``/v1/completions`` takes a ``response_format`` too (as vLLM's does)."""
+    schema = {
+        "type": "object",
+        "properties": {"color": {"type": "string", "maxLength": 12}},
+        "required": ["color"],
+        "additionalProperties": False,
+    }
+    answer = oai.completions.create(
+        model=model_of(oai),
+        prompt="The color of the sky, as JSON:",
+        extra_body={
+            "response_format": {"type": "json_schema", "json_schema": {"name": "sky", "schema": schema}}
+        },
+        **GREEDY,
+    )
+    assert answer.choices[0].finish_reason == "stop"
+    assert list(json.loads(answer.choices[0].text)) == ["color"]
+
+
+def check_oversized_format(base_url: str) -> None:
+    """A format over the engine's size limit is a 4xx naming the limit's flag, streaming or
+    not (a stream's error comes before its first event, not as a broken stream)."""
+    big = {
+        "type": "object",
+        "properties": {f"k{i}": {"type": "string", "description": "x" * 100} for i in range(800)},
+    }
+    for stream in (False, True):
+        body = {
+            "messages": [{"role": "user", "content": "x"}],
+            "max_tokens": 4,
+            "stream": stream,
+            "response_format": {"type": "json_schema", "json_schema": {"name": "big", "schema": big}},
+        }
+        r = httpx.post(f"{base_url}/v1/chat/completions", json=body, timeout=120)
+        assert 400 <= r.status_code < 500 and "--max-format-chars" in r.json()["error"]["message"], r.text

@@ -9,7 +9,9 @@ import pytest
 from conftest import ServerThread
 from openai_tool_checks import (
     check_bad_inputs,
+    check_completion_format,
     check_json_object_and_streamed_schema,
+    check_oversized_format,
     check_parse_returns_the_model,
     check_streamed_tool_calls,
     check_tool_loop,
@@ -51,3 +53,11 @@ def test_streamed_tool_calls(oai):
 
 def test_bad_inputs_get_400_naming_the_field(front):
     check_bad_inputs(front.url)
+
+
+def test_completions_take_a_response_format(oai):
+    check_completion_format(oai)
+
+
+def test_an_oversized_format_is_a_4xx_streaming_or_not(front):
+    check_oversized_format(front.url)

@@ -8,7 +8,9 @@ import openai
 import pytest
 from openai_tool_checks import (
     check_bad_inputs,
+    check_completion_format,
     check_json_object_and_streamed_schema,
+    check_oversized_format,
     check_parse_returns_the_model,
     check_streamed_tool_calls,
     check_tool_loop,
@@ -39,3 +41,11 @@ def test_streamed_tool_calls(oai):
 
 def test_bad_inputs_get_400_naming_the_field(engine_server):
     check_bad_inputs(engine_server.url)
+
+
+def test_completions_take_a_response_format(oai):
+    check_completion_format(oai)
+
+
+def test_an_oversized_format_is_a_4xx_streaming_or_not(engine_server):
+    check_oversized_format(engine_server.url)
