@@ -6,6 +6,7 @@ a 2-turn tool loop, streamed tool calls assembled by the client, and the bad inp
 from __future__ import annotations
 
 import json
+import re
 from typing import Annotated
 
 import httpx
@@ -177,6 +178,14 @@ def bad_inputs() -> list[tuple[dict, int, str]]:
         ({"tool_choice": "sometimes"}, 400, "tool_choice"),
         ({"messages": [*user, {"role": "tool", "content": "18C"}]}, 400, "messages[1]"),
         ({"messages": [*user, {"role": "user", "content": "x", "tool_calls": [call]}]}, 400, "messages[1]"),
+        ({"structured_outputs": {}}, 400, "structured_outputs: a format sets exactly one"),
+        ({"structured_outputs": {"regex": "(?<=a)b"}}, 400, "structured_outputs.regex: bad regex"),
+        ({"structured_outputs": {"choice": ["a"], "nope": 1}}, 400, "structured_outputs"),
+        (
+            {"structured_outputs": {"choice": ["a"]}, "response_format": {"type": "json_object"}},
+            400,
+            "structured_outputs cannot be combined",
+        ),
         (
             {"tools": [WEATHER_TOOL], "response_format": {"type": "json_object"}},
             400,
@@ -212,6 +221,24 @@ def check_completion_format(oai: openai.OpenAI) -> None:
     )
     assert answer.choices[0].finish_reason == "stop"
     assert list(json.loads(answer.choices[0].text)) == ["color"]
+
+
+def check_structured_outputs(oai: openai.OpenAI) -> None:
+    """vLLM's ``structured_outputs``: a choice on chat, a regex on completions."""
+    chat = oai.chat.completions.create(
+        model=model_of(oai),
+        messages=[{"role": "user", "content": "Is the sky green?"}],
+        extra_body={"structured_outputs": {"choice": ["yes", "no"]}},
+        **GREEDY,
+    )
+    assert chat.choices[0].message.content in ("yes", "no") and chat.choices[0].finish_reason == "stop"
+    text = oai.completions.create(
+        model=model_of(oai),
+        prompt="The year the Eiffel Tower was built:",
+        extra_body={"structured_outputs": {"regex": "1[0-9]{3}"}},
+        **GREEDY,
+    ).choices[0]
+    assert re.fullmatch("1[0-9]{3}", text.text) and text.finish_reason == "stop"
 
 
 def check_oversized_format(base_url: str) -> None:

@@ -14,6 +14,7 @@ from openai_tool_checks import (
     check_oversized_format,
     check_parse_returns_the_model,
     check_streamed_tool_calls,
+    check_structured_outputs,
     check_tool_loop,
 )
 
@@ -61,3 +62,7 @@ def test_completions_take_a_response_format(oai):
 
 def test_an_oversized_format_is_a_4xx_streaming_or_not(front):
     check_oversized_format(front.url)
+
+
+def test_structured_outputs_of_vllm(oai):
+    check_structured_outputs(oai)
