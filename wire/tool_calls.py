@@ -35,10 +35,10 @@ from parrot.wire.chat import ChatTurn
 from parrot.wire.formats import OutputFormat
 from parrot.wire.openai_schemas import FunctionCall, FunctionDefinition, ToolCall, ToolChoice
 
-NO_ARGUMENTS: dict[str, Any] = {"type": "object", "properties": {}, "additionalProperties": False}
+NO_ARGUMENTS: Final[dict[str, Any]] = {"type": "object", "properties": {}, "additionalProperties": False}
 # JSON in prompts is compact, as the engine constrains answers to be (no free whitespace).
 COMPACT: Final = {"ensure_ascii": False, "separators": (",", ":")}
-RESPONSE_SCHEMA: dict[str, Any] = {
+RESPONSE_SCHEMA: Final[dict[str, Any]] = {
     "type": "object",
     "properties": {"response": {"type": "string"}},
     "required": ["response"],
@@ -119,7 +119,7 @@ class ToolPlan:
             "additionalProperties": False,
         }
         if not self.required and self.function is None:
-            schema = {"anyOf": [schema, RESPONSE_SCHEMA]}
+            schema = {"anyOf": [schema, copy.deepcopy(RESPONSE_SCHEMA)]}
         if defs:
             schema["$defs"] = defs
         return schema
@@ -167,7 +167,7 @@ def _call_schema(tool: FunctionDefinition, index: int, defs: dict[str, Any]) -> 
     """The schema of one call of ``tool``: its arguments are the declared ones (unless its
     schema sets ``additionalProperties``); a parameter schema with references of its own
     moves to ``defs`` (its references rewritten), since it is no longer the root."""
-    parameters = tool.parameters or NO_ARGUMENTS
+    parameters = tool.parameters or copy.deepcopy(NO_ARGUMENTS)
     if "additionalProperties" not in parameters:  # only the declared arguments
         parameters = {**parameters, "additionalProperties": False}
     if _has_refs(parameters):
@@ -267,17 +267,20 @@ def parse_answer(text: str) -> ToolAnswer | None:
     if not isinstance(value, dict):
         return None
     if isinstance(value.get("tool_calls"), list):
-        calls = []
-        for item in value["tool_calls"]:
-            if not isinstance(item, dict) or not isinstance(item.get("name"), str):
-                return None
-            arguments = item.get("arguments", {})
-            text_args = arguments if isinstance(arguments, str) else json.dumps(arguments, **COMPACT)
-            calls.append(
-                ToolCall(id=new_call_id(), function=FunctionCall(name=item["name"], arguments=text_args))
-            )
-        return ToolAnswer(None, tuple(calls)) if calls else None
+        calls = [call_of(item) for item in value["tool_calls"]]
+        if not calls or None in calls:
+            return None
+        return ToolAnswer(None, tuple(calls))
     if "response" in value:
         response = value["response"]
         return ToolAnswer(response if isinstance(response, str) else json.dumps(response, ensure_ascii=False))
     return None
+
+
+def call_of(item: Any) -> ToolCall | None:
+    """The call of one item of an answer's ``tool_calls`` (None: not a call), with a new id."""
+    if not isinstance(item, dict) or not isinstance(item.get("name"), str):
+        return None
+    arguments = item.get("arguments", {})
+    text = arguments if isinstance(arguments, str) else json.dumps(arguments, **COMPACT)
+    return ToolCall(id=new_call_id(), function=FunctionCall(name=item["name"], arguments=text))

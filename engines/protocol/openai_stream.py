@@ -8,7 +8,7 @@ the server-sent-event streams, so the wire shapes live in one place.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
 
 import msgspec
@@ -29,7 +29,7 @@ from parrot.wire.openai_schemas import (
     ToolCallDelta,
     Usage,
 )
-from parrot.wire.tool_calls import parse_answer
+from parrot.wire.tool_calls import ToolAnswer, parse_answer
 from parrot.wire.tool_stream import AnswerStream
 
 
@@ -151,26 +151,34 @@ async def chat_stream(
     for i in range(n):
         yield chunk([ChatChunkChoice(index=i, delta=ChatDelta(role="assistant", content=""))])
     answers = [AnswerStream() for _ in range(n)] if tools else None
+
+    def given(index: int, answer: ToolAnswer) -> Iterator[ServerSentEventMessage]:
+        """Chunks of what a choice's answer gives now: content, then each call whole."""
+        if answer.content:
+            yield content(index, answer.content)
+        for call in answer.tool_calls:
+            function = FunctionCallDelta(name=call.function.name, arguments=call.function.arguments)
+            number = answers[index].given_calls
+            answers[index].given_calls += 1
+            delta = ToolCallDelta(index=number, id=call.id, type="function", function=function)
+            yield chunk([ChatChunkChoice(index=index, delta=ChatDelta(tool_calls=[delta]))])
+
     completion_tokens = 0
     async for event in events:
         if isinstance(event, Finish):
             completion_tokens += event.completion_tokens
             finish_reason = event.finish_reason
             if answers is not None:
-                answer = answers[event.index].finish()
-                if answer.content:
-                    yield content(event.index, answer.content)
-                for k, call in enumerate(answer.tool_calls):
-                    function = FunctionCallDelta(name=call.function.name, arguments=call.function.arguments)
-                    delta = ToolCallDelta(index=k, id=call.id, type="function", function=function)
-                    yield chunk([ChatChunkChoice(index=event.index, delta=ChatDelta(tool_calls=[delta]))])
-                if answer.tool_calls:
+                for message in given(event.index, answers[event.index].finish()):
+                    yield message
+                if answers[event.index].called_tools:
                     finish_reason = "tool_calls"
             yield chunk([ChatChunkChoice(index=event.index, delta=ChatDelta(), finish_reason=finish_reason)])
+        elif event.text and answers is not None:
+            for message in given(event.index, answers[event.index].feed(event.text)):
+                yield message
         elif event.text:
-            text = answers[event.index].feed(event.text) if answers is not None else event.text
-            if text:
-                yield content(event.index, text)
+            yield content(event.index, event.text)
     if final_usage is not None:
         yield chunk([], final_usage(completion_tokens))
     yield sse("[DONE]")

@@ -17,7 +17,7 @@ from parrot.wire.openai_schemas import (
     NamedToolChoice,
     ToolCall,
 )
-from parrot.wire.tool_calls import parse_answer, plan_tools, render_turns
+from parrot.wire.tool_calls import ToolAnswer, parse_answer, plan_tools, render_turns
 from parrot.wire.tool_stream import AnswerStream
 
 WEATHER = FunctionDefinition(
@@ -151,28 +151,49 @@ def test_parse_answers():
         assert parse_answer(text) is None
 
 
-def fed(text: str, size: int) -> tuple[str, AnswerStream]:
+def fed(text: str, size: int) -> tuple[str, list, AnswerStream]:
+    """The content and the calls the stream gives while ``text`` comes in pieces of ``size``."""
     stream = AnswerStream()
-    out = "".join(stream.feed(text[i : i + size]) for i in range(0, len(text), size))
-    return out, stream
+    content, calls = "", []
+    for i in range(0, len(text), size):
+        answer = stream.feed(text[i : i + size])
+        content += answer.content or ""
+        calls += answer.tool_calls
+    return content, calls, stream
 
 
 @pytest.mark.parametrize("size", [1, 3, 100])
 def test_a_streamed_response_comes_out_as_its_text(size):
     text = 'Sun \u00e9t\u00e9 \\"quoted\\" \\n tab\\t \\u00e9 \\ud83d\\ude00 end'
     answer = '{ "response" : "' + text + '" }'
-    out, stream = fed(answer, size)
+    out, calls, stream = fed(answer, size)
     rest = stream.finish()
-    assert out + rest.content == json.loads(answer)["response"] and not rest.tool_calls
+    assert out + rest.content == json.loads(answer)["response"] and not calls and not rest.tool_calls
     assert len(out) >= len(json.loads(answer)["response"]) - 1  # sent as it came, not at the end
+    assert not stream.called_tools
 
 
 @pytest.mark.parametrize("size", [1, 7])
-def test_streamed_calls_come_at_the_end_and_other_text_as_content(size):
-    out, stream = fed(json.dumps({"tool_calls": [CALL]}), size)
-    answer = stream.finish()
-    assert out == "" and [c.function.name for c in answer.tool_calls] == ["get_weather"]
-    out, stream = fed('{"tool_calls": [{"name": "get_wea', size)  # cut off by max_tokens
-    assert out == "" and stream.finish().content == '{"tool_calls": [{"name": "get_wea'
-    out, stream = fed('{"response": "cut of', size)
+def test_each_streamed_call_comes_once_complete(size):
+    second = {"name": "get_time", "arguments": {}}
+    text = json.dumps({"tool_calls": [CALL, second]})
+    cut = text.index("get_time")
+    out, calls, stream = fed(text[:cut], size)  # the first call is complete, the second is not
+    assert out == "" and [c.function.name for c in calls] == ["get_weather"] and not stream.called_tools
+    answer = stream.feed(text[cut:])
+    rest = stream.finish()
+    assert [c.function.name for c in (*answer.tool_calls, *rest.tool_calls)] == ["get_time"]
+    assert json.loads(calls[0].function.arguments) == {"city": "Paris"} and stream.called_tools
+    assert rest.content is None or rest.content == ""
+
+
+@pytest.mark.parametrize("size", [1, 7])
+def test_cut_off_answers(size):
+    out, calls, stream = fed('{"tool_calls": [{"name": "get_wea', size)  # before any call is whole
+    assert out == "" and not calls and stream.finish().content == '{"tool_calls": [{"name": "get_wea'
+    assert not stream.called_tools
+    text = json.dumps({"tool_calls": [CALL, CALL]})
+    out, calls, stream = fed(text[:-8], size)  # the first call went out; the second is lost
+    assert len(calls) == 1 and stream.finish() == ToolAnswer(None) and not stream.called_tools
+    out, calls, stream = fed('{"response": "cut of', size)
     assert out + stream.finish().content == "cut of"

@@ -11,7 +11,8 @@ from parrot.engines.protocol.openai_stream import Answer, Delta, Finish, chat_re
 CALLS = (
     '{"tool_calls":[{"name":"get_weather","arguments":{"city":"Paris"}},{"name":"get_time","arguments":{}}]}'
 )
-RESPONSE = '{"response":"Sunny, \\"18\\" degrees"}'
+SAID = 'Sunny, "18" degrees. ' * 8
+RESPONSE = json.dumps({"response": SAID})
 
 
 async def events(texts: list[str], reason: str = "stop"):
@@ -50,8 +51,15 @@ async def test_a_stream_with_tools_gives_calls_or_content_per_choice():
     assert json.loads(calls[0]["function"]["arguments"]) == {"city": "Paris"} and calls[0]["id"].startswith(
         "call_"
     )
+    at = [i for i, c in enumerate(got) if c["choices"][0]["delta"].get("tool_calls")]
+    said = [
+        i
+        for i, c in enumerate(got)
+        if c["choices"][0]["index"] == 1 and c["choices"][0]["delta"].get("content")
+    ]
+    assert any(at[0] < i < at[1] for i in said)  # each call went out once complete, not at the end
     content, calls, reason = choice_parts(got, 1)
-    assert content == 'Sunny, "18" degrees' and calls == [] and reason == "stop"
+    assert content == SAID and calls == [] and reason == "stop"
     pieces = [c["choices"][0]["delta"].get("content") for c in got if c["choices"][0]["index"] == 1]
     assert len([p for p in pieces if p]) > 3  # the response streamed as it came
 
@@ -69,5 +77,5 @@ def test_a_plain_answer_with_tools():
     calls, said, cut = response.choices
     assert calls.finish_reason == "tool_calls" and calls.message.content is None
     assert [c.function.name for c in calls.message.tool_calls] == ["get_weather", "get_time"]
-    assert said.message.content == 'Sunny, "18" degrees' and said.finish_reason == "stop"
+    assert said.message.content == SAID and said.finish_reason == "stop"
     assert cut.message.content == CALLS[:30] and cut.finish_reason == "length"
