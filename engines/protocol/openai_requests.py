@@ -5,8 +5,9 @@ format of ``response_format`` or of its tools), and a chat's turns in the generi
 
 Bad input is a :class:`BadRequestError` (400) whose message names the field. Schemas are
 checked against the JSON Schema meta-schema here, so a schema that is not one is named by
-its field; whether the grammar library can compile a valid schema is the engine's call (a
-400 ``bad_format`` from the engine).
+its field, and compiled by the grammar library (``bad_format``), as the engine will. No
+check fetches anything: jsonschema-rs by default GETs an unknown ``$schema`` or a remote
+``$ref`` (a request to any URL a client names), so it is given a registry that refuses.
 """
 
 from __future__ import annotations
@@ -32,13 +33,17 @@ from parrot.wire.sampling import SamplingParams
 from parrot.wire.tool_calls import ToolPlan, plan_tools, render_turns
 
 
+def _no_fetch(uri: str) -> Any:
+    raise ValueError(f"{uri} is not fetched: Parrot reads only the schema it is given")
+
+
 def check_schema(schema: Any, field: str) -> None:
     """``schema`` is a JSON schema that the grammar library compiles (a 400 naming
     ``field`` otherwise; ``bad_format`` when only the library refuses it)."""
     if not isinstance(schema, dict):
         raise BadRequestError(f"{field} must be a JSON schema (an object)")
     try:
-        jsonschema_rs.meta.validate(schema)
+        jsonschema_rs.meta.validate(schema, registry=jsonschema_rs.Registry([], retriever=_no_fetch))
     except jsonschema_rs.ValidationError as error:
         raise BadRequestError(f"{field} is not a valid JSON schema: {error.message}") from None
     except jsonschema_rs.ReferencingError as error:
