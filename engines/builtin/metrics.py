@@ -30,6 +30,7 @@ _GAUGES = (  # snapshot key, metric, help
 _COUNTERS = (
     ("tokens_computed", "parrot:computed_tokens", "Tokens run through the model (prompt and output)."),
     ("tokens_generated", "parrot:generation_tokens", "Tokens sampled."),
+    ("tokens_forced", "parrot:jump_forward_tokens", "Tokens a format forced, filled unsampled."),
     ("steps", "parrot:engine_steps", "Model steps."),
     ("shared_prefix_steps", "parrot:shared_prefix_steps", "Steps with shared-prefix attention."),
     ("preemptions", "parrot:num_preemptions", "Jobs preempted when KV blocks ran out."),

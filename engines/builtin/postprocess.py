@@ -5,6 +5,12 @@ This is the one place where a step's results change state (as nano-vllm's
 context pool), checkpoints fork a prompt once it is computed, sampled tokens are appended,
 streamed and checked against the stop conditions, and finished jobs leave the scheduler
 with their results. The model runner before it changes nothing.
+
+A generation with an output format advances its grammar here too, token by token: it ends
+("stop") once the grammar is complete, and with jump-forward the tokens the grammar forces
+after a sampled one are appended with it, pending, so the next step computes them as one
+multi-token item (like a prompt's tail) and samples at its end; they count as generated
+(``max_tokens``, text, stream, penalties see them).
 """
 
 from __future__ import annotations
@@ -58,6 +64,7 @@ class Postprocessor:
         # Tokens the grammar forces are appended at once (computed in the next step as one
         # multi-token item, like a prompt's tail) rather than decoded one step each.
         self.jump_forward = jump_forward
+        self.tokens_forced = 0  # tokens jump-forward appended without sampling them (statistics)
 
     def sampling(self, job: Job) -> SequenceSampling:
         """The job's sampling state, made when it first samples (its prompt is complete then:
@@ -72,6 +79,7 @@ class Postprocessor:
             )
             if self.jump_forward and job.state.constraint is not None:
                 job.state.forced = job.state.constraint.forced()
+                self.tokens_forced += len(job.state.forced)
         return job.state.sampling
 
     def postprocess(
@@ -128,7 +136,9 @@ class Postprocessor:
                 return
             i += 1
             if i == len(run) and constraint is not None and self.jump_forward:
-                run.extend(constraint.forced())
+                forced = constraint.forced()
+                self.tokens_forced += len(forced)
+                run.extend(forced)
 
     def _advance(self, job: Job, token: int) -> bool:
         """Append one generated token (sampled or forced); True when the job finished."""
