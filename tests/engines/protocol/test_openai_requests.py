@@ -1,0 +1,60 @@
+"""Checks of an OpenAI request's schemas (engines/protocol/openai_requests): a bad schema is
+a 400 naming its field, and no check fetches a URL the schema names (jsonschema-rs would)."""
+
+from __future__ import annotations
+
+import http.server
+import threading
+
+import pytest
+
+from parrot.engines.protocol.errors import BadFormatError, BadRequestError
+from parrot.engines.protocol.openai_requests import check_schema
+
+
+@pytest.fixture
+def listener():
+    """A local HTTP server that records the paths it is asked for."""
+    hits: list[str] = []
+
+    class Record(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            hits.append(self.path)
+            self.send_response(404)
+            self.end_headers()
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.HTTPServer(("127.0.0.1", 0), Record)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{server.server_address[1]}", hits
+    server.shutdown()
+    server.server_close()
+
+
+def test_schemas_naming_urls_are_refused_without_a_fetch(listener):
+    url, hits = listener
+    for schema in (
+        {"$schema": f"{url}/meta", "type": "object"},
+        {"type": "object", "properties": {"a": {"$ref": f"{url}/ref"}}},
+        {"$id": f"{url}/root", "properties": {"a": {"$ref": "other"}}},
+    ):
+        with pytest.raises(BadRequestError, match=r"response_format\.json_schema\.schema"):
+            check_schema(schema, "response_format.json_schema.schema")
+    assert hits == []
+
+
+@pytest.mark.parametrize(
+    ("schema", "error", "message"),
+    [
+        ([1], BadRequestError, "f must be a JSON schema"),
+        ({"type": "wat"}, BadRequestError, "f is not a valid JSON schema"),
+        ({"type": "object", "if": {}}, BadFormatError, "f: bad JSON schema"),
+        ({"type": "string", "pattern": "["}, BadFormatError, "f: bad JSON schema"),
+    ],
+)
+def test_bad_schemas_name_the_field(schema, error, message):
+    with pytest.raises(error, match=message):
+        check_schema(schema, "f")
+    check_schema({"type": "object", "properties": {"a": {"$ref": "#/$defs/A"}}, "$defs": {"A": {}}}, "f")
