@@ -68,5 +68,5 @@ def test_serve_command_starts_an_engine_and_runs_a_call(engine, tmp_path):
             timeout=120,
         ).json()
         assert var["ready"] and var["value"]
-    assert "admin token (shown once)" in output[0]
+    assert "admin token (shown once, not stored; set a fixed one with --admin-token" in output[0]
     assert (tmp_path / "parrot.db").exists()  # the default database: SQLite in the data folder

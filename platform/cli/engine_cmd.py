@@ -7,6 +7,7 @@ import argparse
 from parrot.engines.builtin.attention import available_backends
 from parrot.engines.builtin.batch import SharedPrefixPolicy
 from parrot.engines.builtin.engine_config import CPU_MATMULS, EngineConfig, parse_size
+from parrot.engines.builtin.grammars import GrammarLimits
 from parrot.engines.builtin.local_scheduler import SchedulerConfig
 from parrot.platform.cli.server_flags import add_server_arguments, server_limits_from_args
 
@@ -76,6 +77,25 @@ def add_parser(commands) -> None:
         help="float32 exact weights on the CPU: multiply decode steps on numpy's BLAS or torch "
         "(default auto: BLAS where it measures faster at start)",
     )
+    p.add_argument(
+        "--max-format-chars",
+        type=int,
+        default=None,
+        help="largest output format (JSON schema, regex, grammar) in characters; larger get 413 "
+        "(default 65536)",
+    )
+    p.add_argument(
+        "--format-compile-timeout",
+        type=float,
+        default=None,
+        help="seconds a format may take to compile; longer is a 400 (default 10)",
+    )
+    p.add_argument("--format-cache-size", type=int, default=None, help="compiled formats kept (default 64)")
+    p.add_argument(
+        "--no-jump-forward",
+        action="store_true",
+        help="decode the tokens a format forces one by one (default: fill them in one step)",
+    )
     add_server_arguments(p)
     p.add_argument(
         "--max-body-bytes",
@@ -112,6 +132,12 @@ def config_from_args(args: argparse.Namespace) -> EngineConfig:
         attention_backend=args.attention_backend,
         num_threads=args.threads,
         cpu_matmul=args.cpu_matmul,
+        grammar=GrammarLimits.given(
+            max_format_chars=args.max_format_chars,
+            compile_timeout_s=args.format_compile_timeout,
+            cache_size=args.format_cache_size,
+        ),
+        jump_forward=not args.no_jump_forward,
     )
 
 
