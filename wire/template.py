@@ -126,8 +126,7 @@ def parse_template(template: str) -> list[Chunk]:
         head = NAME.match(ref)
         if head is None or (head.end() < len(ref) and ref[head.end()] not in ".["):
             raise TemplateError(
-                f"malformed placeholder name {ref!r}: use letters, digits and '_', "
-                "not starting with a digit",
+                f"malformed placeholder name {ref!r}: use letters, digits and '_', not starting with a digit",
                 open_at,
             )
         name = head.group()
