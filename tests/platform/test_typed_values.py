@@ -5,8 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from parrot.engines.protocol.errors import PayloadTooLargeError
-from parrot.platform.serve.errors import BadFormatError
+from parrot.engines.protocol.errors import BadFormatError, FormatTooLargeError
 from parrot.platform.serve.typed_values import FieldError, check_format, mismatch, read_field, unreachable
 from parrot.wire.formats import OutputFormat
 
@@ -30,21 +29,23 @@ PLAN = {
 @pytest.mark.parametrize(
     ("fmt", "message"),
     [
-        (OutputFormat(json_schema={"type": "nope"}), "invalid json_schema"),
-        (OutputFormat(json_schema={"properties": {"a": {"pattern": "(("}}}), "invalid json_schema"),
-        (OutputFormat(regex="(unclosed"), "invalid regex"),
-        (OutputFormat(regex="a{2,1}"), "invalid regex"),
+        (OutputFormat(json_schema={"type": "nope"}), "bad JSON schema: Invalid type: nope"),
+        (OutputFormat(json_schema={"properties": {"a": {"pattern": "(("}}}), "bad JSON schema"),
+        (OutputFormat(json_schema={"type": "object", "if": {}}), r'Unimplemented keys: \["if"\]'),
+        (OutputFormat(regex="(unclosed"), "bad regex.*unclosed group"),
+        (OutputFormat(regex="a{2,1}"), "bad regex"),
+        (OutputFormat(grammar="start: x"), 'bad Lark grammar.*unknown name: "x"'),
     ],
 )
 def test_formats_that_cannot_be_used_are_refused(fmt, message):
-    with pytest.raises(BadFormatError, match=message):
+    with pytest.raises(BadFormatError, match=f"(?s){message}"):
         check_format(fmt, 65_536)
 
 
 def test_a_format_over_the_limit_names_the_limit_and_its_flag():
     fmt = OutputFormat(choice=[f"option {i}" for i in range(100)])
     check_format(fmt, fmt.size())
-    with pytest.raises(PayloadTooLargeError, match=r"max_format_chars = 100 \(--max-format-chars\)"):
+    with pytest.raises(FormatTooLargeError, match=r"max_format_chars = 100 \(--max-format-chars\)"):
         check_format(fmt, 100)
 
 

@@ -4,6 +4,8 @@ them, field paths across the DAG, and the format kept across a restart."""
 
 from __future__ import annotations
 
+import json
+
 import httpx
 import pytest
 from conftest import ServerThread
@@ -102,14 +104,17 @@ def bad_calls(s: Session) -> list[tuple[str, list[dict], int, str, tuple[str, ..
         ("Q: {{a}}", [{**out("a"), "sampling": {"format": {"regex": "a+"}}}],
          400, "bad_format", ("'format'", "not in its sampling")),
         ("Q: {{a}}", [out("a", {"json_schema": {"type": "nope"}})],
-         400, "bad_format", ("invalid json_schema",)),
-        ("Q: {{a}}", [out("a", {"regex": "(unclosed"})], 400, "bad_format", ("invalid regex",)),
+         400, "bad_format", ("bad JSON schema", "Invalid type: nope")),
+        ("Q: {{a}}", [out("a", {"json_schema": {"type": "object", "if": {}}})],
+         400, "bad_format", ("Unimplemented keys", "if")),
+        ("Q: {{a}}", [out("a", {"regex": "(unclosed"})], 400, "bad_format", ("bad regex", "unclosed group")),
+        ("Q: {{a}}", [out("a", {"grammar": "start: x"})], 400, "bad_format", ("bad Lark grammar", "x")),
         ("Q: {{a}}", [out("a", {"choice": []})], 400, "invalid_request", ("length >= 1", "format.choice")),
         ("Q: {{a}}", [out("a", {"choice": ["x", "x"]})], 400, "invalid_request", ("distinct",)),
         ("Q: {{a}}", [out("a", {"regex": "a", "choice": ["a"]})], 400, "invalid_request", ("exactly one",)),
         ("Q: {{a}}", [out("a", {"json_object": False})], 400, "invalid_request", ("exactly one",)),
         ("Q: {{a}}", [out("a", {"choice": [f"option number {i}" for i in range(200)]})],
-         413, "payload_too_large", ("max_format_chars = 2000", "--max-format-chars")),
+         413, "format_too_large", ("max_format_chars = 2000", "--max-format-chars")),
         ("Q: {{a.b}}", [out("a")], 400, "bad_template", ("output {{a.b}} reads a field",)),
         ("Q: {{plan.verdict}} {{a}}", [{"name": "plan", "var_id": plan}, out("a")],
          400, "bad_format", ("{{plan.verdict}}", "no field 'verdict'", "at character 3")),
@@ -137,10 +142,10 @@ def test_bad_formats_and_paths_are_refused_and_create_nothing(api):
 
 def test_a_format_on_a_variable_is_checked_with_the_same_rules(api):
     s = Session(api)
-    refused(s.var("v", None, {"regex": "(("}), 400, "bad_format", "invalid regex")
+    refused(s.var("v", None, {"regex": "(("}), 400, "bad_format", "bad regex")
     refused(s.var("v", None, {"choice": []}), 400, "invalid_request", "choice")
     big = {"json_schema": {"enum": ["x" * 3000]}}
-    refused(s.var("v", None, big), 413, "payload_too_large", "max_format_chars")
+    refused(s.var("v", None, big), 413, "format_too_large", "max_format_chars")
     assert s.info()["vars"] == []
 
 
@@ -276,11 +281,69 @@ def test_typed_variables_and_calls_keep_their_format_across_a_restart(engine_ser
         }
         refused(s.set(date, "soon"), 400, "format_mismatch", "does not match the regex")
         assert s.set(date, "2026").status_code == 200
-        r = s.get(call["outputs"]["a"])
-        # the builtin engine may or may not constrain to the choice: either way, never an invalid value
-        if r.status_code == 200:
-            assert r.json()["value"] in ("tea", "coffee")
-        else:
-            refused(r, 424, "producer_failed", "is not one of the choices 'tea', 'coffee'")
+        r = s.get(call["outputs"]["a"])  # the engine's decoding is constrained to the choice
+        assert r.status_code == 200 and r.json()["value"] in ("tea", "coffee"), r.text
         parts = next(c for c in s.dag()["calls"] if c["call_id"] == call["call_id"])["template"]
         assert ("plan.steps[0]", "boil water") in [(p["name"], p["text"]) for p in parts]
+
+
+# -- a typed DAG on the real engine (its decoding constrained to each format) --------------------
+STEPS = {
+    "type": "object",
+    "properties": {
+        "steps": {
+            "type": "array",
+            "items": {"type": "string", "minLength": 1, "maxLength": 24},
+            "minItems": 1,
+            "maxItems": 3,
+        }
+    },
+    "required": ["steps"],
+    "additionalProperties": False,
+}
+REVIEW = {
+    "type": "object",
+    "properties": {"verdict": {"enum": ["good", "bad"]}, "reason": {"type": "string", "maxLength": 24}},
+    "required": ["verdict", "reason"],
+    "additionalProperties": False,
+}
+
+
+def chat(user: str, output: str) -> str:
+    return f"<|im_start|>user\n{user}<|im_end|>\n<|im_start|>assistant\n{{{{{output}}}}}"
+
+
+def test_a_three_call_dag_reads_fields_of_generated_typed_values(api):
+    """Call 1 plans (a JSON schema), call 2 reviews ``{{plan.steps[0]}}`` (a JSON schema),
+    call 3 decides from ``{{review.verdict}}`` (a choice): every value matches its format,
+    and each field fills the next prompt as it is in the producer's value."""
+    s = Session(api)
+    plan = s.call(
+        chat("List the steps to make tea, as JSON.", "plan"), [out("plan", {"json_schema": STEPS}, 96)]
+    ).json()
+    plan_id = plan["outputs"]["plan"]
+    review = s.call(
+        chat("Is this a good first step to make tea: {{plan.steps[0]}}? Answer in JSON.", "review"),
+        [{"name": "plan", "var_id": plan_id}, out("review", {"json_schema": REVIEW}, 64)],
+    ).json()
+    review_id = review["outputs"]["review"]
+    final = s.call(
+        chat("The reviewer said {{review.verdict}}. What now?", "final"),
+        [{"name": "review", "var_id": review_id}, out("final", {"choice": ["ship it", "try again"]}, 8)],
+    )
+    assert final.status_code == 201, final.text
+    decision = s.get(final.json()["outputs"]["final"])
+    assert decision.status_code == 200, decision.text
+    assert decision.json()["value"] in ("ship it", "try again")
+    steps = json.loads(s.get(plan_id).json()["value"])["steps"]
+    verdict = json.loads(s.get(review_id).json()["value"])
+    assert steps and all(isinstance(step, str) and 1 <= len(step) <= 24 for step in steps)
+    assert verdict["verdict"] in ("good", "bad") and len(verdict["reason"]) <= 24
+    calls = {c["call_id"]: c for c in s.dag()["calls"]}
+    assert all(calls[c["call_id"]]["state"] == "done" for c in (plan, review, final.json()))
+
+    def inputs(call_id: str) -> list:
+        return [(p["name"], p["text"]) for p in calls[call_id]["template"] if p["kind"] == "input"]
+
+    assert inputs(review["call_id"]) == [("plan.steps[0]", steps[0])]
+    assert inputs(final.json()["call_id"]) == [("review.verdict", verdict["verdict"])]
