@@ -269,7 +269,7 @@ def test_typed_variables_and_calls_keep_their_format_across_a_restart(engine_ser
         # waits for ``date``: unfinished at the restart, it runs again with its field path
         call = s.call("{{date}} {{plan.steps[0]}} {{a}}", [
             {"name": "date", "var_id": date}, {"name": "plan", "var_id": plan},
-            out("a", {"choice": ["tea", "coffee"]}, max_tokens=1),
+            out("a", {"choice": ["tea", "coffee"]}, max_tokens=4),
         ]).json()  # fmt: skip
     with start(db, engine_server.url) as server, httpx.Client(base_url=server.url, timeout=120) as client:
         s.api = client
