@@ -78,7 +78,7 @@ def mismatch(fmt: OutputFormat, value: str) -> str | None:
     if fmt.is_json:
         try:
             data = json.loads(value)
-        except ValueError as error:
+        except (ValueError, RecursionError) as error:  # nesting deeper than Python's stack
             return f"{_quote(value)} is not JSON ({error})"
         if fmt.json_object:
             return None if isinstance(data, dict) else f"{_quote(value)} is not a JSON object"
@@ -87,6 +87,8 @@ def mismatch(fmt: OutputFormat, value: str) -> str | None:
         except jsonschema_rs.ValidationError as error:
             where = format_path(list(error.instance_path)) or "the value"
             return f"{where} does not match the json_schema: {error.message}"
+        except (ValueError, RecursionError) as error:  # a value too deep to convert
+            return f"the value could not be checked against the json_schema: {error}"
     return None  # a grammar: the engine's constraint is trusted
 
 
@@ -95,7 +97,7 @@ def read_field(value: str, path: Sequence[PathStep]) -> str:
     :class:`FieldError` when the value is not JSON or has no such field."""
     try:
         data: Any = json.loads(value)
-    except ValueError:
+    except (ValueError, RecursionError):
         raise FieldError(f"its value is not JSON: {_quote(value)}") from None
     for n, step in enumerate(path):
         in_list = isinstance(step, int) and isinstance(data, list) and step < len(data)

@@ -144,3 +144,11 @@ def test_any_of_allows_a_path_one_branch_allows():
     assert unreachable({"anyOf": [{"type": "string"}, {"type": "integer"}]}, ("a",)) is not None
     assert unreachable(True, ("a", 1)) is None
     assert unreachable({"type": "object", "properties": {"a": False}}, ("a", "b")) is not None
+
+
+def test_a_value_nested_deeper_than_the_stack_is_a_mismatch_not_a_crash():
+    deep = "[" * 100_000 + "]" * 100_000
+    why = mismatch(OutputFormat(json_object=True), deep)
+    assert why is not None and "is not JSON" in why
+    with pytest.raises(FieldError, match="not JSON"):
+        read_field(deep, (0,))
