@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run test install lint bench bench-apps bench-peers clean chromium postgresql
+.PHONY: run stop example test install lint bench bench-apps bench-peers clean chromium postgresql
 
 # torch is pinned to the CPU build on local disk by constraints/cpu.txt, which every pip call
 # here that could pull torch passes (-c): an unpinned torch pulls a CUDA build, and the
@@ -17,6 +17,8 @@ CPU := -c constraints/cpu.txt
 TOP_INITS := $(wildcard $(addsuffix /__init__.py,platform engines sdk adapters web wire))
 
 $(STAMP): pyproject.toml setup.py constraints/cpu.txt $(TOP_INITS)
+	@echo "Installing Parrot and its dependencies into $(VENV) (torch for the CPU, the bundled model):"
+	@echo "about 2 minutes, once; later runs start at once."
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q $(CPU) torch
@@ -26,8 +28,24 @@ $(STAMP): pyproject.toml setup.py constraints/cpu.txt $(TOP_INITS)
 
 install: $(STAMP)
 
+# `make run PORT=9100 ENGINE_PORT=9101` serves elsewhere; `make stop` (another terminal)
+# stops the server that `make run` started with the same PORT.
+HOST ?= 127.0.0.1
+PORT ?= 9000
+ENGINE_PORT ?= 9001
+SERVE := $(BIN)/parrot serve --host $(HOST) --port $(PORT) --engine-port $(ENGINE_PORT)
+
 run: install
-	$(BIN)/parrot serve --host 127.0.0.1 --port 9000 --engine-port 9001
+	$(SERVE)
+
+stop:
+	@pkill -INT -f 'bin/[p]arrot serve --host $(HOST) --port $(PORT) ' && echo "stopped Parrot on port $(PORT)" \
+		|| echo "no Parrot started by make run on port $(PORT)"
+
+# An example against the server of `make run`: `make example NAME=chain_summarization`.
+example: install
+	@test -n "$(NAME)" || (echo "usage: make example NAME=<one of: $(basename $(notdir $(wildcard examples/*.py)))>"; exit 2)
+	$(BIN)/python examples/$(NAME).py --server http://$(HOST):$(PORT) $(ARGS)
 
 lint: install
 	$(BIN)/ruff check .

@@ -6,6 +6,9 @@ script starts, or on ``--engine URL``):
 - ``dag``: N concurrent sessions x a 4-call DAG (200; ``--quick`` 16);
 - ``flood``: M slow clients trickling request heads (5,000; ``--quick`` 300) beside
   sessions keeping the engine busy (32; ``--quick`` 8);
+- ``bigdag``: issue 24's defect 2: a session of 10,000 calls (``--quick`` 1,000; native
+  transforms in a binary tree, so it builds in a minute without the engine) open in 4 live
+  dashboard tabs (``/live/sessions/{id}``) for 30 s;
 - ``acceptance``: issue 14's acceptance 3: a 64-input catastrophic-regex transform
   (``(a|aa)+$`` on ``"a" * 40 + "b"``: the ``regex`` module takes ``(a+)+$`` in well under
   a millisecond, so the classic example would test nothing), a 4 MiB prompt on
@@ -33,6 +36,7 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 import httpx
+from httpx_sse import aconnect_sse
 
 from benchmarks._servers import free_port, launched, parrot_command
 from benchmarks.reliability.dag import dag_load, leaked_contexts
@@ -44,9 +48,12 @@ ROOT = Path(__file__).resolve().parents[1]
 DOC = ROOT / "docs" / "reliability.md"
 ADMIN = "reliability-bench"
 BEGIN, END = "<!-- reliability-load:begin -->", "<!-- reliability-load:end -->"
-FULL = {"dag_sessions": 200, "flood": 5000, "flood_sessions": 32, "acceptance_slow": 2000}
+FULL = {
+    "dag_sessions": 200, "flood": 5000, "flood_sessions": 32, "acceptance_slow": 2000, "big_calls": 10_000
+}  # fmt: skip
 FLOOD_HOLD_S = 30.0
-QUICK = {"dag_sessions": 16, "flood": 300, "flood_sessions": 8, "acceptance_slow": 200}
+QUICK = {"dag_sessions": 16, "flood": 300, "flood_sessions": 8, "acceptance_slow": 200, "big_calls": 1_000}
+TABS, TABS_HOLD_S = 4, 30.0  # live tabs open on the big session, and for how long
 
 
 @contextlib.contextmanager
@@ -60,7 +67,7 @@ def process(args: list[str], ready_url: str, what: str) -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def servecore(engine_url: str) -> Iterator[str]:
+def servecore(engine_url: str, extra: tuple[str, ...] = ()) -> Iterator[str]:
     port = free_port()
     with tempfile.TemporaryDirectory() as data:
         args = [
@@ -73,6 +80,7 @@ def servecore(engine_url: str) -> Iterator[str]:
             ADMIN,
             "--data-dir",
             data,
+            *extra,
         ]
         url = f"http://127.0.0.1:{port}"
         with process(args, f"{url}/healthz", "parrot serve"):
@@ -177,6 +185,83 @@ async def scenario_acceptance(url: str, sizes: dict, fd_room: int) -> dict:
     return _row(f"acceptance 3: regex x 64 + 4 MiB prompt + {slow} slow clients", probe, "; ".join(done))
 
 
+async def _big_session(api: httpx.AsyncClient, calls: int) -> tuple[str, dict]:
+    """A session of ``calls`` transforms in a binary tree (call i reads call (i-1)//2's
+    output), submitted level by level, 32 at a time."""
+    s = (await api.post("/v1/session")).json()
+    sid, auth = s["session_id"], {"Authorization": f"Bearer {s['session_auth']}"}
+    seed_body = {"session_id": sid, "name": "seed", "value": "x"}
+    seed = await api.post("/v1/semantic_var", json=seed_body, headers=auth)
+    outputs = [seed.json()["var_id"]]  # outputs[i + 1]: call i's
+
+    async def submit(i: int) -> str:
+        body = {
+            "session_id": sid,
+            "inputs": [{"var_id": outputs[(i - 1) // 2 + 1 if i else 0]}],
+            "steps": [{"type": "upper"}],
+            "output": f"t{i}",
+        }
+        r = await api.post("/v1/semantic_transform", json=body, headers=auth)
+        r.raise_for_status()
+        return r.json()["outputs"][f"t{i}"]
+
+    level_start = 0
+    while level_start < calls:
+        level = range(level_start, min(calls, 2 * level_start + 1))
+        for chunk in range(level.start, level.stop, 32):
+            outputs += await asyncio.gather(*(submit(i) for i in range(chunk, min(chunk + 32, level.stop))))
+        level_start = level.stop
+    return sid, auth
+
+
+async def _tab(url: str, sid: str, stop: asyncio.Event) -> tuple[int, int]:
+    """One browser tab on the session's live page: (events, bytes) until ``stop``."""
+    counts = [0, 0]
+
+    async def read() -> None:
+        async with (
+            httpx.AsyncClient(base_url=url, timeout=httpx.Timeout(60, read=300)) as tab,
+            aconnect_sse(tab, "GET", f"/live/sessions/{sid}") as source,
+        ):
+            source.response.raise_for_status()
+            async for event in source.aiter_sse():
+                counts[0] += 1
+                counts[1] += len(event.data)
+
+    reading = asyncio.create_task(read())
+    await stop.wait()
+    reading.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await reading
+    return counts[0], counts[1]
+
+
+async def scenario_bigdag(url: str, sizes: dict) -> dict:
+    calls = sizes["big_calls"]
+    async with httpx.AsyncClient(base_url=url, timeout=600) as api:
+        built = time.monotonic()
+        sid, _auth = await _big_session(api, calls)
+        built = time.monotonic() - built
+        start = time.monotonic()
+        page = await api.get(f"/sessions/{sid}")
+        page_s = time.monotonic() - start
+
+    async def work(stop):
+        tabs = [asyncio.create_task(_tab(url, sid, stop)) for _ in range(TABS)]
+        await asyncio.sleep(TABS_HOLD_S)
+        stop.set()
+        return await asyncio.gather(*tabs)
+
+    probe, tabs = await _probed(url, work)
+    events = sum(e for e, _ in tabs)
+    return _row(
+        f"{TABS} live tabs on a {calls}-call session",
+        probe,
+        f"session built in {built:.0f} s; its page: {page.status_code}, {len(page.content) / 1e6:.2f} MB "
+        f"in {page_s:.2f} s; {events} live updates to the tabs in {TABS_HOLD_S:g} s",
+    )
+
+
 def table(rows: list[dict], setup: str) -> str:
     lines = [
         f"Measured {datetime.now(UTC):%Y-%m-%d %H:%M} UTC; {setup}.",
@@ -211,6 +296,8 @@ async def run_all(url: str, names: list[str], sizes: dict) -> list[dict]:
             rows.append(await scenario_flood(url, sizes, fd_room))
         elif name == "acceptance":
             rows.append(await scenario_acceptance(url, sizes, fd_room))
+        elif name == "bigdag":
+            rows.append(await scenario_bigdag(url, sizes))
         else:
             raise SystemExit(f"unknown scenario {name!r}")
         print(rows[-1], flush=True)
@@ -220,7 +307,7 @@ async def run_all(url: str, names: list[str], sizes: dict) -> list[dict]:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--quick", action="store_true", help="small sizes (a minute or two)")
-    p.add_argument("--scenarios", default="dag,flood,acceptance")
+    p.add_argument("--scenarios", default="dag,flood,acceptance,bigdag")
     p.add_argument("--engine", default=None, metavar="URL", help="a running engine (default: start one)")
     p.add_argument("--threads", type=int, default=None, help="torch threads of the engine started")
     p.add_argument("--write", action="store_true", help="write the table into docs/reliability.md")
@@ -237,7 +324,9 @@ def main() -> None:
             stack.enter_context(process(cmd, f"{engine_url}/ping", "parrot engine"))
         rows = []
         for name in names:  # a fresh ServeCore per scenario: one's leftovers do not load the next
-            with servecore(engine_url) as url:
+            # The big session needs more than the default 10,000 variables of a session.
+            extra = ("--max-vars-per-session", "100000", "--max-calls-per-session", "100000")
+            with servecore(engine_url, extra if name == "bigdag" else ()) as url:
                 rows += asyncio.run(run_all(url, [name], sizes))
     setup = (
         f"{'quick' if args.quick else 'full'} sizes, {os.cpu_count()} CPU cores, "

@@ -97,3 +97,49 @@ def test_serve_restarts_at_once_with_the_same_ports(engine, tmp_path, stop):
         time.sleep(0.2)
     with parrot_process(args, env, ready, "restarted serve"):
         assert httpx.get(f"{url}/healthz", timeout=5).status_code == 200
+
+
+def test_a_held_api_port_is_refused_before_anything_is_announced(engine, tmp_path):
+    """The API's port taken by another process: a clear message naming it, and neither
+    "Parrot API on ..." (printed only once the socket is bound) nor an engine started."""
+    engine_port = free_port()
+    env = {
+        **os.environ,
+        "PARROT_CACHE_DIR": str(engine.model_folder.parent),
+        "PARROT_DATA_DIR": str(tmp_path),
+        "PARROT_ADMIN_TOKEN": "port-test-token",
+    }
+    env.pop("PARROT_DB", None)
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        port = held.getsockname()[1]
+        proc = ParrotProcess(["serve", "--port", str(port), "--engine-port", str(engine_port)], env)
+        output, _ = proc.proc.communicate(timeout=60)
+    assert proc.proc.returncode != 0
+    assert f"port {port} for the Parrot API is in use" in output, output
+    assert "Parrot API on" not in output and "parrot engine: serving" not in output, output
+    assert not port_in_use(engine_port)
+
+
+def test_the_api_line_comes_after_the_socket_is_bound(engine, tmp_path):
+    port, engine_port = free_port(), free_port()
+    env = {
+        **os.environ,
+        "PARROT_CACHE_DIR": str(engine.model_folder.parent),
+        "PARROT_KV_CACHE_MEMORY": "256MiB",
+        "PARROT_DATA_DIR": str(tmp_path),
+        "PARROT_ADMIN_TOKEN": "port-test-token",
+    }
+    env.pop("PARROT_DB", None)
+    proc = ParrotProcess(["serve", "--port", str(port), "--engine-port", str(engine_port)], env)
+    try:
+        deadline = time.monotonic() + 180
+        line = ""
+        while "Parrot API on" not in line:
+            assert time.monotonic() < deadline and proc.proc.poll() is None, line
+            line = proc.proc.stdout.readline()
+        # Announced: the socket answers at once.
+        assert httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=5).status_code == 200
+    finally:
+        proc.stop()

@@ -14,6 +14,7 @@ dashboard's settings (``opt``) and staying out of the OpenAPI schema.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable
 from functools import partial
 from pathlib import Path
@@ -28,7 +29,8 @@ from litestar.params import Body, FromPath, FromQuery
 from litestar.response import Redirect, ServerSentEvent
 from litestar.static_files import create_static_files_router
 
-from parrot.engines.protocol.errors import ParrotError
+from parrot.engines.protocol.errors import ParrotError, TooManyRequestsError
+from parrot.platform.api.auth import check_admin_token
 from parrot.platform.api.deps import Core
 from parrot.platform.serve.operator_views import OperatorViews
 from parrot.web import auth, forms, live, render, views
@@ -57,7 +59,8 @@ class PageController(Controller):
     async def session_page(
         self, request: Request, core: Core, session_id: FromPath[str], node: FromQuery[str | None] = None
     ) -> Response[str]:
-        model = views.session_page(core.views, session_id, node)
+        snapshot = views.session_snapshot(core.views, session_id, node)  # on the loop, bounded
+        model = await asyncio.to_thread(views.session_page, snapshot, node)  # drawn off it
         live_url = f"/live/sessions/{quote(session_id)}" + (f"?node={quote(node)}" if node else "")
         return render.page("session.html", request, model=model, live_url=live_url)
 
@@ -116,7 +119,11 @@ class SignInController(Controller):
     @post("/login", status_code=303)
     async def login(self, request: Request, state: State, data: Form) -> Response[str] | Redirect:
         target = auth.safe_next(data.get("next"))
-        if not auth.sign_in(request, str(data.get("token", "")), state.admin_token):
+        try:
+            right = check_admin_token(request, str(data.get("token", "")))
+        except TooManyRequestsError as error:
+            return render.page("login.html", request, 429, next=target, error=str(error))
+        if not right or not auth.sign_in(request, str(data.get("token", "")), state.admin_token):
             return render.page("login.html", request, 401, next=target, error="that is not the admin token")
         return Redirect(target, status_code=303)
 
@@ -143,12 +150,12 @@ LIVE_PAGES: dict[str, Callable[[OperatorViews, Request], str]] = {
 }
 
 
-def _live_sessions(ops: OperatorViews) -> str:
-    return render.fragment("live/sessions.html", model=views.session_list(ops))
+def _draw_sessions(model: views.SessionList) -> str:
+    return render.fragment("live/sessions.html", model=model)
 
 
-def _live_session(ops: OperatorViews, session_id: str, node: str | None) -> str:
-    return render.fragment("live/session.html", model=views.session_page(ops, session_id, node))
+def _draw_session(snapshot: views.SessionSnapshot, node: str | None) -> str:
+    return render.fragment("live/session.html", model=views.session_page(snapshot, node))
 
 
 class LiveController(Controller):
@@ -169,16 +176,30 @@ class LiveController(Controller):
             raise HTTPException(status_code=404, detail=f"no live page {page!r}")
         return live.stream(partial(LIVE_PAGES[page], core.views, request), dashboard)
 
+    # The session pages can be big: their renders are shared by every tab and drawn off the
+    # event loop (live.SharedRenders).
     @get("/sessions")
-    async def live_sessions(self, core: Core, dashboard: Dashboard) -> ServerSentEvent:
-        return live.stream(partial(_live_sessions, core.views), dashboard)
+    async def live_sessions(self, request: Request, core: Core, dashboard: Dashboard) -> ServerSentEvent:
+        shared = live.renders(request)
+        snapshot = partial(views.session_list, core.views)
+        render_once = partial(shared.get, "sessions", snapshot, _draw_sessions, dashboard.live_interval_s)
+        return live.stream(render_once, dashboard)
 
     @get("/sessions/{session_id:str}")
     async def live_session(
-        self, core: Core, dashboard: Dashboard, session_id: FromPath[str], node: FromQuery[str | None] = None
+        self,
+        request: Request,
+        core: Core,
+        dashboard: Dashboard,
+        session_id: FromPath[str],
+        node: FromQuery[str | None] = None,
     ) -> ServerSentEvent:
-        core.views.session_dag(session_id)  # 404 now, rather than an empty stream
-        return live.stream(partial(_live_session, core.views, session_id, node), dashboard)
+        core.views.session_dag(session_id, latest=1)  # the 404 now, rather than in the stream
+        shared = live.renders(request)
+        snapshot = partial(views.session_snapshot, core.views, session_id, node)
+        draw = partial(_draw_session, node=node)
+        key = ("session", session_id, node)
+        return live.stream(partial(shared.get, key, snapshot, draw, dashboard.live_interval_s), dashboard)
 
 
 # -- errors as pages ------------------------------------------------------------------
@@ -211,7 +232,7 @@ def dashboard_routes(config: DashboardConfig) -> list[Router]:
         route_handlers=[PageController, EngineFormController, SignInController, LiveController],
         middleware=auth.middleware(config),
         exception_handlers=ERROR_PAGES,
-        opt={auth.CONFIG: config},
+        opt={auth.CONFIG: config, live.RENDERS: live.SharedRenders()},
         include_in_schema=False,
     )
     static = create_static_files_router(path="/static", directories=[STATIC], name="dashboard-static")

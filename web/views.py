@@ -3,6 +3,7 @@ parts)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from markupsafe import Markup
@@ -117,17 +118,61 @@ class SessionPage:
     states: dict[str, int]
     detail: NodeDetail | None
     selected: str | None
+    drawn_calls: int  # the DAG and the timeline draw the latest calls only (MAX_DRAWN_CALLS)
+    total_calls: int
+
+
+# A session's DAG and timeline draw at most this many calls (the latest): drawing is linear,
+# but 10,000 calls make 10 MB of SVG per update that no one can read. Counts cover them all.
+MAX_DRAWN_CALLS = 400
+
+
+def latest_calls(graph: SessionDag, limit: int = MAX_DRAWN_CALLS) -> SessionDag:
+    """The sub-DAG of the ``limit`` latest calls and the variables they touch."""
+    if len(graph.calls) <= limit:
+        return graph
+    calls = sorted(graph.calls, key=lambda c: c.seq)[-limit:]
+    kept = {c.call_id for c in calls}
+    touched = {v for c in calls for v in (*c.inputs, *c.outputs)}
+    edges = [e for e in graph.edges if (e.source in kept or e.target in kept)]
+    return SessionDag(
+        graph.session_id, graph.live, calls, [v for v in graph.vars if v.var_id in touched], edges
+    )
 
 
 def node_link(session_id: str, node_id: str) -> str:
     return f"/sessions/{session_id}?node={node_id}#detail"
 
 
-def session_page(ops: OperatorViews, session_id: str, selected: str | None = None) -> SessionPage:
-    graph = ops.session_dag(session_id)
+@dataclass(frozen=True)
+class SessionSnapshot:
+    """What a session page draws from, taken on the event loop in time bounded by what is
+    drawn: the DAG of the latest calls (and the selected node), and a count of all calls per
+    state to run off the loop (None: count the DAG's calls, a closed session's whole DAG)."""
+
+    graph: SessionDag
+    count_states: Callable[[], dict[DisplayState, int]] | None = None
+
+
+def session_snapshot(ops: OperatorViews, session_id: str, selected: str | None = None) -> SessionSnapshot:
+    graph = ops.session_dag(session_id, latest=MAX_DRAWN_CALLS, keep=selected)
+    return SessionSnapshot(graph, ops.state_counts(session_id) if graph.live else None)
+
+
+def session_page(snapshot: SessionSnapshot | SessionDag, selected: str | None = None) -> SessionPage:
+    """The session page of a snapshot (:func:`session_snapshot`, or a whole DAG). Pure: it
+    runs in a worker thread, off the event loop."""
+    if isinstance(snapshot, SessionDag):
+        snapshot = SessionSnapshot(snapshot)
+    graph = snapshot.graph
+    session_id = graph.session_id
     states = {state: 0 for state in CALL_STATES}
-    for call in graph.calls:
-        states[call.state] = states.get(call.state, 0) + 1
+    counted = snapshot.count_states() if snapshot.count_states else None
+    for state, n in (counted or {}).items():
+        states[state] = n
+    if counted is None:
+        for call in graph.calls:
+            states[call.state] = states.get(call.state, 0) + 1
     names = {v.var_id: v.name for v in graph.vars}
     detail = None
     if selected:
@@ -135,13 +180,16 @@ def session_page(ops: OperatorViews, session_id: str, selected: str | None = Non
         var = next((v for v in graph.vars if v.var_id == selected), None)
         if call is not None or var is not None:
             detail = NodeDetail(call, var, names)
+    drawn = latest_calls(graph)
     return SessionPage(
         graph,
-        dag.render(graph, lambda node: node_link(session_id, node), selected),
-        charts.gantt(graph.calls),
+        dag.render(drawn, lambda node: node_link(session_id, node), selected),
+        charts.gantt(drawn.calls),
         states,
         detail,
         selected if detail is not None else None,
+        len(drawn.calls),
+        max(sum(states.values()), len(graph.calls)),
     )
 
 

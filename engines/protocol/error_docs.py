@@ -37,7 +37,7 @@ _SPECS: dict[int, ResponseSpec] = {
 BODY = (400, 413, 415)  # takes a JSON body: invalid, too large, not JSON
 PARAMS = (400,)  # takes query parameters that are checked
 SESSION = (401, 403, 404)  # opens a session with its session_auth
-ADMIN = (401, 403)  # needs the admin token (or an API key)
+ADMIN = (401, 403, 429)  # needs the admin token (or an API key); 429: repeated wrong admin tokens
 CREATES = (429,)  # creates something a configured limit counts
 STORE = (503,)  # writes to the database
 

@@ -190,13 +190,17 @@ class GuardedH11Protocol(H11Protocol):
         self.transport.close()
 
 
-def run(app: Any, host: str, port: int, limits: ServerLimits, **options: Any) -> None:
+def run(
+    app: Any, host: str, port: int, limits: ServerLimits, ready_message: str | None = None, **options: Any
+) -> None:
     """``uvicorn.run`` with :class:`ServerLimits`; logging is left to the program's own
-    configuration (its handlers rate-limit repeated lines)."""
+    configuration (its handlers rate-limit repeated lines). ``ready_message`` is printed once
+    the socket is bound and the app started, never before (a port taken by another process
+    must not first be announced as served)."""
     import uvicorn
 
     guard = ConnectionGuard(limits, connection_cap(limits, raise_fd_limit()))
-    uvicorn.run(
+    config = uvicorn.Config(
         app,
         host=host,
         port=port,
@@ -206,3 +210,17 @@ def run(app: Any, host: str, port: int, limits: ServerLimits, **options: Any) ->
         log_config=None,
         **options,
     )
+    server = uvicorn.Server(config)
+
+    async def serve() -> None:
+        serving = asyncio.ensure_future(server.serve())
+        while not server.started and not serving.done():
+            await asyncio.sleep(0.05)
+        if server.started and ready_message:
+            print(ready_message, flush=True)
+        await serving
+
+    with asyncio.Runner(loop_factory=config.get_loop_factory()) as runner:
+        runner.run(serve())
+    if not server.started:
+        raise SystemExit(3)  # as uvicorn.run: the server never started (its error is logged)

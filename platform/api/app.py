@@ -22,6 +22,7 @@ from parrot.platform.api.auth import Sessions, admin_guard
 from parrot.platform.api.deps import DEPENDENCIES, Core
 from parrot.platform.api.openai_front import OpenAIController
 from parrot.platform.api.schemas import CreateVar, RegisterEngine, SetVar, SubmitCall, SubmitTransform
+from parrot.platform.api.token_throttle import TokenThrottle
 from parrot.platform.serve.core import ServeCore
 from parrot.platform.serve.graph import RequestChain, SemanticVariable
 from parrot.platform.serve.metrics import CONTENT_TYPE
@@ -268,6 +269,7 @@ def create_app(
                 "core": core,
                 "admin_token": admin_token or secrets.token_urlsafe(32),
                 "openai_api_keys": tuple(openai_api_keys),
+                "token_throttle": TokenThrottle(),
             }
         ),
         exception_handlers=exception_handlers(),

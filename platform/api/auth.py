@@ -6,19 +6,23 @@
   bound to the request's bearer token, which opens a session only for the holder of its
   ``session_auth``.
 
-Failures raise the shared error classes (401 without a token, 403 with a wrong one), which
+Failures raise the shared error classes (401 without a token, 403 with a wrong one, 429 while
+repeated wrong admin tokens from one address are slowed down), which
 the one exception translator turns into JSON.
 """
 
 from __future__ import annotations
 
 import hmac
+import math
 from dataclasses import dataclass
 
 from litestar.connection import ASGIConnection
 from litestar.di import NamedDependency
 from litestar.handlers.base import BaseRouteHandler
 
+from parrot.engines.protocol.errors import TooManyRequestsError
+from parrot.platform.api.token_throttle import TokenThrottle
 from parrot.platform.serve.core import ServeCore
 from parrot.platform.serve.errors import ForbiddenError, UnauthorizedError
 from parrot.platform.serve.session_service import Session
@@ -46,11 +50,32 @@ def same_secret(sent: str, secret: str) -> bool:
     return hmac.compare_digest(wire, expected)
 
 
+def client_address(connection: ASGIConnection) -> str:
+    return connection.client.host if connection.client else "unknown"
+
+
+def check_admin_token(connection: ASGIConnection, token: str) -> bool:
+    """Whether ``token`` is the admin token, with repeated failures from one address slowed
+    down (:class:`TokenThrottle`): inside a wait the token is not even compared (429)."""
+    throttle: TokenThrottle = connection.app.state.token_throttle
+    client = client_address(connection)
+    wait = throttle.retry_after(client)
+    if wait > 0:
+        raise TooManyRequestsError(
+            f"too many wrong admin tokens from {client}: try again in {math.ceil(wait)} s"
+        )
+    if same_secret(token, connection.app.state.admin_token):
+        throttle.succeeded(client)
+        return True
+    throttle.failed(client)
+    return False
+
+
 def admin_guard(connection: ASGIConnection, _: BaseRouteHandler) -> None:
     token = bearer_token(connection)
     if not token:
         raise UnauthorizedError("this route needs 'Authorization: Bearer <admin token>'")
-    if not same_secret(token, connection.app.state.admin_token):
+    if not check_admin_token(connection, token):
         raise ForbiddenError("wrong admin token")
 
 

@@ -91,7 +91,16 @@ def run(args: argparse.Namespace) -> None:
     token = settings.admin_token
     if not token:
         token = secrets.token_urlsafe(24)
-        print(f"parrot serve: admin token (shown once): {token}", flush=True)
+        print(
+            f"parrot serve: admin token (shown once, not stored; set a fixed one with --admin-token "
+            f"or PARROT_ADMIN_TOKEN): {token}",
+            flush=True,
+        )
+    if port_in_use(settings.port, settings.host):  # before an engine starts for nothing
+        raise SystemExit(
+            f"parrot serve: port {settings.port} for the Parrot API is in use on {settings.host}; "
+            "stop what holds it, or pick another port (--port, PARROT_PORT; make run PORT=...)"
+        )
     # SIGTERM stops the server as SIGINT does (uvicorn handles both while it runs; this
     # covers the start), so the engine child is always stopped below.
     signal.signal(signal.SIGTERM, signal.getsignal(signal.SIGINT))
@@ -102,11 +111,6 @@ def run(args: argparse.Namespace) -> None:
         urls = (url,)
     host, port = settings.host, settings.port
     try:
-        print(
-            f"parrot serve: Parrot API on http://{host}:{port} with engines {[public_url(u) for u in urls]}"
-            + (f"; dashboard on http://{host}:{port}/" if settings.dashboard else ""),
-            flush=True,
-        )
         # Engine secrets at rest: PARROT_SECRET_KEY, else a key file in the data folder.
         box = SecretBox.load(settings.secret_keys, settings.data_dir)
         store = Store(settings.db or sqlite_url(settings.data_dir), secrets=box)
@@ -132,9 +136,14 @@ def run(args: argparse.Namespace) -> None:
             dashboard=dashboard,
         )
         # Open live streams (the dashboard's SSE) must not hold a shutdown up.
-        server.run(
-            app, host, port, settings.server, log_level="warning", timeout_graceful_shutdown=5
+        ready = (
+            f"parrot serve: Parrot API on http://{host}:{port} with engines {[public_url(u) for u in urls]}"
+            + (f"; dashboard on http://{host}:{port}/" if settings.dashboard else "")
         )
+        server.run(
+            app, host, port, settings.server, ready_message=ready, log_level="warning",
+            timeout_graceful_shutdown=5,
+        )  # fmt: skip
     finally:
         if child is not None:
             child.send_signal(signal.SIGINT)

@@ -219,9 +219,22 @@ def dag_var(var: SemanticVariable) -> DagVar:
 
 
 def session_dag(
-    session_id: str, calls: Iterable[RequestChain], variables: Iterable[SemanticVariable], live: bool
+    session_id: str,
+    calls: Iterable[RequestChain],
+    variables: Iterable[SemanticVariable],
+    live: bool,
+    latest: int | None = None,
+    keep: str | None = None,
 ) -> SessionDag:
+    """The DAG of these calls and variables; with ``latest``, only the latest calls (and the
+    variables they touch, and the node ``keep`` if any): what a page draws of a big session,
+    made in time linear in what it draws, not in the session."""
     requests = sorted(calls, key=lambda r: r.seq)
+    if latest is not None and len(requests) > latest:
+        cut = len(requests) - latest
+        requests = [r for r in requests[:cut] if r.call_id == keep] + requests[cut:]
+        touched = {v.var_id for r in requests for v in (*r.input_vars(), *r.output_vars())}
+        variables = [v for v in variables if v.var_id in touched or v.var_id == keep]
     edges = []
     for request in requests:
         inputs = dict.fromkeys(v.var_id for v in request.input_vars())
@@ -232,14 +245,20 @@ def session_dag(
     )
 
 
+def count_states(calls: Iterable[RequestChain]) -> dict[DisplayState, int]:
+    """How many of these calls are in each display state."""
+    states: dict[DisplayState, int] = {}
+    for request in calls:
+        state = call_state(request)
+        states[state] = states.get(state, 0) + 1
+    return states
+
+
 def summarize(
     session_id: str, calls: Iterable[RequestChain], live: bool, closed_at: float | None = None
 ) -> SessionSummary:
     requests = list(calls)
-    states: dict[DisplayState, int] = {}
-    for request in requests:
-        state = call_state(request)
-        states[state] = states.get(state, 0) + 1
+    states = count_states(requests)
     times = [t for r in requests for t in r.timings.values()]
     submitted = [r.timings["submitted_at"] for r in requests if "submitted_at" in r.timings]
     return SessionSummary(

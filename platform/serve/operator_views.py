@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
+from functools import partial
 
 from parrot.engines.protocol.errors import NotFoundError
 from parrot.platform.serve import observe
@@ -19,7 +21,7 @@ from parrot.platform.serve.activity import ActivityLog
 from parrot.platform.serve.engine_registry import EngineRegistry
 from parrot.platform.serve.history import LoadHistory, LoadSample
 from parrot.platform.serve.journal import Journal
-from parrot.platform.serve.observe import ContextTreeView, SessionDag, SessionSummary
+from parrot.platform.serve.observe import ContextTreeView, DisplayState, SessionDag, SessionSummary
 from parrot.platform.serve.scheduler import snapshot
 from parrot.platform.serve.scheduler.global_scheduler import GlobalScheduler
 from parrot.platform.serve.scheduler.snapshot import SchedulerSnapshot
@@ -159,16 +161,27 @@ class OperatorViews:
         live.sort(key=lambda s: s.started_at or 0.0, reverse=True)
         return live + [summary for summary, _ in reversed(self.sessions.recent)]
 
-    def session_dag(self, session_id: str) -> SessionDag:
-        """The DAG of a live session, or of a recently closed one as it was when it closed.
-        No auth check: the caller checks who may see it."""
+    def session_dag(self, session_id: str, latest: int | None = None, keep: str | None = None) -> SessionDag:
+        """The DAG of a live session, or of a recently closed one as it was when it closed
+        (``latest``: only the latest calls of a live one, and the node ``keep``; see
+        :func:`observe.session_dag`). No auth check: the caller checks who may see it."""
         session = self.sessions.get(session_id)
         if session is not None:
-            return observe.session_dag(session_id, session.calls.values(), session.vars.values(), True)
+            calls, variables = session.calls.values(), session.vars.values()
+            return observe.session_dag(session_id, calls, variables, True, latest, keep)
         for summary, dag in self.sessions.recent:
             if summary.session_id == session_id:
                 return dag
         raise NotFoundError(f"session {session_id!r} does not exist")
+
+    def state_counts(self, session_id: str) -> Callable[[], dict[DisplayState, int]]:
+        """A function that counts a session's calls per display state, over the calls it has
+        now: cheap to take on the event loop, to be called off it (a page of a session with
+        10,000 calls counts them in a worker thread; a count may be one state change
+        behind, which a page refreshed every second can show). Empty for a closed session."""
+        session = self.sessions.get(session_id)
+        calls = list(session.calls.values()) if session is not None else []
+        return partial(observe.count_states, calls)
 
     def context_tree(self, engine_id: str) -> ContextTreeView:
         """The contexts this ServeCore holds on an engine, as their prefix tree."""

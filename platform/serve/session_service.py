@@ -144,12 +144,21 @@ class SessionService:
         return session
 
     async def delete(self, session: Session) -> None:
-        """Stop the session's work (queued tasks dropped, running generations aborted on
-        their engines), free its contexts, wake whoever waits on its variables, and delete
-        its records."""
+        """Delete the session's records, then stop its work (queued tasks dropped, running
+        generations aborted on their engines), free its contexts and wake whoever waits on
+        its variables. The store goes first: a delete it refuses (:class:`StoreError`, 503)
+        changes nothing, and the session goes on as before."""
         if session.closed:
             return
-        session.closed = True
+        session.closed = True  # no new work while the store deletes
+        if session.stored:
+            try:
+                await self.journal.commit(
+                    self.journal.record(lambda store: store.delete_session(session.session_id))
+                )
+            except BaseException:
+                session.closed = False
+                raise
         self._live.pop(session.session_id, None)
         self.admission.close_session(session.session_id, list(session.calls))
         if session.stored:
@@ -163,10 +172,6 @@ class SessionService:
         session.executor.cancel()
         await self.scheduler.drop_session(session.session_id)
         self.variables.close(session.vars.values(), f"session {session.session_id} was deleted")
-        if session.stored:
-            await self.journal.commit(
-                self.journal.record(lambda store: store.delete_session(session.session_id))
-            )
 
     async def expire_idle(self) -> list[str]:
         """Delete sessions idle for longer than the timeout, freeing everything they hold."""

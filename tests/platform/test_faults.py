@@ -199,3 +199,25 @@ def test_clients_that_go_away_lose_nothing_and_leak_nothing(served, engine_serve
     slot = core.engines.slots()[0]
     assert not slot.contexts.of_session(sid)
     assert all(c.owner is None and c.refs == 0 for c in slot.contexts.contexts.values())
+
+
+def test_a_delete_the_store_refuses_changes_nothing(served):
+    """Issue 24, defect 3: the store refuses the delete (503) and the session goes on as
+    before, in memory and in the database; once writable, the delete works whole."""
+    _core, store, api, path = served
+    sid, auth = new_session(api)
+    first = get_value(api, sid, auth, submit(api, sid, auth, "Tides", 4))
+    fault = DatabaseFault(store, "read-only")
+    fault.on = True
+    r = api.delete(f"/v1/session/{sid}", headers=auth)
+    assert r.status_code == 503, r.text
+    assert r.json()["error"]["message"].startswith("the database did not take the write"), r.text
+    assert api.get(f"/v1/session/{sid}", headers=auth).status_code == 200
+    assert get_value(api, sid, auth, first["var_id"])["value"] == first["value"]
+    fault.on = False
+    second = get_value(api, sid, auth, submit(api, sid, auth, "Glaciers", 4))  # still runs calls
+    assert second["ready"]
+    assert api.delete(f"/v1/session/{sid}", headers=auth).status_code in (200, 204)
+    assert api.get(f"/v1/session/{sid}", headers=auth).status_code == 404
+    with sqlite3.connect(path) as db:
+        assert db.execute("select count(*) from sessions where session_id = ?", (sid,)).fetchone() == (0,)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import heapq
 import time
 from collections.abc import Sequence
 
@@ -46,16 +47,20 @@ def sparkline(values: Sequence[float], label: str, width: int = 260, height: int
 
 
 def _pack(calls: Sequence[DagCall], now: float) -> dict[str, int]:
-    """Sub-rows within an engine's lane, so calls that ran at once do not overlap."""
-    ends: list[float] = []  # per sub-row: when its last call ended
+    """Sub-rows within an engine's lane, so calls that ran at once do not overlap: each call
+    takes the free row that came free first (a heap: n log n, and as few rows as calls ever
+    overlapped), or a new row."""
+    free: list[tuple[float, int]] = []  # (when its last call ended, row), the earliest first
+    rows = 0
     row_of = {}
     for call in sorted(calls, key=lambda c: c.timings["submitted_at"]):
         start = call.timings["submitted_at"]
         end = call.timings.get("finished_at", now)
-        row = next((i for i, last in enumerate(ends) if last <= start), len(ends))
-        if row == len(ends):
-            ends.append(end)
-        ends[row] = end
+        if free and free[0][0] <= start:
+            _, row = heapq.heappop(free)
+        else:
+            row, rows = rows, rows + 1
+        heapq.heappush(free, (end, row))
         row_of[call.call_id] = row
     return row_of
 

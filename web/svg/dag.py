@@ -141,11 +141,11 @@ def render(dag: SessionDag, link: Callable[[str], str], selected: str | None = N
             f'<text x="{num(p.x)}" y="{num(p.y + 4)}" text-anchor="middle">{text(var.name, 16)}</text>'
             "</g></a>"
         )
+    name_of = {v.var_id: v.name for v in dag.vars}  # one lookup per call: linear in the DAG
     for call in dag.calls:
         p = shape.nodes[call.call_id]
         sel = " selected" if call.call_id == selected else ""
-        names = [v.name for v in dag.vars if v.var_id in call.outputs] or [call.kind]
-        label = f"#{call.seq} {names[0]}"
+        label = f"#{call.seq} {next((name_of[o] for o in call.outputs if o in name_of), call.kind)}"
         tip = f"call #{call.seq} ({call.state})" + (" · latency-critical" if call.latency_critical else "")
         tip += f" · {call.group}" if call.group else ""
         x0, y0 = p.x - CALL_W / 2, p.y - CALL_H / 2
