@@ -238,7 +238,7 @@ class CallService:
             for var in fresh:
                 session.vars.pop(var.var_id, None)
             for var, _ in retyped:
-                var.format = None
+                self.variables.untype(var)
             raise
         if session.closed:
             raise SessionClosedError(f"session {session.session_id!r} was deleted")

@@ -69,6 +69,11 @@ class VariableService:
         builtins = msgspec.to_builtins(fmt)
         return self.journal.record(lambda store: store.set_var_format(var.var_id, builtins))
 
+    @staticmethod
+    def untype(var: SemanticVariable) -> None:
+        """Undo :meth:`retype` (the call that typed it was not stored: it never existed)."""
+        var.format = None
+
     def check_format(self, fmt: OutputFormat) -> None:
         """400 / 413 for a format the ServeCore cannot use (``max_format_chars``)."""
         check_format(fmt, self.admission.limits.max_format_chars)

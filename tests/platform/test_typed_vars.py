@@ -347,3 +347,35 @@ def test_a_three_call_dag_reads_fields_of_generated_typed_values(api):
 
     assert inputs(review["call_id"]) == [("plan.steps[0]", steps[0])]
     assert inputs(final.json()["call_id"]) == [("review.verdict", verdict["verdict"])]
+
+
+@pytest.mark.asyncio(loop_scope="function")
+async def test_a_call_the_store_refuses_leaves_its_output_variable_untyped(engine_server, tmp_path):
+    """An output bound to an existing, untyped variable types it only if the call is stored:
+    a refused write (503) leaves the variable as it was, in memory and in the store."""
+    from test_journal import Refusal
+
+    from parrot.platform.serve.call_service import Binding
+    from parrot.platform.serve.errors import StoreError
+    from parrot.wire.formats import OutputFormat
+
+    store = Store(sqlite_url(tmp_path))
+    core = ServeCore(store=store)
+    await core.start()
+    try:
+        await core.engines.register_builtin(engine_server.url)
+        session, _ = await core.sessions.create()
+        verdict = await core.vars.create(session, "verdict")
+        fmt = OutputFormat(choice=["yes", "no"])
+        params = [Binding(name="v", is_output=True, var_id=verdict.var_id, format=fmt)]
+        async with Refusal(store):
+            with pytest.raises(StoreError):
+                await core.calls.submit(session, "Good? {{v}}", params, [], None)
+        assert verdict.format is None and verdict.producer is None
+        assert (await store.get_var(verdict.var_id)).format is None
+        await core.calls.submit(session, "Good? {{v}}", params, [], None)
+        assert verdict.format == fmt and (await store.get_var(verdict.var_id)).format == {
+            "choice": ["yes", "no"]
+        }
+    finally:
+        await core.stop()
