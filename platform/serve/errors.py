@@ -70,3 +70,9 @@ class WaitTimeoutError(ParrotError):
 
     status_code = 408
     code = "timeout"
+
+
+class FormatMismatchError(BadRequestError):
+    """A value a client sets does not match its variable's format."""
+
+    code = "format_mismatch"
