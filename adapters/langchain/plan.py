@@ -5,8 +5,9 @@ Mapped (run on the server as semantic calls, or on their markers without waiting
 ``RunnableSequence``, ``RunnableParallel`` (and the dict shorthand),
 ``RunnablePassthrough`` and ``.assign``, ``itemgetter`` / ``.pick``, ``PromptTemplate``
 and ``ChatPromptTemplate`` (f-string templates with plain ``{name}`` placeholders),
-``ParrotLLM`` and ``ParrotChatModel`` (also ``.bind(stop=..., max_tokens=...)``) and
-``StrOutputParser``.
+``ParrotLLM`` and ``ParrotChatModel`` (also ``.bind(stop=..., max_tokens=...)``, and
+``.with_structured_output(schema)``, whose output is a typed variable constrained to the
+schema; its parser runs on the client) and ``StrOutputParser``.
 
 Run on the client, between server stages (their input is waited for, then they run as
 LangChain runs them): ``RunnableLambda`` functions, retrievers, other output parsers and
@@ -23,7 +24,7 @@ import string
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from langchain_core.language_models import BaseLanguageModel
+from langchain_core.language_models import BaseLanguageModel, chat_models
 from langchain_core.messages import BaseMessage
 from langchain_core.output_parsers import BaseOutputParser, StrOutputParser
 from langchain_core.prompts import (
@@ -49,6 +50,8 @@ from langchain_core.runnables.passthrough import RunnableAssign
 
 from parrot.adapters.langchain.chat_model import ParrotChatModel
 from parrot.adapters.langchain.llm import ParrotLLM
+from parrot.adapters.langchain.structured import output_format
+from parrot.adapters.langchain.tool_calling import TOOL_ARGS
 
 MESSAGE_TEMPLATES = (
     SystemMessagePromptTemplate,
@@ -56,6 +59,8 @@ MESSAGE_TEMPLATES = (
     AIMessagePromptTemplate,
     ChatMessagePromptTemplate,
 )
+# ``.bind()``'s results: a chat model's is a subclass that only types its streams.
+BINDINGS = (RunnableBinding, getattr(chat_models, "_ChatModelBinding", RunnableBinding))
 ON_CLIENT_HINT = (
     "to run it on the client between server stages instead, wrap it: RunnableLambda(lambda x: step.invoke(x))"
 )
@@ -137,7 +142,7 @@ def _step(runnable: Any, where: str, models: list) -> Step:
     if isinstance(runnable, ParrotLLM | ParrotChatModel):
         models.append(runnable)
         return ModelCall(runnable, runnable.sampling())
-    if type(runnable) is RunnableBinding:
+    if type(runnable) in BINDINGS:
         return _binding(runnable, where, models)
     if type(runnable) is PromptTemplate:
         _check_template(runnable, where)
@@ -169,16 +174,25 @@ def _parallel(runnable: RunnableParallel, where: str, models: list) -> Parallel:
 
 
 def _binding(binding: RunnableBinding, where: str, models: list) -> Step:
-    """``model.bind(stop=..., max_tokens=...)``: sampling for that model; a binding of
-    anything else may only carry configuration."""
+    """``model.bind(stop=..., max_tokens=...)``: sampling for that model; a
+    ``response_format`` (``with_structured_output``) is the format of the call's output,
+    a typed variable; a binding of anything else may only carry configuration."""
     bound, kwargs = binding.bound, dict(binding.kwargs)
     if isinstance(bound, ParrotLLM | ParrotChatModel):
+        kwargs.pop("ls_structured_output_format", None)  # LangChain's tracing metadata
+        tools = sorted(k for k in TOOL_ARGS if k in kwargs)
+        if tools:
+            raise CompileError(
+                f"{where} binds {tools}: a model that calls tools is not mapped onto a semantic "
+                f"call (its answer decides what runs next); {ON_CLIENT_HINT}"
+            )
         try:
+            typed = output_format(kwargs.pop("response_format", None))
             sampling = bound.sampling(kwargs.pop("stop", None), kwargs)
         except ValueError as error:
             raise CompileError(f"{where}: {error}") from None
         models.append(bound)
-        return ModelCall(bound, sampling)
+        return ModelCall(bound, sampling if typed is None else sampling | {"format": typed})
     if kwargs:
         raise CompileError(
             f"{where} binds arguments {sorted(kwargs)} to {_name(bound)}; only Parrot models take "
