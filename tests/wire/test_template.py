@@ -81,3 +81,51 @@ def test_the_parser_has_no_size_limit_of_its_own():
     documented bound is --max-prompt-chars (8 Mi, 413), checked by the server before parsing."""
     chunks = parse_template("x" * 1_500_000 + " {{a}}")
     assert [type(c).__name__ for c in chunks] == ["TextChunk", "PlaceholderChunk"]
+
+
+# -- field paths (issue 21) -------------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("template", "name", "path"),
+    [
+        ("x {{plan.steps[0]}}", "plan", ("steps", 0)),
+        ("x {{ review.verdict }}", "review", ("verdict",)),
+        ("x {{a.b.c}}", "a", ("b", "c")),
+        ("x {{x[2].y}}", "x", (2, "y")),
+        ('x {{row["a key"][10]}}', "row", ("a key", 10)),
+        ('x {{row["say \\"hi\\""]}}', "row", ('say "hi"',)),
+        ("x {{plain}}", "plain", ()),
+    ],
+)
+def test_a_placeholder_may_read_a_field(template, name, path):
+    (_, chunk) = parse_template(template)
+    assert isinstance(chunk, PlaceholderChunk)
+    assert (chunk.name, chunk.path, chunk.end) == (name, path, len(template))
+    assert parse_template(f"x {{{{{chunk.ref}}}}}")[1] == PlaceholderChunk(name, 2, 6 + len(chunk.ref), path)
+
+
+@pytest.mark.parametrize(
+    ("template", "position"),
+    [
+        ("Hi {{plan.}}", 9),
+        ("Hi {{plan..a}}", 9),
+        ("Hi {{plan[x]}}", 9),
+        ("Hi {{plan[01]}}", 9),
+        ("Hi {{plan[-1]}}", 9),
+        ("Hi {{ plan.steps[0] x}}", 19),
+        ("Hi {{plan.a.9}}", 11),
+        ('Hi {{plan["open]}}', 9),
+    ],
+)
+def test_malformed_paths_name_the_position(template, position):
+    with pytest.raises(TemplateError, match="malformed field path") as info:
+        parse_template(template)
+    assert info.value.position == position, str(info.value)
+
+
+def test_an_output_cannot_read_a_field_and_inputs_bind_by_name():
+    check_binding(parse_template("{{plan.steps[0]}} and {{plan.goal}}: {{a}}"), spec(plan=False, a=True))
+    with pytest.raises(TemplateError, match=r"output \{\{a.b\}\} reads a field") as info:
+        check_binding(parse_template("Q: {{a.b}}"), spec(a=True))
+    assert info.value.position == 3
+    with pytest.raises(TemplateError, match=r"placeholder \{\{q\[0\]\}\} has no parameter"):
+        check_binding(parse_template("Q: {{q[0]}} {{a}}"), spec(a=True))
