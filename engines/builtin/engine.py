@@ -25,6 +25,7 @@ from parrot.engines.builtin.block_manager import BlockManager
 from parrot.engines.builtin.context_pool import ContextPool, Target
 from parrot.engines.builtin.engine_config import EngineConfig
 from parrot.engines.builtin.engine_core import EngineCore
+from parrot.engines.builtin.grammars import GrammarCompiler
 from parrot.engines.builtin.jobs import GenerateResult, JobSink, Outbox
 from parrot.engines.builtin.kv_cache import allocate_kv_cache, num_blocks_for_budget
 from parrot.engines.builtin.metrics import EngineMetrics
@@ -114,7 +115,9 @@ class BuiltinEngine:
             vocab_size=mc.vocab_size,
             max_model_len=max_len,
             eos_token_ids=eos,
+            jump_forward=config.jump_forward,
         )
+        self.grammars = GrammarCompiler(self.tokenizer.hf, mc.vocab_size, eos, config.grammar)
         self.model_name = mc.name
         self._publish()
 
@@ -130,6 +133,7 @@ class BuiltinEngine:
         if self._thread is not None:
             self._thread.join(timeout=30)
             self._thread = None
+            self.grammars.close()
 
     def _loop(self) -> None:
         while True:
@@ -276,9 +280,13 @@ class BuiltinEngine:
         """The command that submits a generation (its prompt tail tokenized first)."""
         if token_ids is not None and text is not None:
             raise BadRequestError("give the prompt tail as token_ids or as text, not both")
+        # The output format compiles on the grammar worker (a bad one is a 400 here).
+        grammar = await self.grammars.compile(sampling.format) if sampling.format is not None else None
         tail = await self._tokens(token_ids, text) if (token_ids or text) else []
         target = Target(context_id, parent_context_id, parent_len, parent_timeout_ms / 1000)
-        return partial(self.core.submit_generate, target, sampling, sink, tail, priority, list(checkpoints))
+        return partial(
+            self.core.submit_generate, target, sampling, sink, tail, priority, list(checkpoints), grammar
+        )
 
     async def _tokens(self, token_ids: Sequence[int] | None, text: str | None) -> list[int]:
         return (

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 import torch
 
 from parrot.engines.builtin.batch import SharedPrefixPolicy
+from parrot.engines.builtin.grammars import GrammarLimits
 from parrot.engines.builtin.local_scheduler import SchedulerConfig
 
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?i?b?)?\s*$", re.IGNORECASE)
@@ -80,6 +81,10 @@ class EngineConfig:
     cpu_matmul: str = "auto"
     blas_rows: int = 64  # steps of at most this many rows use BLAS; larger ones (prefill) torch
     blas_keys: int = 8192  # ... and attending at most this many keys in all (long contexts: torch)
+    # Output formats (issue 21): size, compile time and cache limits; jump-forward fills the
+    # tokens a grammar forces in one step instead of decoding them one by one (--no-jump-forward).
+    grammar: GrammarLimits = field(default_factory=GrammarLimits)
+    jump_forward: bool = True
 
     def __post_init__(self) -> None:
         if self.block_size < 1 or self.block_size > 1024:

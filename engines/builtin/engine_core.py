@@ -15,6 +15,7 @@ from collections import deque
 from collections.abc import Callable, Sequence
 
 from parrot.engines.builtin.block_manager import IntegrityError
+from parrot.engines.builtin.constraints import ConstraintMasker
 from parrot.engines.builtin.context_pool import Context, ContextPool, Target
 from parrot.engines.builtin.jobs import Job, JobKind, JobSink
 from parrot.engines.builtin.local_scheduler import LocalScheduler, SchedulerConfig
@@ -48,14 +49,16 @@ class EngineCore:
         vocab_size: int,
         max_model_len: int,
         eos_token_ids: frozenset[int],
+        jump_forward: bool = True,
     ) -> None:
         self.runner = runner
         self.pool: ContextPool = runner.pool
         self.scheduler = LocalScheduler(scheduler_config, self.pool)
         self.post = Postprocessor(
-            self.pool, self.scheduler, tokenizer, eos_token_ids, max_model_len, runner.device
+            self.pool, self.scheduler, tokenizer, eos_token_ids, max_model_len, runner.device, jump_forward
         )
         self.sampler = Sampler()
+        self.constraints = ConstraintMasker(eos_token_ids)
         self.vocab_size = vocab_size
         self.max_model_len = max_model_len
         self.capacity_tokens = self.pool.blocks.num_blocks * self.pool.block_size
@@ -106,9 +109,10 @@ class EngineCore:
         tail_token_ids: Sequence[int] = (),
         priority: int = 0,
         checkpoints: Sequence[tuple[int, int]] = (),
+        grammar: object = None,
     ) -> None:
         """Generate into the context, after filling ``tail_token_ids`` (the prompt's tail) in
-        the same job."""
+        the same job; ``grammar``: the compiled output format (see grammars.py), if any."""
         new_root = target.parent_id is None and target.context_id not in self.pool.contexts
         if new_root and not tail_token_ids:
             raise UnknownContextError(
@@ -133,6 +137,7 @@ class EngineCore:
             fill_tokens=list(tail_token_ids),
             sampling=sampling,
             priority=priority,
+            grammar=grammar,
         )
         self._enqueue(job, created, checkpoints, prompt_len, len(tail_token_ids) + sampling.max_tokens)
 
@@ -279,11 +284,11 @@ class EngineCore:
         started = time.perf_counter()
         output = self.runner.run(items)
         sampled = [jobs[id(item.context)] for item in items if item.sample]
-        tokens = (
-            self.sampler.sample(output.logits, [self.post.sampling(job) for job in sampled])
-            if sampled
-            else []
-        )
+        tokens = []
+        if sampled:
+            seqs = [self.post.sampling(job) for job in sampled]
+            logits = self.constraints.apply(output.logits, [job.state.constraint for job in sampled])
+            tokens = self.sampler.sample(logits, seqs)
         self.post.postprocess(items, jobs, output, sampled, tokens)
         computed = sum(item.num_tokens for item in items)
         self._record(len(items), computed, len(tokens), output.shared_prefix)

@@ -103,6 +103,7 @@ class Job:
     seq: int  # submission order
     fill_tokens: list[int] = field(default_factory=list)  # a fill's tokens, or a generation's prompt tail
     sampling: SamplingParams | None = None
+    grammar: Any = None  # a generation's compiled output format (a template llguidance matcher)
     priority: int = 0  # higher: admitted first, preempted last
     background: bool = False  # a fill that prepares for later: takes what a step can spare
     # Contexts forked from this job's context once its prompt is computed (not yet made).

@@ -10,11 +10,12 @@ with their results. The model runner before it changes nothing.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
 from parrot.engines.builtin.batch import StepItem
+from parrot.engines.builtin.constraints import Constraint, ConstraintError
 from parrot.engines.builtin.context_pool import ContextPool
 from parrot.engines.builtin.jobs import GenerateResult, Job, JobKind
 from parrot.engines.builtin.local_scheduler import LocalScheduler
@@ -32,6 +33,9 @@ class GenerationState:
     stop: StopChecker | None
     text: str = ""
     emitted: int = 0  # characters of ``text`` already streamed
+    constraint: Constraint | None = None  # the output format's grammar state, if any
+    # Jump-forward: tokens the grammar forces at the start, taken instead of the first sample.
+    forced: list[int] = field(default_factory=list)
 
 
 class Postprocessor:
@@ -43,6 +47,7 @@ class Postprocessor:
         eos_token_ids: frozenset[int],
         max_model_len: int,
         device: torch.device,
+        jump_forward: bool = True,
     ) -> None:
         self.pool = pool
         self.scheduler = scheduler
@@ -50,6 +55,9 @@ class Postprocessor:
         self.eos_token_ids = eos_token_ids
         self.max_model_len = max_model_len
         self.device = device
+        # Tokens the grammar forces are appended at once (computed in the next step as one
+        # multi-token item, like a prompt's tail) rather than decoded one step each.
+        self.jump_forward = jump_forward
 
     def sampling(self, job: Job) -> SequenceSampling:
         """The job's sampling state, made when it first samples (its prompt is complete then:
@@ -60,7 +68,10 @@ class Postprocessor:
                 sampling=SequenceSampling(params, ctx.token_ids, self.device),
                 detokenizer=IncrementalDetokenizer(self.tokenizer, ctx.token_ids[-8:]),
                 stop=StopChecker(params.stop) if params.stop else None,
+                constraint=Constraint(job.grammar) if job.grammar is not None else None,
             )
+            if self.jump_forward and job.state.constraint is not None:
+                job.state.forced = job.state.constraint.forced()
         return job.state.sampling
 
     def postprocess(
@@ -100,11 +111,37 @@ class Postprocessor:
             job.first_token_at = time.monotonic()
         params: SamplingParams = job.sampling
         state: GenerationState = job.state
-        ctx = job.context
-        if (token in self.eos_token_ids and not params.ignore_eos) or token in params.stop_token_ids:
+        constraint = state.constraint
+        if state.forced:  # jump-forward from the start: the forced tokens, not the sample
+            run, state.forced = state.forced, []
+        elif (
+            token in self.eos_token_ids and (constraint is not None or not params.ignore_eos)
+        ) or token in params.stop_token_ids:
             state.text += state.detokenizer.flush()  # a partial character held back so far
             self._finish_generate(job, "stop", token)
             return
+        else:
+            run = [token]
+        i = 0
+        while i < len(run):  # the sampled token, then what the grammar forces after it
+            if self._advance(job, run[i]):
+                return
+            i += 1
+            if i == len(run) and constraint is not None and self.jump_forward:
+                run.extend(constraint.forced())
+
+    def _advance(self, job: Job, token: int) -> bool:
+        """Append one generated token (sampled or forced); True when the job finished."""
+        params: SamplingParams = job.sampling
+        state: GenerationState = job.state
+        ctx = job.context
+        if state.constraint is not None:
+            try:
+                state.constraint.consume(token)
+            except ConstraintError as error:
+                self.retire(job)
+                job.sink.fail(error)
+                return True
         self.pool.append_token(ctx, token)
         job.generated.append(token)
         state.sampling.append(token)
@@ -113,12 +150,17 @@ class Postprocessor:
         if cut is not None:
             state.text = state.text[:cut]
             self._finish_generate(job, "stop", token, stop_string=True)
+        elif state.constraint is not None and state.constraint.stopped:  # the value is complete
+            state.text += state.detokenizer.flush()
+            self._finish_generate(job, "stop", token)
         elif len(job.generated) >= params.max_tokens or len(ctx.token_ids) >= self.max_model_len:
             state.text += state.detokenizer.flush()
             self._finish_generate(job, "length", token)
         else:
             hold = state.stop.holdback(state.text) if state.stop else 0
             self._emit(job, token, len(state.text) - hold)
+            return False
+        return True
 
     def _emit(self, job: Job, token: int, upto: int) -> None:
         state: GenerationState = job.state

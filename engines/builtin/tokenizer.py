@@ -33,6 +33,11 @@ class Tokenizer:
         marker = folder / NAME_MARKER
         self.name: str = marker.read_text().strip() if marker.is_file() else folder.name
 
+    @property
+    def hf(self) -> transformers.PreTrainedTokenizerBase:
+        """The transformers tokenizer itself (the grammar library reads its vocabulary)."""
+        return self._tok
+
     def encode(self, text: str) -> list[int]:
         """Token ids of ``text`` without added special tokens (templates add their own)."""
         return self._tok.encode(text, add_special_tokens=False)

@@ -96,6 +96,20 @@ class EngineUnavailableError(ParrotError):
     code = "engine_unavailable"
 
 
+class BadFormatError(BadRequestError):
+    """An output format (issue 21) the grammar library rejects: an invalid JSON schema, an
+    unsupported keyword, a regex or Lark grammar that does not compile, or a compile that
+    took too long. The message is the library's own, naming the problem."""
+
+    code = "bad_format"
+
+
+class FormatTooLargeError(PayloadTooLargeError):
+    """An output format larger than the configured limit (the message names it and its flag)."""
+
+    code = "format_too_large"
+
+
 def error_from_response(status: int, code: str, message: str) -> ParrotError:
     """Rebuild the error an engine reported, so callers see the same class it raised."""
     for cls in _all_subclasses(ParrotError):

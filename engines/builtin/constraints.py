@@ -1,0 +1,97 @@
+"""Constrained decoding in the step (issue 21): each constrained generation's grammar
+state, and the token masks applied to a step's logits before sampling.
+
+A :class:`Constraint` is one generation's llguidance matcher (a ``deep_copy()`` of its
+format's compiled template, see :mod:`parrot.engines.builtin.grammars`); it lives in the
+job's generation state, so a preempted job keeps it, and it is advanced only by the
+postprocess step, token by token, as the context is. :class:`ConstraintMasker` fills the
+allowed-token bitmask of the step's constrained rows (in parallel on llguidance's thread
+pool when there are several) and sets every other token's logit to -inf; unconstrained
+rows are left as they are. The matcher allows the end-of-sequence tokens exactly where the
+grammar may end, so a generation stops only with a complete value (or at ``max_tokens``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import llguidance
+import llguidance.torch
+import torch
+
+from parrot.engines.protocol.errors import ParrotError
+
+
+class ConstraintError(ParrotError):
+    """The grammar refused a token that its own mask allowed (a bug, not the client's)."""
+
+    code = "constraint_error"
+
+
+class Constraint:
+    """The grammar state of one generation."""
+
+    def __init__(self, template: llguidance.LLMatcher) -> None:
+        self.matcher = template.deep_copy()
+
+    def consume(self, token: int) -> None:
+        if not self.matcher.consume_token(token):
+            raise ConstraintError(f"the output format refused token {token}: {self.matcher.get_error()}")
+
+    def forced(self) -> list[int]:
+        """Tokens the grammar forces next (keys, punctuation, the rest of a choice), in the
+        tokenization the model would see for that text (llguidance stops short of a token
+        that could merge with what comes after it)."""
+        return self.matcher.compute_ff_tokens()
+
+    @property
+    def stopped(self) -> bool:
+        """No token can follow: the value is complete (the generation ends here)."""
+        return self.matcher.is_stopped()
+
+
+class ConstraintMasker:
+    """Masks the logits of a step's constrained rows (engine thread only)."""
+
+    def __init__(self, eos_token_ids: frozenset[int]) -> None:
+        self._executor = llguidance.LLExecutor()
+        self._eos = sorted(eos_token_ids)
+        self._bitmask: torch.Tensor | None = None  # [rows, words] int32, grown as needed
+        self._shifts = torch.arange(32, dtype=torch.int32)  # [32]
+
+    def apply(self, logits: torch.Tensor, constraints: Sequence[Constraint | None]) -> torch.Tensor:
+        """``logits`` [rows, vocab] with the tokens each constrained row's grammar forbids at
+        -inf (in place; returned). Rows whose constraint is None are untouched."""
+        rows = [i for i, c in enumerate(constraints) if c is not None]
+        if not rows:
+            return logits
+        vocab = logits.shape[1]
+        bitmask = self._buffer(len(rows), vocab)  # [n, words]
+        if len(rows) == 1:
+            llguidance.torch.fill_next_token_bitmask(constraints[rows[0]].matcher, bitmask, 0)
+        else:
+            pairs = [(constraints[i].matcher, n) for n, i in enumerate(rows)]
+            llguidance.torch.fill_next_token_bitmask_par(self._executor, pairs, bitmask)
+        allowed = self._unpack(bitmask, vocab)  # [n, vocab] bool
+        dead = ~allowed.any(dim=1)  # [n]; a matcher in an error state allows nothing: let it end
+        if dead.any():
+            allowed[dead.nonzero().flatten()[:, None], torch.tensor(self._eos)[None, :]] = True
+        allowed = allowed.to(logits.device)
+        with torch.inference_mode():  # the logits are an inference tensor of the model's step
+            if len(rows) == len(constraints):
+                logits.masked_fill_(~allowed, float("-inf"))
+            else:
+                index = torch.tensor(rows, device=logits.device)  # [n]
+                logits[index] = logits[index].masked_fill(~allowed, float("-inf"))
+        return logits
+
+    def _buffer(self, rows: int, vocab: int) -> torch.Tensor:
+        words = (vocab + 31) // 32
+        if self._bitmask is None or self._bitmask.shape[0] < rows or self._bitmask.shape[1] != words:
+            self._bitmask = llguidance.torch.allocate_token_bitmask(max(rows, 8), vocab)
+        return self._bitmask[:rows]  # contiguous: the first rows of a row-major buffer
+
+    def _unpack(self, bitmask: torch.Tensor, vocab: int) -> torch.Tensor:
+        """Bitmask [n, words] (bit ``t % 32`` of word ``t // 32`` allows token t) -> [n, vocab] bool."""
+        bits = (bitmask.unsqueeze(-1) >> self._shifts) & 1  # [n, words, 32]
+        return bits.view(bitmask.shape[0], -1)[:, :vocab].bool()

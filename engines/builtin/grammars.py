@@ -1,0 +1,109 @@
+"""Compiling output formats for the engine's vocabulary, off the step loop (issue 21).
+
+:class:`GrammarCompiler` owns llguidance's view of the tokenizer (built once, on its
+worker), one worker thread, and a bounded LRU cache of compiled formats: for each distinct
+format (``OutputFormat.key()``) a *template* matcher, checked and with its first mask
+computed (llguidance builds its lexer lazily; the first mask is where a grammar too complex
+for the vocabulary fails). The asyncio side awaits :meth:`GrammarCompiler.compile` before it
+submits a job; the engine thread only ``deep_copy()``s the template for each generation, so
+a slow or bad format never holds up a step, and a bad one is a 400 that changes nothing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections import OrderedDict
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+import llguidance
+import llguidance.hf
+import llguidance.torch
+
+from parrot.engines.protocol.errors import BadFormatError
+from parrot.engines.protocol.grammar import check_grammar, check_size, to_grammar
+from parrot.wire.formats import OutputFormat
+
+
+@dataclass(frozen=True)
+class GrammarLimits:
+    max_format_chars: int = 65_536  # --max-format-chars: a format's JSON, in characters (413)
+    compile_timeout_s: float = 10.0  # --format-compile-timeout: longer is a 400
+    cache_size: int = 64  # --format-cache-size: compiled formats kept (least recently used go)
+
+    def __post_init__(self) -> None:
+        if self.max_format_chars < 1 or self.cache_size < 1 or self.compile_timeout_s <= 0:
+            raise ValueError("max_format_chars, cache_size and compile_timeout_s must be positive")
+
+
+class GrammarCompiler:
+    """Compiled, validated template matchers by format, for one tokenizer.
+
+    ``hf_tokenizer``: the engine's transformers tokenizer; ``n_vocab``: the width of the
+    model's logits (the LM head may be wider than the tokenizer); ``eos_token_ids``: every
+    id that ends a generation (the grammar allows them exactly where it may end).
+    """
+
+    def __init__(
+        self, hf_tokenizer: Any, n_vocab: int, eos_token_ids: frozenset[int], limits: GrammarLimits
+    ) -> None:
+        self.limits = limits
+        self.n_vocab = n_vocab
+        self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="parrot-grammar")
+        eos = sorted(eos_token_ids)
+        self._tokenizer: Future[llguidance.LLTokenizer] = self._worker.submit(
+            llguidance.hf.from_tokenizer, hf_tokenizer, n_vocab=n_vocab, eos_token=eos
+        )
+        self._lock = threading.Lock()  # the cache is read by any event loop's thread
+        self._cache: OrderedDict[bytes, Future[llguidance.LLMatcher]] = OrderedDict()
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._cache)
+
+    async def compile(self, fmt: OutputFormat) -> llguidance.LLMatcher:
+        """The template matcher of ``fmt`` (shared: ``deep_copy()`` it, never advance it).
+        Raises :class:`FormatTooLargeError` (413) or :class:`BadFormatError` (400)."""
+        check_size(fmt, self.limits.max_format_chars)
+        key = fmt.key()
+        with self._lock:
+            future = self._cache.get(key)
+            if future is None:
+                future = self._worker.submit(self._compile, fmt)
+                self._cache[key] = future
+                while len(self._cache) > self.limits.cache_size:
+                    self._cache.popitem(last=False)
+            else:
+                self._cache.move_to_end(key)
+        try:
+            return await asyncio.wait_for(
+                asyncio.shield(asyncio.wrap_future(future)), self.limits.compile_timeout_s
+            )
+        except TimeoutError:
+            raise BadFormatError(
+                f"compiling the output format took longer than {self.limits.compile_timeout_s:g} s "
+                "(--format-compile-timeout); simplify it"
+            ) from None
+        except Exception:
+            with self._lock:  # a bad format is not kept (nor one whose compile failed)
+                if self._cache.get(key) is future:
+                    del self._cache[key]
+            raise
+
+    def _compile(self, fmt: OutputFormat) -> llguidance.LLMatcher:
+        """On the worker: the format's grammar, checked for this vocabulary, as a matcher in
+        its start state with its first mask computed."""
+        tokenizer = self._tokenizer.result()
+        grammar = to_grammar(fmt)
+        check_grammar(fmt, grammar, tokenizer)
+        matcher = llguidance.LLMatcher(tokenizer, grammar, log_level=0)
+        bitmask = llguidance.torch.allocate_token_bitmask(1, self.n_vocab)  # [1, words]
+        llguidance.torch.fill_next_token_bitmask(matcher, bitmask, 0)
+        if matcher.is_error():
+            raise BadFormatError(f"bad {fmt.kind}: {matcher.get_error().strip()}")
+        return matcher
+
+    def close(self) -> None:
+        self._worker.shutdown(wait=False, cancel_futures=True)

@@ -1,0 +1,101 @@
+"""Output formats as llguidance grammars, and the check of a format at the edge (issue 21).
+
+Free of engine state, so both the builtin engine (before it compiles a format for its
+tokenizer) and the ServeCore (when a call is submitted) check a format the same way and
+answer a bad one with the same 4xx.
+
+What each kind becomes (:func:`to_grammar`):
+
+- ``json_schema``: llguidance's JSON-schema grammar, **compact**: no whitespace outside
+  strings, ``,`` and ``:`` as separators (``{"a":1,"b":[true]}``). Free whitespace would
+  let a small model pad its answer with newlines forever, and compact output makes every
+  key and separator forced text, which jump-forward then fills without decode steps.
+  Unimplemented keywords (``if``/``then``, ...) are errors, not silently ignored
+  (llguidance's ``lenient: false``); annotations it does not know are ignored as JSON
+  Schema says.
+- ``json_object``: the same for the schema ``{"type": "object"}``: any object.
+- ``regex``: the whole text matches it (Rust ``regex`` syntax, as llguidance reads it).
+- ``choice``: a regex alternation of the strings, each escaped, so exactly one of them.
+- ``grammar``: a Lark grammar in llguidance's dialect (``start`` is the text).
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+import llguidance
+
+from parrot.engines.protocol.errors import BadFormatError, FormatTooLargeError
+from parrot.wire.formats import OutputFormat
+
+DEFAULT_MAX_FORMAT_CHARS: Final = 65_536
+MAX_FORMAT_FLAG: Final = "--max-format-chars"
+
+# How llguidance compiles JSON schemas here (see the module's docstring).
+JSON_OPTIONS: Final = {"whitespace_flexible": False, "lenient": False}
+ANY_OBJECT: Final = {"type": "object"}
+
+# The characters Rust's ``regex_syntax::escape`` escapes (Python's ``re.escape`` escapes
+# others, e.g. ``!``, that Rust's syntax refuses to see escaped).
+_REGEX_META: Final = frozenset("\\.+*?()|[]{}^$#&-~")
+
+
+def escape_regex(text: str) -> str:
+    """``text`` as a regex that matches exactly it (llguidance's Rust syntax)."""
+    return "".join("\\" + c if c in _REGEX_META else c for c in text)
+
+
+def to_grammar(fmt: OutputFormat) -> str:
+    """The llguidance grammar of a format (not yet checked: see :func:`check_grammar`)."""
+    M = llguidance.LLMatcher
+    if fmt.json_schema is not None:
+        try:
+            return M.grammar_from_json_schema(fmt.json_schema, defaults=JSON_OPTIONS)
+        except ValueError as error:  # not a JSON object
+            raise BadFormatError(f"invalid JSON schema: {error}") from error
+    if fmt.json_object:
+        return M.grammar_from_json_schema(ANY_OBJECT, defaults=JSON_OPTIONS)
+    if fmt.regex is not None:
+        return M.grammar_from_regex(fmt.regex)
+    if fmt.choice is not None:
+        return M.grammar_from_regex("|".join(f"({escape_regex(c)})" for c in fmt.choice))
+    if fmt.grammar is not None:
+        return M.grammar_from_lark(fmt.grammar)
+    raise BadFormatError("the format sets none of json_schema, json_object, regex, choice, grammar")
+
+
+def check_size(fmt: OutputFormat, max_chars: int, flag: str = MAX_FORMAT_FLAG) -> None:
+    """413 when the format's JSON is longer than ``max_chars`` (the message names ``flag``)."""
+    size = fmt.size()
+    if size > max_chars:
+        raise FormatTooLargeError(
+            f"the output format has {size} characters, over the limit of {max_chars} ({flag})"
+        )
+
+
+def check_grammar(fmt: OutputFormat, grammar: str, tokenizer: llguidance.LLTokenizer | None = None) -> None:
+    """400 naming the problem when llguidance rejects the grammar (with ``tokenizer``, also
+    what only a tokenizer reveals, e.g. a lexer too complex for its vocabulary)."""
+    message = llguidance.LLMatcher.validate_grammar(grammar, tokenizer)
+    if message:
+        raise BadFormatError(f"bad {_WHAT[fmt.kind]}: {message.strip()}")
+
+
+def check_format(
+    fmt: OutputFormat, max_chars: int = DEFAULT_MAX_FORMAT_CHARS, flag: str = MAX_FORMAT_FLAG
+) -> None:
+    """Raise :class:`FormatTooLargeError` (413) for a format over the size limit, and
+    :class:`BadFormatError` (400, code ``bad_format``) with llguidance's own message for one
+    it cannot compile: an invalid schema, an unimplemented keyword, a bad regex or Lark
+    grammar. Cheap (no tokenizer): the engine still compiles the format for its vocabulary."""
+    check_size(fmt, max_chars, flag)
+    check_grammar(fmt, to_grammar(fmt))
+
+
+_WHAT: Final = {
+    "json_schema": "JSON schema",
+    "json_object": "JSON object format",
+    "regex": "regex",
+    "choice": "choice",
+    "grammar": "Lark grammar",
+}
