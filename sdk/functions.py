@@ -76,23 +76,14 @@ def _check(template: str, params: Sequence[_Param]) -> list[Chunk]:
     return chunks
 
 
-def _reads_field(template: str, chunk: PlaceholderChunk) -> bool:
-    """Whether the placeholder reads a field (``{{plan.steps[0]}}``), not the whole value."""
-    return template[chunk.start + 2 : chunk.end - 2].strip() != chunk.name
-
-
-def _check_fields(where: str, template: str, chunks: Sequence[Chunk], params: dict[str, _Param]) -> None:
-    """Only an input placeholder can read a field: its argument is a typed Var."""
+def _check_fields(where: str, chunks: Sequence[Chunk], params: dict[str, _Param]) -> None:
+    """A placeholder that reads a field (``{{plan.steps[0]}}``) must be an input's: its
+    argument is a JSON-typed Var. (An output's is refused by the template rules.)"""
     for chunk in chunks:
-        if not isinstance(chunk, PlaceholderChunk) or not _reads_field(template, chunk):
-            continue
-        param, shown = params[chunk.name], template[chunk.start : chunk.end]
-        if param.output is not None:
-            raise DefinitionError(f"{where}: the output {shown} has a field path; an output is a whole value")
-        if not param.is_input:
+        if isinstance(chunk, PlaceholderChunk) and chunk.path and not params[chunk.name].is_input:
             raise DefinitionError(
-                f"{where}: {shown} reads a field of {chunk.name!r}: annotate {chunk.name!r} with Input and "
-                "pass it a JSON-typed Var (an Output(schema=...) of an earlier call)"
+                f"{where}: {{{{{chunk.ref}}}}} reads a field of {chunk.name!r}: annotate {chunk.name!r} "
+                "with Input and pass it a JSON-typed Var (an Output(schema=...) of an earlier call)"
             )
 
 
@@ -133,7 +124,7 @@ class SemanticFunction:
             self._chunks = _check(self.template, list(self._params.values()))
         except WireTemplateError as error:
             raise DefinitionError(f"{where}: {error}") from None
-        _check_fields(where, self.template, self._chunks, self._params)
+        _check_fields(where, self._chunks, self._params)
         callable_params = [
             p.replace(annotation=inspect.Parameter.empty)
             for p in signature.parameters.values()
@@ -210,7 +201,7 @@ class SemanticFunction:
                     pieces.append(text)
                     continue
                 inputs[chunk.name] = text  # sent as a value: braces in it stay text
-            pieces.append(self.template[chunk.start : chunk.end])  # with its field path
+            pieces.append("{{" + chunk.ref + "}}")  # with its field path
         for name, param in self._params.items():
             value = arguments[name]
             if param.is_input:
