@@ -4,11 +4,13 @@ its forms need) or a fragment (a live part)."""
 
 from __future__ import annotations
 
+import json
 import time
 from functools import cache
 from pathlib import Path
 from typing import Any
 
+import msgspec
 from jinja2 import Environment, FileSystemLoader, StrictUndefined, select_autoescape
 from litestar import MediaType, Request, Response
 
@@ -40,6 +42,17 @@ def percent(value: float | None) -> str:
     return "—" if value is None else f"{100 * value:.0f}%"
 
 
+def pretty_json(value: Any) -> str:
+    """A format (a struct or its JSON) as indented JSON, for a ``<pre>``."""
+    return json.dumps(msgspec.to_builtins(value), indent=2, ensure_ascii=False)
+
+
+def format_kind(value: Any) -> str:
+    """Which kind a format is (``json_schema``, ``regex``, ...), from a struct or its JSON."""
+    data = msgspec.to_builtins(value)
+    return next((k for k, v in data.items() if v not in (None, False)), "") if isinstance(data, dict) else ""
+
+
 @cache
 def environment() -> Environment:
     """One per process: the templates are read-only files, and Jinja renders concurrently."""
@@ -51,6 +64,7 @@ def environment() -> Environment:
         lstrip_blocks=True,
     )
     env.filters.update(ago=ago, seconds=seconds, clock=clock, percent=percent)
+    env.filters.update(pretty_json=pretty_json, format_kind=format_kind)
     return env
 
 

@@ -8,15 +8,19 @@ from __future__ import annotations
 
 import msgspec
 
+from parrot.wire.formats import OutputFormat
+
 
 class VarInfo(msgspec.Struct, kw_only=True, frozen=True):
-    """A semantic variable as the server sees it (``value`` only from a get)."""
+    """A semantic variable as the server sees it (``value`` only from a get; ``format``
+    when it is typed: its value matches it)."""
 
     var_id: str
     name: str
     ready: bool
     value: str | None = None
     error: str | None = None  # why it will never get a value
+    format: OutputFormat | None = None
 
 
 class CallInfo(msgspec.Struct, kw_only=True, frozen=True):

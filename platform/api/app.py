@@ -50,6 +50,7 @@ def _var_info(var: SemanticVariable, with_value: bool = True) -> VarInfo:
         ready=var.ready,
         value=var.value if with_value else None,
         error=var.error,
+        format=var.format,
     )
 
 
@@ -114,7 +115,9 @@ class VariableController(Controller):
     @post(status_code=201, responses=error_responses(BODY, SESSION, CREATES, STORE))
     async def create_var(self, data: JSONBody[CreateVar], sessions: Sessions, core: Core) -> VarInfo:
         session = sessions(data.session_id)
-        return _var_info(await core.vars.create(session, data.name, data.value), with_value=False)
+        return _var_info(
+            await core.vars.create(session, data.name, data.value, data.format), with_value=False
+        )
 
     @put("/{var_id:str}", responses=error_responses(BODY, SESSION, STORE))
     async def set_var(

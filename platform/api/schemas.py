@@ -10,6 +10,7 @@ from parrot.engines.protocol.errors import BadRequestError
 from parrot.platform.serve.call_service import Binding
 from parrot.platform.serve.engine_registry import EngineSpec
 from parrot.platform.serve.transforms import Steps
+from parrot.wire.formats import OutputFormat
 from parrot.wire.sampling import SamplingParams
 
 Name = Annotated[str, msgspec.Meta(min_length=1, max_length=256)]
@@ -19,9 +20,13 @@ Text = str
 
 
 class CreateVar(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    """A variable, with its value or set later; ``format`` makes it typed (its value must
+    match, 400 otherwise)."""
+
     session_id: str
     name: Name
     value: Text | None = None
+    format: OutputFormat | None = None
 
 
 class SetVar(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
@@ -30,16 +35,19 @@ class SetVar(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
 
 
 class CallParameter(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
-    """A placeholder of the template: an input (``var_id`` or ``value``) or an output."""
+    """A placeholder of the template: an input (``var_id`` or ``value``) or an output; an
+    output's ``format`` (a JSON schema, JSON object, regex, choice or grammar) constrains
+    its generation and types its variable."""
 
     name: str
     is_output: bool = False
     var_id: str | None = None
     value: str | None = None
     sampling: SamplingParams | None = None
+    format: OutputFormat | None = None
 
     def binding(self) -> Binding:
-        return Binding(self.name, self.is_output, self.var_id, self.value, self.sampling)
+        return Binding(self.name, self.is_output, self.var_id, self.value, self.sampling, self.format)
 
 
 class TransformInput(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):

@@ -310,6 +310,7 @@ _LIMIT_HELP = (
     "bytes of one request body",
     "characters of one variable's value",
     "characters of a call's template or an OpenAI-front prompt",
+    "characters of an output's format (a JSON schema, regex, choices, grammar)",
     "live sessions one client address may hold",
     "variables of one session",
     "calls of one session",

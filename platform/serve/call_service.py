@@ -29,8 +29,10 @@ from parrot.platform.serve.recovery import rebuild_call
 from parrot.platform.serve.scheduler.global_scheduler import GlobalScheduler
 from parrot.platform.serve.scheduler.task import LATENCY, THROUGHPUT
 from parrot.platform.serve.session_service import Session, SessionService
+from parrot.platform.serve.typed_calls import check_formats, check_paths, type_outputs
 from parrot.platform.serve.variable_service import VariableService, check_criteria, new_id
 from parrot.platform.store.models import CallRecord
+from parrot.wire.formats import OutputFormat
 from parrot.wire.sampling import SamplingParams
 from parrot.wire.template import ParameterSpec, check_binding, parse_template
 
@@ -40,13 +42,15 @@ log = logging.getLogger(__name__)
 @dataclass(frozen=True)
 class Binding:
     """What a placeholder of a call is bound to: an existing variable (``var_id``), a value
-    (a new input variable), or, for an output, a new variable generated with ``sampling``."""
+    (a new input variable), or, for an output, a new variable generated with ``sampling``
+    (its value constrained to ``format``, when given: a typed variable)."""
 
     name: str
     is_output: bool = False
     var_id: str | None = None
     value: str | None = None
     sampling: SamplingParams | None = None
+    format: OutputFormat | None = None
 
 
 class CallService:
@@ -95,13 +99,20 @@ class CallService:
                 raise BadRequestError(f"input {p.name!r} cannot have sampling settings")
             elif p.var_id is None and p.value is None:
                 raise BadRequestError(f"input {p.name!r} needs a var_id or a value")
+        check_formats(bindings, self.variables.check_format)
         self._require_engine(models)
         named = {p.name: self.variables.find(session, p.var_id) for p in bindings if p.var_id is not None}
+        retyped = type_outputs(bindings, named, outputs)
         # New variables (inputs given by value, fresh outputs) join the session only if the
         # call is accepted: a rejected call leaves nothing behind.
         fresh = {
-            p.name: SemanticVariable(new_id("var"), p.name, p.value) for p in bindings if p.var_id is None
+            p.name: SemanticVariable(
+                new_id("var"), p.name, p.value, format=outputs[p.name].format if p.is_output else None
+            )
+            for p in bindings
+            if p.var_id is None
         }
+        check_paths(chunks, named | fresh)
         request = RequestChain.build(new_id("call"), chunks, named | fresh, outputs)
         stored = [
             {
@@ -112,7 +123,15 @@ class CallService:
             for p in bindings
         ]
         return await self._accept(
-            session, request, named | fresh, list(fresh.values()), stored, template, models, output_criteria
+            session,
+            request,
+            named | fresh,
+            list(fresh.values()),
+            stored,
+            template,
+            models,
+            output_criteria,
+            retyped,
         )
 
     async def submit_transform(
@@ -174,9 +193,11 @@ class CallService:
         template: str,
         models: list[str],
         output_criteria: str | None,
+        retyped: Sequence[tuple[SemanticVariable, OutputFormat]] = (),
     ) -> tuple[RequestChain, dict[str, str]]:
         """Link a built call into the session's DAG (or raise, changing nothing), store it
-        with its new variables, and only then start it."""
+        with its new variables (and the formats it gives existing ones), and only then
+        start it."""
         self.admission.check_session_growth(
             session.session_id, len(session.vars), len(fresh), len(session.calls), 1
         )
@@ -192,6 +213,7 @@ class CallService:
         request.timings["submitted_at"] = time.time()
         session.calls[request.call_id] = request
         writes = [w for var in fresh if (w := self.variables.add(session, var)) is not None]
+        writes += [w for var, fmt in retyped if (w := self.variables.retype(var, fmt)) is not None]
         if session.stored:
             writes.append(
                 self.journal.record(
@@ -215,6 +237,8 @@ class CallService:
             session.calls.pop(request.call_id, None)
             for var in fresh:
                 session.vars.pop(var.var_id, None)
+            for var, _ in retyped:
+                var.format = None
             raise
         if session.closed:
             raise SessionClosedError(f"session {session.session_id!r} was deleted")

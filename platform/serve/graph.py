@@ -17,8 +17,10 @@ from dataclasses import dataclass, field
 from parrot.engines.protocol.schemas import GenerateResponse, StreamEnd
 from parrot.platform.serve.call_state import CallState
 from parrot.platform.serve.errors import GraphError
+from parrot.platform.serve.typed_values import read_field
+from parrot.wire.formats import OutputFormat
 from parrot.wire.sampling import SamplingParams
-from parrot.wire.template import Chunk, PlaceholderChunk, TemplateError, TextChunk
+from parrot.wire.template import Chunk, PathStep, PlaceholderChunk, TemplateError, TextChunk
 
 
 @dataclass(eq=False)
@@ -32,6 +34,7 @@ class SemanticVariable:
     name: str
     value: str | None = None
     error: str | None = None  # why it will never get a value (its producer failed)
+    format: OutputFormat | None = None  # what its value must be (a typed variable), checked when set
     producer: CompletionChain | None = None
     consumers: list[CompletionChain] = field(default_factory=list)
     stored: bool = True  # False in sessions that are not persisted (one-shot OpenAI requests)
@@ -59,6 +62,15 @@ class ConstantFill:
 @dataclass(eq=False)
 class PlaceholderFill:
     var: SemanticVariable
+    path: tuple[PathStep, ...] = ()  # a field of the variable's JSON value: {{plan.steps[0]}}
+
+    @property
+    def text(self) -> str | None:
+        """What it fills in: the value, or the field at ``path`` (strings unquoted, other JSON
+        compact); None while there is no value. Raises ``FieldError`` (a missing field)."""
+        if self.var.value is None or not self.path:
+            return self.var.value
+        return read_field(self.var.value, self.path)
 
 
 @dataclass(eq=False)
@@ -182,7 +194,7 @@ class RequestChain:
                     PlaceholderGen(variables[chunk.name], outputs[chunk.name], placeholder=chunk.name)
                 )
             else:
-                nodes.append(PlaceholderFill(variables[chunk.name]))
+                nodes.append(PlaceholderFill(variables[chunk.name], chunk.path))
         request = cls(call_id, nodes)
         fills: list[FillNode] = []
         for node in nodes:

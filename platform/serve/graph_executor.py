@@ -22,10 +22,12 @@ import logging
 from parrot.engines.protocol.errors import ParrotError
 from parrot.platform.serve.call_ledger import CallLedger
 from parrot.platform.serve.errors import TransformError
-from parrot.platform.serve.graph import CompletionChain, RequestChain, TransformGen
+from parrot.platform.serve.graph import CompletionChain, PlaceholderFill, RequestChain, TransformGen
 from parrot.platform.serve.scheduler.global_scheduler import GlobalScheduler
 from parrot.platform.serve.scheduler.task import LATENCY, THROUGHPUT, CompletionTask
 from parrot.platform.serve.transform_runner import TransformRunner
+from parrot.platform.serve.typed_values import FieldError
+from parrot.wire.template import format_path
 
 log = logging.getLogger(__name__)
 TRANSFORM_ENGINE = "servecore"  # where a transform call runs, as its engine_id says
@@ -97,6 +99,10 @@ class GraphExecutor:
             if var.error:
                 self.variables.fail(chain.gen.var, f"input {var.name!r} failed: {var.error}")
                 return
+        why = missing_field(chain)
+        if why is not None:
+            self.variables.fail(chain.gen.var, why)
+            return
         if isinstance(chain.gen, TransformGen):
             await self._transform(chain, chain.gen)
             return
@@ -140,3 +146,15 @@ class GraphExecutor:
     def cancel(self) -> None:
         for watcher in list(self._watchers.values()):
             watcher.cancel()
+
+
+def missing_field(chain: CompletionChain) -> str | None:
+    """Why a field the chain's template reads (``{{plan.steps[0]}}``) is not in its input's
+    value, once the inputs are there (None: every field is)."""
+    for node in chain.fills:
+        if isinstance(node, PlaceholderFill) and node.path:
+            try:
+                node.text  # noqa: B018  (reads the field)
+            except FieldError as error:
+                return f"input {node.var.name!r} has no field {format_path(node.path)}: {error}"
+    return None

@@ -19,6 +19,7 @@ class Limits:
     max_body_bytes: int = 32 * MiB  # one HTTP request body (the app's request_max_body_size)
     max_value_chars: int = 8 * MiB  # one variable's value, set by a client or given inline
     max_prompt_chars: int = 8 * MiB  # a call's template; an OpenAI-front prompt, all pieces
+    max_format_chars: int = 64 * 1024  # an output's format (its JSON: a schema, regex, choices)
     # 429: too many
     max_sessions_per_client: int = 4096  # live sessions opened from one client address
     max_vars_per_session: int = 10_000

@@ -26,6 +26,9 @@ from parrot.platform.serve.graph import (
     SemanticVariable,
     TransformGen,
 )
+from parrot.platform.serve.typed_values import FieldError
+from parrot.wire.formats import OutputFormat
+from parrot.wire.template import format_path
 
 VALUE_PREVIEW = 4000  # characters of a value or a template piece shown
 TREE_NODES = 400  # context-tree nodes shown per engine (the first in depth-first order)
@@ -87,6 +90,7 @@ class DagVar:
     producer: str | None  # call id
     consumers: list[str]  # call ids
     truncated: bool = False
+    format: OutputFormat | None = None  # a typed variable's format
 
 
 @dataclass(frozen=True)
@@ -163,8 +167,12 @@ def _template(request: RequestChain) -> list[TemplatePart]:
             text, cut = _cut(node.text)
             parts.append(TemplatePart("text", text, truncated=cut))
         elif isinstance(node, PlaceholderFill):
-            text, cut = _cut(node.var.value)
-            parts.append(TemplatePart("input", text, node.var.name, node.var.var_id, cut))
+            try:
+                text, cut = _cut(node.text)
+            except FieldError:  # the call fails (or failed) for it
+                text, cut = None, False
+            name = node.var.name + format_path(node.path)
+            parts.append(TemplatePart("input", text, name, node.var.var_id, cut))
         else:
             gen = isinstance(node, PlaceholderGen) and node.placeholder
             name = node.placeholder if gen else node.var.name
@@ -207,7 +215,7 @@ def dag_var(var: SemanticVariable) -> DagVar:
     state = "failed" if var.error else "ready" if var.ready else "empty"
     consumers = sorted({c.request.call_id for c in var.consumers})
     producer = var.producer.request.call_id if var.producer is not None else None
-    return DagVar(var.var_id, var.name, state, value, var.error, producer, consumers, cut)
+    return DagVar(var.var_id, var.name, state, value, var.error, producer, consumers, cut, var.format)
 
 
 def session_dag(

@@ -24,9 +24,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from parrot.platform.serve.graph import CompletionChain, ConstantFill, PlaceholderFill
+from parrot.platform.serve.graph import CompletionChain, ConstantFill, Node, PlaceholderFill
 from parrot.platform.serve.radix import common_prefix
 from parrot.platform.serve.tokenizer_manager import Tokenize, TokenizerManager
+from parrot.platform.serve.typed_values import FieldError
 
 
 @dataclass(frozen=True)
@@ -44,15 +45,19 @@ class Part:
     constant: bool  # template text, the same for every session
 
 
+def node_part(node: Node) -> Part:
+    """A node's text: template text, an input's value (or the field it reads: raises
+    ``FieldError`` when missing), or an earlier output of the call."""
+    if isinstance(node, ConstantFill):
+        return Part(node.text, True)
+    if isinstance(node, PlaceholderFill):
+        return Part(node.text or "", False)
+    return Part(node.var.value or "", False)
+
+
 def chain_parts(chain: CompletionChain) -> list[Part]:
     """The text before the chain's generation, from the call's start, in parts."""
-    parts = []
-    for node in chain.prompt_nodes():
-        if isinstance(node, ConstantFill):
-            parts.append(Part(node.text, True))
-        else:  # an input's value, or an earlier output of the call
-            parts.append(Part(node.var.value or "", False))
-    return parts
+    return [node_part(node) for node in chain.prompt_nodes()]
 
 
 def known_parts(chain: CompletionChain) -> list[Part] | None:
@@ -64,9 +69,10 @@ def known_parts(chain: CompletionChain) -> list[Part] | None:
     for node in chain.fills:
         if isinstance(node, PlaceholderFill) and not node.var.ready:
             return parts
-        parts.append(
-            Part(node.text, True) if isinstance(node, ConstantFill) else Part(node.var.value or "", False)
-        )
+        try:
+            parts.append(node_part(node))
+        except FieldError:  # the call fails when it runs; nothing to fill ahead past it
+            return parts
     return None
 
 
@@ -91,13 +97,7 @@ class PromptBuilder:
         parts = chain_parts(chain)
         continued = None if text else self._continuation(chain, model)
         if continued is not None:
-            tail = "".join(
-                p.text
-                for p in (
-                    Part(n.text, True) if isinstance(n, ConstantFill) else Part(n.var.value or "", False)
-                    for n in chain.fills
-                )
-            )
+            tail = "".join(node_part(n).text for n in chain.fills)
             ids = continued + (await self.tokenizers.encode(model, tail, fetch)).ids if tail else continued
             return Prompt(tuple(ids))
         return await self._render(parts, model, fetch, text, drop_last=False)

@@ -12,16 +12,20 @@ import asyncio
 import secrets
 from collections.abc import Sequence
 
+import msgspec
+
 from parrot.engines.protocol.errors import BadRequestError, NotFoundError, ParrotError
 from parrot.platform.serve.admission import Admission
-from parrot.platform.serve.errors import SessionClosedError, WaitTimeoutError
+from parrot.platform.serve.errors import FormatMismatchError, SessionClosedError, WaitTimeoutError
 from parrot.platform.serve.graph import SemanticVariable
 from parrot.platform.serve.journal import Journal
 from parrot.platform.serve.scheduler.global_scheduler import GlobalScheduler
 from parrot.platform.serve.scheduler.task import LATENCY, THROUGHPUT
 from parrot.platform.serve.session_service import Session, SessionService
+from parrot.platform.serve.typed_values import check_format, mismatch
 from parrot.platform.serve.variables import Variables
 from parrot.platform.store.models import VariableRecord
+from parrot.wire.formats import OutputFormat
 
 CRITERIA = (LATENCY, THROUGHPUT)
 
@@ -51,15 +55,36 @@ class VariableService:
         session.vars[var.var_id] = var
         if not var.stored:
             return None
+        fmt = None if var.format is None else msgspec.to_builtins(var.format)
         return self.journal.record(
-            lambda store: store.add_var(var.var_id, session.session_id, var.name, var.value)
+            lambda store: store.add_var(var.var_id, session.session_id, var.name, var.value, format=fmt)
         )
 
-    async def create(self, session: Session, name: str, value: str | None = None) -> SemanticVariable:
+    def retype(self, var: SemanticVariable, fmt: OutputFormat) -> asyncio.Future | None:
+        """Give an existing, untyped variable a format (it became the output of a call that
+        has one); the future of its record's write (None: not stored)."""
+        var.format = fmt
+        if not var.stored:
+            return None
+        builtins = msgspec.to_builtins(fmt)
+        return self.journal.record(lambda store: store.set_var_format(var.var_id, builtins))
+
+    def check_format(self, fmt: OutputFormat) -> None:
+        """400 / 413 for a format the ServeCore cannot use (``max_format_chars``)."""
+        check_format(fmt, self.admission.limits.max_format_chars)
+
+    async def create(
+        self, session: Session, name: str, value: str | None = None, fmt: OutputFormat | None = None
+    ) -> SemanticVariable:
+        """A variable of the session, with its value or without; typed when ``fmt`` is given
+        (its value, now or later, must match it)."""
         self.admission.check_text(name, "the variable name")
         self.admission.check_value(value, f"the value of variable {name!r}")
+        if fmt is not None:
+            self.check_format(fmt)
+            self._check_value(fmt, name, value)
         self.admission.check_session_growth(session.session_id, len(session.vars), 1, len(session.calls), 0)
-        var = SemanticVariable(new_id("var"), name, value)
+        var = SemanticVariable(new_id("var"), name, value, format=fmt)
         stored = self.add(session, var)
         try:
             await self.journal.commit(*filter(None, [stored]))
@@ -81,12 +106,21 @@ class VariableService:
             raise BadRequestError(f"variable {var_id!r} is the output of call {var.producer.request.call_id}")
         if var.ready:
             raise BadRequestError(f"variable {var_id!r} already has a value")
+        self._check_value(var.format, var.name, value)
         if var.stored:  # stored first: consumers start the moment the value is set
             await self.journal.commit(self.journal.record(lambda store: store.set_var_value(var_id, value)))
         if var.ready:  # set by a concurrent request meanwhile
             raise BadRequestError(f"variable {var_id!r} already has a value")
         self.variables.set_value(var, value)
         return var
+
+    @staticmethod
+    def _check_value(fmt: OutputFormat | None, name: str, value: str | None) -> None:
+        why = None if fmt is None or value is None else mismatch(fmt, value)
+        if why is not None:
+            raise FormatMismatchError(
+                f"the value of variable {name!r} does not match its {fmt.kind} format: {why}"
+            )
 
     async def get(self, session: Session, var_id: str, criteria: str, timeout: float) -> SemanticVariable:
         """The variable once it has its value (a ``latency`` get runs its producers first)."""
@@ -123,5 +157,6 @@ class VariableService:
         for record in records:
             session = sessions.get(record.session_id or "")
             if session is not None:
-                var = SemanticVariable(record.var_id, record.name, record.value, record.error)
+                fmt = None if record.format is None else msgspec.convert(record.format, OutputFormat)
+                var = SemanticVariable(record.var_id, record.name, record.value, record.error, fmt)
                 session.vars[var.var_id] = var

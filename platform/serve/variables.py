@@ -5,7 +5,9 @@ goes with the variable when its session goes; nothing here is keyed by variable.
 
 Every value and reason kept here is valid text (storable, encodable as JSON): a produced
 value that is not (a lone surrogate) fails its variable with that reason instead, and a
-reason that quotes one gets it escaped.
+reason that quotes one gets it escaped. A typed variable's value must match its format
+(:mod:`parrot.platform.serve.typed_values`): whatever engine produced it, a value that does
+not fails the variable with what did not match, and is never stored as valid.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from parrot.platform.serve.call_ledger import CallLedger
 from parrot.platform.serve.errors import ProducerFailedError
 from parrot.platform.serve.graph import SemanticVariable
 from parrot.platform.serve.metrics import ServeMetrics
+from parrot.platform.serve.typed_values import mismatch
 
 
 class Variables:
@@ -32,6 +35,12 @@ class Variables:
         why = text.problem(value)
         if why is not None:
             self.fail(var, f"the value produced is not valid text: {why}")
+            return
+        why = None if var.format is None else mismatch(var.format, value)
+        if why is not None:
+            self.fail(
+                var, f"the value produced does not match the {var.format.kind} format of {var.name!r}: {why}"
+            )
             return
         var.value = value
         self._changed(var)

@@ -46,6 +46,8 @@ class VariableRecord(Base):
     value: Mapped[str | None] = mapped_column(Text, nullable=True)
     content_hash: Mapped[str | None] = mapped_column(String(128), nullable=True, unique=True)
     error: Mapped[str | None] = mapped_column(Text, nullable=True)  # why its producer failed
+    # A typed variable's format (the JSON of parrot.wire.formats.OutputFormat); None: untyped.
+    format: Mapped[dict | None] = mapped_column(JSON, nullable=True)
     updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
 
 

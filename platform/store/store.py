@@ -137,13 +137,16 @@ class Store:
         name: str,
         value: str | None = None,
         content_hash: str | None = None,
+        format: dict | None = None,
     ) -> VariableRecord:
+        """``format``: a typed variable's format, as JSON (``msgspec.to_builtins``)."""
         record = VariableRecord(
             var_id=var_id,
             session_id=session_id,
             name=name,
             value=value,
             content_hash=content_hash,
+            format=format,
             updated_at=now(),
         )
         await self._add(record)
@@ -154,6 +157,13 @@ class Store:
             await self._update(
                 VariableRecord, VariableRecord.var_id, var_id, value=value, error=None, updated_at=now()
             )
+            > 0
+        )
+
+    async def set_var_format(self, var_id: str, format: dict | None) -> bool:
+        """Type an existing variable (it became the output of a call with a format)."""
+        return (
+            await self._update(VariableRecord, VariableRecord.var_id, var_id, format=format, updated_at=now())
             > 0
         )
 

@@ -28,7 +28,7 @@ async def test_migrations_create_the_schema_and_are_idempotent(store):
         version = (await db.execute(text("select version_num from alembic_version"))).all()
     assert {"engines", "sessions", "semantic_vars", "semantic_calls", "alembic_version"} <= tables
     assert "servecore_state" in tables
-    assert version == [("0002",)]
+    assert version == [("0003",)]  # 0003: typed variables (issue 21)
 
 
 async def test_records_survive_a_restart(store):
@@ -110,3 +110,28 @@ async def test_models_and_migrations_agree(store):
 
     async with store.engine.connect() as connection:
         assert await connection.run_sync(diff) == []
+
+
+async def test_a_typed_variable_keeps_its_format_across_a_restart(store):
+    """Issue 21: the format is stored with the variable (migration 0003), set when it is
+    made or later (an output of a call that has one), and read back as it was."""
+    schema = {"type": "object", "properties": {"steps": {"type": "array", "items": {"type": "string"}}}}
+    await store.add_session("s1", "hash")
+    await store.add_var("v1", "s1", "plan", None, format={"json_schema": schema})
+    await store.add_var("v2", "s1", "verdict")
+    await store.add_var("v3", "s1", "free", "text")
+    assert await store.set_var_format("v2", {"choice": ["yes", "no"]})
+    await store.set_var_value("v1", '{"steps":["a"]}')
+    await store.close()
+
+    reopened = Store(store.url, secrets=store.secrets)
+    await reopened.migrate()
+    try:
+        got = {v.name: (v.format, v.value) for v in await reopened.vars_of("s1")}
+        assert got == {
+            "plan": ({"json_schema": schema}, '{"steps":["a"]}'),
+            "verdict": ({"choice": ["yes", "no"]}, None),
+            "free": (None, "text"),
+        }
+    finally:
+        await reopened.close()
