@@ -2,15 +2,43 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 import msgspec
 
 Penalty = Annotated[float, msgspec.Meta(ge=-2, le=2)]
+# OpenAI's rule for function names (and a json_schema's name).
+FunctionName = Annotated[str, msgspec.Meta(min_length=1, max_length=64, pattern=r"^[a-zA-Z0-9_-]+$")]
+MAX_TOOLS = 128
 
 
 class StreamOptions(msgspec.Struct, kw_only=True):
     include_usage: bool = False
+
+
+class TextFormat(msgspec.Struct, tag="text", tag_field="type", kw_only=True):
+    """``response_format: {"type": "text"}``: free text (the default)."""
+
+
+class JsonObjectFormat(msgspec.Struct, tag="json_object", tag_field="type", kw_only=True):
+    """``response_format: {"type": "json_object"}``: a JSON object of any shape."""
+
+
+class JsonSchemaSpec(msgspec.Struct, kw_only=True):
+    name: FunctionName
+    schema: dict[str, Any]
+    description: str | None = None
+    strict: bool | None = None  # accepted; the answer is always constrained to the schema
+
+
+class JsonSchemaFormat(msgspec.Struct, tag="json_schema", tag_field="type", kw_only=True):
+    """``response_format: {"type": "json_schema", "json_schema": {...}}``: JSON that
+    matches the schema (what ``openai``'s ``chat.completions.parse`` sends)."""
+
+    json_schema: JsonSchemaSpec
+
+
+ResponseFormat = TextFormat | JsonObjectFormat | JsonSchemaFormat
 
 
 class _SamplingFields(msgspec.Struct, kw_only=True):
@@ -29,6 +57,7 @@ class _SamplingFields(msgspec.Struct, kw_only=True):
     repetition_penalty: Annotated[float, msgspec.Meta(gt=0, le=10)] = 1.0
     ignore_eos: bool = False
     user: str | None = None
+    response_format: ResponseFormat | None = None
 
 
 class CompletionRequest(_SamplingFields, kw_only=True):
@@ -37,15 +66,60 @@ class CompletionRequest(_SamplingFields, kw_only=True):
     logprobs: int | None = None
 
 
+class FunctionCall(msgspec.Struct, kw_only=True):
+    name: str
+    arguments: str  # JSON text, as OpenAI sends it
+
+
+class ToolCall(msgspec.Struct, kw_only=True):
+    """A call of a tool in an assistant message (an answer, or the history sent back)."""
+
+    id: str
+    function: FunctionCall
+    type: Literal["function"] = "function"
+
+
 class ChatMessage(msgspec.Struct, kw_only=True):
     role: Literal["system", "user", "assistant", "tool", "developer"]
     content: str | list[dict] | None = None
+    name: str | None = None
+    tool_calls: list[ToolCall] | None = None  # an assistant's calls (its content may be null)
+    tool_call_id: str | None = None  # a tool message: the call it answers
+
+
+class FunctionDefinition(msgspec.Struct, kw_only=True):
+    name: FunctionName
+    description: str | None = None
+    parameters: dict[str, Any] | None = None  # a JSON schema of an object; none: no arguments
+    strict: bool | None = None  # accepted; arguments are always constrained to the schema
+
+
+class ToolDefinition(msgspec.Struct, kw_only=True):
+    type: Literal["function"]
+    function: FunctionDefinition
+
+
+class ChosenFunction(msgspec.Struct, kw_only=True):
+    name: str
+
+
+class NamedToolChoice(msgspec.Struct, kw_only=True):
+    """``tool_choice: {"type": "function", "function": {"name": ...}}``: call that tool."""
+
+    type: Literal["function"]
+    function: ChosenFunction
+
+
+ToolChoice = Literal["auto", "none", "required"] | NamedToolChoice
 
 
 class ChatCompletionRequest(_SamplingFields, kw_only=True):
     messages: Annotated[list[ChatMessage], msgspec.Meta(min_length=1)]
     max_completion_tokens: Annotated[int, msgspec.Meta(ge=1)] | None = None
     logprobs: bool | None = None
+    tools: Annotated[list[ToolDefinition], msgspec.Meta(max_length=MAX_TOOLS)] | None = None
+    tool_choice: ToolChoice | None = None
+    parallel_tool_calls: bool = True
 
 
 class PromptTokensDetails(msgspec.Struct, kw_only=True):
@@ -78,6 +152,7 @@ class CompletionResponse(msgspec.Struct, kw_only=True):
 class AssistantMessage(msgspec.Struct, kw_only=True):
     role: str = "assistant"
     content: str | None = None
+    tool_calls: list[ToolCall] | msgspec.UnsetType = msgspec.UNSET  # only in an answer with calls
 
 
 class ChatChoice(msgspec.Struct, kw_only=True):
@@ -96,9 +171,24 @@ class ChatCompletionResponse(msgspec.Struct, kw_only=True):
     usage: Usage | None = None
 
 
+class FunctionCallDelta(msgspec.Struct, kw_only=True, omit_defaults=True):
+    name: str | None = None
+    arguments: str | None = None
+
+
+class ToolCallDelta(msgspec.Struct, kw_only=True, omit_defaults=True):
+    """A streamed piece of a tool call: the first carries its id, type and name."""
+
+    index: int
+    id: str | None = None
+    type: str | None = None
+    function: FunctionCallDelta | None = None
+
+
 class ChatDelta(msgspec.Struct, kw_only=True, omit_defaults=True):
     role: str | None = None
     content: str | None = None
+    tool_calls: list[ToolCallDelta] | None = None
 
 
 class ChatChunkChoice(msgspec.Struct, kw_only=True):

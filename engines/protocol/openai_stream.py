@@ -15,7 +15,6 @@ import msgspec
 from litestar.response import ServerSentEvent
 from litestar.response.sse import ServerSentEventMessage
 
-from parrot.engines.protocol.errors import BadRequestError
 from parrot.wire.openai_schemas import (
     AssistantMessage,
     ChatChoice,
@@ -25,10 +24,13 @@ from parrot.wire.openai_schemas import (
     ChatDelta,
     CompletionChoice,
     CompletionResponse,
+    FunctionCallDelta,
     PromptTokensDetails,
+    ToolCallDelta,
     Usage,
 )
-from parrot.wire.sampling import SamplingParams
+from parrot.wire.tool_calls import parse_answer
+from parrot.wire.tool_stream import AnswerStream
 
 
 @dataclass(frozen=True)
@@ -62,39 +64,6 @@ def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int) -> Usa
     )
 
 
-def sampling_params(req, default_max_tokens: int) -> SamplingParams:
-    """The sampling of an OpenAI completion or chat request."""
-    max_tokens = getattr(req, "max_completion_tokens", None) or req.max_tokens or default_max_tokens
-    stop = [req.stop] if isinstance(req.stop, str) else list(req.stop or [])
-    fields = {
-        "max_tokens": max_tokens,
-        "temperature": req.temperature,
-        "top_p": req.top_p,
-        "top_k": max(0, req.top_k),
-        "seed": req.seed,
-        "stop": stop,
-        "presence_penalty": req.presence_penalty,
-        "frequency_penalty": req.frequency_penalty,
-        "repetition_penalty": req.repetition_penalty,
-        "ignore_eos": req.ignore_eos,
-    }
-    return msgspec.convert(fields, SamplingParams)
-
-
-def content_text(content: str | list[dict] | None) -> str:
-    """The text of a chat message's content (a string or a list of text parts)."""
-    if content is None:
-        return ""
-    if isinstance(content, str):
-        return content
-    parts = []
-    for part in content:
-        if part.get("type") != "text":
-            raise BadRequestError(f"only text message parts are supported, got {part.get('type')!r}")
-        parts.append(str(part.get("text", "")))
-    return "".join(parts)
-
-
 def completion_response(
     rid: str, created: int, model: str, answers: list[Answer], use: Usage
 ) -> CompletionResponse:
@@ -104,13 +73,25 @@ def completion_response(
     return CompletionResponse(id=rid, created=created, model=model, choices=choices, usage=use)
 
 
+def chat_message(answer: Answer, tools: bool) -> tuple[AssistantMessage, str]:
+    """The message and finish reason of a chat answer. With ``tools``, the answer is in the
+    generic tool format: its calls (``finish_reason: "tool_calls"``) or its response; an
+    answer not in the format (cut off by ``max_tokens``) is its text."""
+    parsed = parse_answer(answer.text) if tools else None
+    if parsed is None:
+        return AssistantMessage(content=answer.text), answer.finish_reason
+    if parsed.tool_calls:
+        return AssistantMessage(content=None, tool_calls=list(parsed.tool_calls)), "tool_calls"
+    return AssistantMessage(content=parsed.content), answer.finish_reason
+
+
 def chat_response(
-    rid: str, created: int, model: str, answers: list[Answer], use: Usage
+    rid: str, created: int, model: str, answers: list[Answer], use: Usage, tools: bool = False
 ) -> ChatCompletionResponse:
-    choices = [
-        ChatChoice(index=i, message=AssistantMessage(content=a.text), finish_reason=a.finish_reason)
-        for i, a in enumerate(answers)
-    ]
+    choices = []
+    for index, answer in enumerate(answers):
+        message, finish_reason = chat_message(answer, tools)
+        choices.append(ChatChoice(index=index, message=message, finish_reason=finish_reason))
     return ChatCompletionResponse(id=rid, created=created, model=model, choices=choices, usage=use)
 
 
@@ -154,24 +135,42 @@ async def chat_stream(
     created: int,
     model: str,
     final_usage: Callable[[int], Usage] | None,
+    tools: bool = False,
 ) -> AsyncIterator[ServerSentEventMessage]:
     """``chat.completion.chunk`` s: the role of each choice, the text deltas, the finish of
-    each, then (with ``final_usage``) a usage chunk, then [DONE]."""
+    each, then (with ``final_usage``) a usage chunk, then [DONE]. With ``tools``, each
+    choice's text is read as a generic tool answer (:class:`AnswerStream`): a response
+    streams as content, tool calls come as ``tool_calls`` deltas when they are complete."""
 
     def chunk(choices: list[ChatChunkChoice], use: Usage | None = None) -> ServerSentEventMessage:
         return sse(ChatCompletionChunk(id=rid, created=created, model=model, choices=choices, usage=use))
 
+    def content(index: int, text: str) -> ServerSentEventMessage:
+        return chunk([ChatChunkChoice(index=index, delta=ChatDelta(content=text))])
+
     for i in range(n):
         yield chunk([ChatChunkChoice(index=i, delta=ChatDelta(role="assistant", content=""))])
+    answers = [AnswerStream() for _ in range(n)] if tools else None
     completion_tokens = 0
     async for event in events:
         if isinstance(event, Finish):
             completion_tokens += event.completion_tokens
-            yield chunk(
-                [ChatChunkChoice(index=event.index, delta=ChatDelta(), finish_reason=event.finish_reason)]
-            )
+            finish_reason = event.finish_reason
+            if answers is not None:
+                answer = answers[event.index].finish()
+                if answer.content:
+                    yield content(event.index, answer.content)
+                for k, call in enumerate(answer.tool_calls):
+                    function = FunctionCallDelta(name=call.function.name, arguments=call.function.arguments)
+                    delta = ToolCallDelta(index=k, id=call.id, type="function", function=function)
+                    yield chunk([ChatChunkChoice(index=event.index, delta=ChatDelta(tool_calls=[delta]))])
+                if answer.tool_calls:
+                    finish_reason = "tool_calls"
+            yield chunk([ChatChunkChoice(index=event.index, delta=ChatDelta(), finish_reason=finish_reason)])
         elif event.text:
-            yield chunk([ChatChunkChoice(index=event.index, delta=ChatDelta(content=event.text))])
+            text = answers[event.index].feed(event.text) if answers is not None else event.text
+            if text:
+                yield content(event.index, text)
     if final_usage is not None:
         yield chunk([], final_usage(completion_tokens))
     yield sse("[DONE]")

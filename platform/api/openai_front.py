@@ -20,6 +20,7 @@ from litestar.response import Stream
 from parrot.engines.protocol.disconnect import unless_disconnected
 from parrot.engines.protocol.error_docs import ADMIN, BODY, CREATES, error_responses
 from parrot.engines.protocol.errors import BadRequestError, NotFoundError
+from parrot.engines.protocol.openai_requests import read_chat, sampling_params
 from parrot.engines.protocol.openai_stream import (
     Answer,
     EventStream,
@@ -27,15 +28,12 @@ from parrot.engines.protocol.openai_stream import (
     chat_stream,
     completion_response,
     completion_stream,
-    content_text,
-    sampling_params,
 )
 from parrot.engines.protocol.stream_docs import JsonOrEventStream
 from parrot.platform.api.auth import openai_key_guard
 from parrot.platform.api.deps import Core
 from parrot.platform.serve.core import ServeCore
 from parrot.platform.serve.oneshot import OneShot, render_chat
-from parrot.wire.chat import ChatTurn
 from parrot.wire.openai_schemas import (
     ChatCompletionRequest,
     ChatCompletionResponse,
@@ -120,14 +118,14 @@ class OpenAIController(Controller):
         if data.logprobs:
             raise BadRequestError("logprobs are not supported")
         model = _model(core, data.model)
-        messages = [ChatTurn(role=m.role, content=content_text(m.content)) for m in data.messages]
-        pieces = await render_chat(core, model, messages)
-        sampling = sampling_params(data, CHAT_MAX_TOKENS)
+        chat = read_chat(data)
+        sampling = sampling_params(data, CHAT_MAX_TOKENS, chat.tools)
+        pieces = await render_chat(core, model, chat.turns)
         run = await OneShot.start(core, pieces, sampling, data.n, model, stream=data.stream)
-        rid, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
+        rid, created, tools = f"chatcmpl-{uuid.uuid4().hex}", int(time.time()), chat.tools is not None
         if not data.stream:
-            return chat_response(rid, created, model, *await _finished(request, run))
-        body = chat_stream(run.events(), data.n, rid, created, model, _final_usage(data, run))
+            return chat_response(rid, created, model, *await _finished(request, run), tools=tools)
+        body = chat_stream(run.events(), data.n, rid, created, model, _final_usage(data, run), tools)
         return EventStream(body)
 
     @get("/models", responses=error_responses(ADMIN))

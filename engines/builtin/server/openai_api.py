@@ -24,6 +24,7 @@ from parrot.engines.builtin.server.deps import OPENAI, EngineDep, OpenAIContextI
 from parrot.engines.protocol.disconnect import unless_disconnected
 from parrot.engines.protocol.error_docs import BODY, error_responses
 from parrot.engines.protocol.errors import BadRequestError
+from parrot.engines.protocol.openai_requests import read_chat, sampling_params
 from parrot.engines.protocol.openai_stream import (
     Answer,
     Delta,
@@ -33,8 +34,6 @@ from parrot.engines.protocol.openai_stream import (
     chat_stream,
     completion_response,
     completion_stream,
-    content_text,
-    sampling_params,
     usage,
 )
 from parrot.engines.protocol.schemas import GenerateResponse, StreamEnd, TokenStreamEvent
@@ -49,11 +48,14 @@ from parrot.wire.openai_schemas import (
     Usage,
 )
 from parrot.wire.sampling import SamplingParams
+from parrot.wire.tool_calls import ToolPlan
 
 
-def _sampling(req, prompt_len: int, max_model_len: int, default_max: int | None) -> SamplingParams:
+def _sampling(
+    req, prompt_len: int, max_model_len: int, default_max: int | None, tools: ToolPlan | None = None
+) -> SamplingParams:
     """Without a max_tokens, chat generates up to the end of the model's context."""
-    return sampling_params(req, default_max or max(1, max_model_len - prompt_len))
+    return sampling_params(req, default_max or max(1, max_model_len - prompt_len), tools)
 
 
 def _check_model(engine: BuiltinEngine, model: str | None) -> None:
@@ -221,25 +223,26 @@ class OpenAIAPI(Controller):
         _check_model(engine, data.model)
         if data.logprobs:
             raise BadRequestError("logprobs are not supported")
-        messages = [{"role": m.role, "content": content_text(m.content)} for m in data.messages]
+        chat = read_chat(data)
+        messages = [{"role": t.role, "content": t.content} for t in chat.turns]
         try:
             text = await text_work.chat_prompt(engine.tokenizer, messages)
         except ValueError as error:
             raise BadRequestError(str(error)) from None
         tokens = await text_work.tokenize(engine.tokenizer, text)
-        sampling = _sampling(data, len(tokens), engine.core.max_model_len, default_max=None)
+        sampling = _sampling(data, len(tokens), engine.core.max_model_len, None, chat.tools)
         run = _Run(engine, ids, tokens, sampling, data.n)
         rid, created, model = f"chatcmpl-{uuid.uuid4().hex}", int(time.time()), engine.model_name
+        tools = chat.tools is not None
         if not data.stream:
             # A client that gives up stops the generation (its contexts are freed).
             answers = await unless_disconnected(request, run.answers())
-            return chat_response(
-                rid, created, model, answers, run.usage(sum(a.completion_tokens for a in answers))
-            )
+            use = run.usage(sum(a.completion_tokens for a in answers))
+            return chat_response(rid, created, model, answers, use, tools=tools)
         events = run.stream_all()
         first = await anext(events)
         final_usage = run.usage if data.stream_options and data.stream_options.include_usage else None
-        body = chat_stream(run.deltas(first, events), data.n, rid, created, model, final_usage)
+        body = chat_stream(run.deltas(first, events), data.n, rid, created, model, final_usage, tools)
         return EventStream(body)
 
     @get("/models")

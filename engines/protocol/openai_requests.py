@@ -1,0 +1,127 @@
+"""An OpenAI request read into Parrot's terms, shared by every server that speaks the OpenAI
+API (the builtin engine's ``/v1`` and the ServeCore's front): its sampling (with the output
+format of ``response_format`` or of its tools), and a chat's turns in the generic tool format
+(:mod:`parrot.wire.tool_calls`).
+
+Bad input is a :class:`BadRequestError` (400) whose message names the field. Schemas are
+checked against the JSON Schema meta-schema here, so a schema that is not one is named by
+its field; whether the grammar library can compile a valid schema is the engine's call (a
+400 ``bad_format`` from the engine).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import jsonschema_rs
+import msgspec
+
+from parrot.engines.protocol.errors import BadRequestError
+from parrot.wire.chat import ChatTurn
+from parrot.wire.formats import OutputFormat
+from parrot.wire.openai_schemas import ChatCompletionRequest, JsonObjectFormat, JsonSchemaFormat
+from parrot.wire.sampling import SamplingParams
+from parrot.wire.tool_calls import ToolPlan, plan_tools, render_turns
+
+
+def check_schema(schema: Any, field: str) -> None:
+    """``schema`` is a JSON schema (400 naming ``field`` otherwise)."""
+    if not isinstance(schema, dict):
+        raise BadRequestError(f"{field} must be a JSON schema (an object)")
+    try:
+        jsonschema_rs.meta.validate(schema)
+    except jsonschema_rs.ValidationError as error:
+        raise BadRequestError(f"{field} is not a valid JSON schema: {error.message}") from None
+    except jsonschema_rs.ReferencingError as error:
+        raise BadRequestError(f"{field} has a reference that cannot be resolved: {error}") from None
+
+
+def output_format(req, tools: ToolPlan | None = None) -> OutputFormat | None:
+    """What the answer must be: a tool answer (:meth:`ToolPlan.output_format`), or the
+    ``response_format`` (``text``: free)."""
+    asked = getattr(req, "response_format", None)
+    if tools is not None:
+        if isinstance(asked, (JsonObjectFormat, JsonSchemaFormat)):
+            raise BadRequestError(
+                'response_format cannot be combined with tools (unless tool_choice is "none"): '
+                "the answer is a tool call or text"
+            )
+        return tools.output_format()
+    if isinstance(asked, JsonObjectFormat):
+        return OutputFormat(json_object=True)
+    if isinstance(asked, JsonSchemaFormat):
+        check_schema(asked.json_schema.schema, "response_format.json_schema.schema")
+        return OutputFormat(json_schema=asked.json_schema.schema)
+    return None
+
+
+def sampling_params(req, default_max_tokens: int, tools: ToolPlan | None = None) -> SamplingParams:
+    """The sampling of an OpenAI completion or chat request."""
+    max_tokens = getattr(req, "max_completion_tokens", None) or req.max_tokens or default_max_tokens
+    stop = [req.stop] if isinstance(req.stop, str) else list(req.stop or [])
+    fields = {
+        "max_tokens": max_tokens,
+        "temperature": req.temperature,
+        "top_p": req.top_p,
+        "top_k": max(0, req.top_k),
+        "seed": req.seed,
+        "stop": stop,
+        "presence_penalty": req.presence_penalty,
+        "frequency_penalty": req.frequency_penalty,
+        "repetition_penalty": req.repetition_penalty,
+        "ignore_eos": req.ignore_eos,
+    }
+    sampling = msgspec.convert(fields, SamplingParams)
+    return msgspec.structs.replace(sampling, format=output_format(req, tools))
+
+
+def content_text(content: str | list[dict] | None) -> str:
+    """The text of a chat message's content (a string or a list of text parts)."""
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    parts = []
+    for part in content:
+        if part.get("type") != "text":
+            raise BadRequestError(f"only text message parts are supported, got {part.get('type')!r}")
+        parts.append(str(part.get("text", "")))
+    return "".join(parts)
+
+
+@dataclass(frozen=True)
+class Chat:
+    """A chat request's turns, ready for a chat template, and its tool plan (None: the
+    answer is not a tool answer)."""
+
+    turns: list[ChatTurn]
+    tools: ToolPlan | None
+
+
+def read_chat(req: ChatCompletionRequest) -> Chat:
+    """The turns of a chat request (tools and tool turns in the generic format) and its plan."""
+    turns = []
+    for index, message in enumerate(req.messages):
+        if message.role == "tool" and not message.tool_call_id:
+            raise BadRequestError(f'messages[{index}]: a message with role "tool" needs a tool_call_id')
+        if message.tool_calls and message.role != "assistant":
+            raise BadRequestError(f"messages[{index}]: only an assistant message has tool_calls")
+        turns.append(
+            ChatTurn(
+                role=message.role,
+                content=content_text(message.content),
+                tool_calls=message.tool_calls or None,
+                tool_call_id=message.tool_call_id,
+                name=message.name,
+            )
+        )
+    tools = [t.function for t in req.tools or ()]
+    for index, tool in enumerate(tools):
+        if tool.parameters is not None:
+            check_schema(tool.parameters, f"tools[{index}].function.parameters")
+    try:
+        plan = plan_tools(tools, req.tool_choice, req.parallel_tool_calls)
+    except ValueError as error:
+        raise BadRequestError(str(error)) from None
+    return Chat(render_turns(turns, plan), plan)
