@@ -34,7 +34,7 @@ CITY_SCHEMA = {
     "required": ["name", "population"],
     "additionalProperties": False,
 }
-DATE = r"\d{4}-\d{2}-\d{2}"
+DATE = r"[0-9]{4}-[0-9]{2}-[0-9]{2}"  # (\d would allow any Unicode digit, as in Python)
 TURN = "<|im_start|>user\n{q}<|im_end|>\n<|im_start|>assistant\n"
 
 
