@@ -17,7 +17,7 @@ the server fills them in once the ticket is generated, with no round trip to the
 from __future__ import annotations
 
 import msgspec
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field
 
 from parrot.sdk.api import Client, Input, Output, semantic_function
 from parrot.sdk.run import app_main
@@ -30,6 +30,8 @@ MESSAGES = [
 
 
 class Ticket(BaseModel):
+    model_config = ConfigDict(extra="forbid")  # no keys but these: the answer stays short
+
     customer: str = Field(max_length=24)
     product: str = Field(max_length=24)
     urgent: bool

@@ -125,14 +125,16 @@ class ParrotChatModel(ParrotSettings, BaseChatModel):
         ``method``: ``json_schema`` (default: the reply is constrained to the schema's JSON
         through ``response_format``), ``json_mode`` (any JSON object; ``schema`` only
         parses it) or ``function_calling`` (a forced call of a tool with the schema's
-        parameters). ``include_raw``: return ``{"raw", "parsed", "parsing_error"}``."""
+        parameters). ``strict``: every object of the schema is closed (OpenAI's strict mode:
+        no keys but the schema's). ``include_raw``: return ``{"raw", "parsed",
+        "parsing_error"}``."""
         if kwargs:
             raise ValueError(f"Received unsupported arguments {kwargs}")
         if method not in METHODS:
             raise ValueError(f"method must be one of {METHODS}, not {method!r}")
         if schema is None and method != "json_mode":
             raise ValueError(f"with_structured_output(method={method!r}) needs a schema")
-        found = None if schema is None else structured_schema(schema)
+        found = None if schema is None else structured_schema(schema, strict)
         traced = {"kwargs": {"method": method, "strict": strict}, "schema": schema}
         if method == "function_calling":
             tool = schema if found.model is not None else _tool_of(found.name, found.schema)

@@ -35,8 +35,26 @@ class StructuredSchema:
     model: type[BaseModel] | None
 
 
-def structured_schema(schema: Any) -> StructuredSchema:
-    """Read any schema LangChain's ``with_structured_output`` takes."""
+def structured_schema(schema: Any, strict: bool | None = None) -> StructuredSchema:
+    """Read any schema LangChain's ``with_structured_output`` takes; ``strict``: as
+    OpenAI's strict mode, every object of the schema is closed (no keys but its own)."""
+    found = _read_schema(schema)
+    return StructuredSchema(found.name, closed(found.schema), found.model) if strict else found
+
+
+def closed(schema: Any) -> Any:
+    """``schema`` with ``additionalProperties: false`` on every object that does not say."""
+    if isinstance(schema, list):
+        return [closed(s) for s in schema]
+    if not isinstance(schema, Mapping):
+        return schema
+    out = {k: closed(v) for k, v in schema.items()}
+    if out.get("type") == "object" and "additionalProperties" not in out:
+        out["additionalProperties"] = False
+    return out
+
+
+def _read_schema(schema: Any) -> StructuredSchema:
     if isinstance(schema, type) and issubclass(schema, BaseModel):
         return StructuredSchema(schema.__name__, schema.model_json_schema(), schema)
     if isinstance(schema, Mapping) and _is_json_schema(schema):

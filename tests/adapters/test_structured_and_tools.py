@@ -14,7 +14,7 @@ from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, System
 from langchain_core.prompts import ChatPromptTemplate
 from langchain_core.runnables import RunnableLambda
 from langchain_core.tools import tool
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field
 
 from parrot.adapters.langchain import CompileError, ParrotChatModel, compile_chain
 from parrot.sdk import Var
@@ -22,6 +22,8 @@ from parrot.sdk import Var
 
 class City(BaseModel):
     """A city and its country."""
+
+    model_config = ConfigDict(extra="forbid")  # no keys but these: the answer stays short
 
     name: str = Field(max_length=16)
     country: str = Field(max_length=16)
@@ -63,7 +65,7 @@ def test_structured_output_pydantic_dict_and_typeddict(model):
     assert isinstance(city, City) and city.name
     answer = model.with_structured_output(DICT_SCHEMA).invoke(question)
     assert set(answer) == {"answer", "sure"} and isinstance(answer["sure"], bool)
-    weather = model.with_structured_output(Weather).invoke("How warm is it in Rome? Answer in JSON.")
+    weather = model.with_structured_output(Weather, strict=True).invoke("How warm is it in Rome? In JSON.")
     assert set(weather) == {"city", "celsius"} and isinstance(weather["celsius"], int)
 
 
@@ -86,7 +88,8 @@ async def test_structured_output_async_and_batch(model):
 
 
 def test_bind_tools_fills_tool_calls(model):
-    forced = model.bind_tools([add, get_weather], tool_choice="add")
+    # strict: the arguments are closed objects (no keys but the tool's own), as in OpenAI
+    forced = model.bind_tools([add, get_weather], tool_choice="add", strict=True)
     reply = forced.invoke("What is 2 plus 3?")
     assert isinstance(reply, AIMessage) and len(reply.tool_calls) >= 1
     call = reply.tool_calls[0]
@@ -94,18 +97,20 @@ def test_bind_tools_fills_tool_calls(model):
     assert isinstance(call["args"]["a"], int) and isinstance(call["args"]["b"], int)
     assert reply.response_metadata["finish_reason"] == "tool_calls"
     assert reply.invalid_tool_calls == []
-    any_tool = model.bind_tools([add, get_weather], tool_choice="any").invoke("Weather in Oslo?")
+    any_tool = model.bind_tools([add, get_weather], tool_choice="any", strict=True).invoke("Weather in Oslo?")
     assert any_tool.tool_calls and any_tool.tool_calls[0]["name"] in ("add", "get_weather")
-    chunks = list(forced.stream("What is 4 plus 5?"))
-    assert len(chunks) == 1 and chunks[0].tool_call_chunks[0]["name"] == "add"
+    chunks = list(forced.stream("What is 4 plus 5?"))  # the whole answer, then LangChain's last
+    assert len(chunks) <= 2 and chunks[0].tool_call_chunks[0]["name"] == "add"
+    merged = sum(chunks[1:], chunks[0])
+    assert merged.tool_calls[0]["name"] == "add" and set(merged.tool_calls[0]["args"]) == {"a", "b"}
 
 
 def run_agent(model: ParrotChatModel, messages: list[BaseMessage], turns: int = 3) -> list[BaseMessage]:
     """A tool-calling agent loop, as langchain-core users write it: ask, run each tool the
     answer calls, send the results back as ToolMessages, until the model answers in text."""
     tools = {t.name: t for t in (add, get_weather)}
-    first = model.bind_tools(list(tools.values()), tool_choice="any")  # the first turn calls a tool
-    then = model.bind_tools(list(tools.values()))
+    first = model.bind_tools(list(tools.values()), tool_choice="any", strict=True)  # calls a tool
+    then = model.bind_tools(list(tools.values()), strict=True)
     for turn in range(turns):
         reply = (first if turn == 0 else then).invoke(messages)
         messages.append(reply)

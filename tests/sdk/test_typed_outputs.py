@@ -9,7 +9,7 @@ import json
 import re
 
 import pytest
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field
 
 from parrot.sdk.api import (
     AsyncClient,
@@ -24,6 +24,8 @@ from parrot.sdk.api import (
 
 
 class City(BaseModel):
+    model_config = ConfigDict(extra="forbid")  # no keys but these: the answer stays short
+
     name: str = Field(max_length=16)
     country: str = Field(max_length=16)
 
