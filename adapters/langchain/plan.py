@@ -6,8 +6,9 @@ Mapped (run on the server as semantic calls, or on their markers without waiting
 ``RunnablePassthrough`` and ``.assign``, ``itemgetter`` / ``.pick``, ``PromptTemplate``
 and ``ChatPromptTemplate`` (f-string templates with plain ``{name}`` placeholders),
 ``ParrotLLM`` and ``ParrotChatModel`` (also ``.bind(stop=..., max_tokens=...)``, and
-``.with_structured_output(schema)``, whose output is a typed variable constrained to the
-schema; its parser runs on the client) and ``StrOutputParser``.
+``.with_structured_output(schema)``: its output is a typed variable, and ``itemgetter`` /
+``attrgetter`` of its fields formatted into a later prompt are read on the server, as
+``{{city.name}}``) and ``StrOutputParser``.
 
 Run on the client, between server stages (their input is waited for, then they run as
 LangChain runs them): ``RunnableLambda`` functions, retrievers, other output parsers and
@@ -26,7 +27,12 @@ from typing import Any, Literal
 
 from langchain_core.language_models import BaseLanguageModel, chat_models
 from langchain_core.messages import BaseMessage
-from langchain_core.output_parsers import BaseOutputParser, StrOutputParser
+from langchain_core.output_parsers import (
+    BaseOutputParser,
+    JsonOutputParser,
+    PydanticOutputParser,
+    StrOutputParser,
+)
 from langchain_core.prompts import (
     AIMessagePromptTemplate,
     ChatMessagePromptTemplate,
@@ -110,13 +116,22 @@ class ModelCall:
 
 
 @dataclass(frozen=True)
+class StructuredCall:
+    """A model step with a JSON format and the parser after it (``with_structured_output``):
+    its output is a typed variable, whose fields later steps read on the server."""
+
+    call: ModelCall
+    parser: BaseOutputParser
+
+
+@dataclass(frozen=True)
 class OnClient:
     """Runs in this process on the real values (waited for first)."""
 
     runnable: Runnable
 
 
-Step = Series | Parallel | Assign | Passthrough | Local | ModelCall | OnClient
+Step = Series | Parallel | Assign | Passthrough | Local | ModelCall | StructuredCall | OnClient
 
 
 @dataclass
@@ -132,9 +147,8 @@ def plan_chain(chain: Runnable) -> Plan:
 
 def _step(runnable: Any, where: str, models: list) -> Step:
     if isinstance(runnable, RunnableSequence):
-        return Series(
-            tuple(_step(s, f"step {i} of {where}", models) for i, s in enumerate(runnable.steps, 1))
-        )
+        steps = [_step(s, f"step {i} of {where}", models) for i, s in enumerate(runnable.steps, 1)]
+        return Series(_structured(steps))
     if isinstance(runnable, RunnableParallel):
         return _parallel(runnable, where, models)
     if isinstance(runnable, RunnableAssign):
@@ -155,7 +169,7 @@ def _step(runnable: Any, where: str, models: list) -> Step:
     if type(runnable) is RunnablePick:
         return Local(runnable, "getter")
     if isinstance(runnable, RunnableLambda) and isinstance(
-        getattr(runnable, "func", None), operator.itemgetter
+        getattr(runnable, "func", None), operator.itemgetter | operator.attrgetter
     ):
         return Local(runnable, "getter")
     if type(runnable) is RunnablePassthrough:
@@ -165,6 +179,27 @@ def _step(runnable: Any, where: str, models: list) -> Step:
     if isinstance(runnable, RunnableLambda | BaseRetriever | BaseOutputParser):
         return OnClient(runnable)
     return _refuse(runnable, where)
+
+
+def _structured(steps: list[Step]) -> tuple[Step, ...]:
+    """Each model step with a JSON format followed by a JSON parser, as one step."""
+    fused: list[Step] = []
+    for step in steps:
+        previous = fused[-1] if fused else None
+        if (
+            isinstance(step, OnClient)
+            and type(step.runnable) in (JsonOutputParser, PydanticOutputParser)
+            and isinstance(previous, ModelCall)
+            and _is_json(previous.sampling.get("format"))
+        ):
+            fused[-1] = StructuredCall(previous, step.runnable)
+        else:
+            fused.append(step)
+    return tuple(fused)
+
+
+def _is_json(format: dict | None) -> bool:
+    return format is not None and ("json_schema" in format or bool(format.get("json_object")))
 
 
 def _parallel(runnable: RunnableParallel, where: str, models: list) -> Parallel:

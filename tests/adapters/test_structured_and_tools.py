@@ -6,18 +6,21 @@ with plain langchain-core, and ``compile_chain`` with a structured step."""
 from __future__ import annotations
 
 import json
-from operator import itemgetter
+from operator import attrgetter, itemgetter
 from typing import TypedDict
 
 import pytest
 from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, SystemMessage, ToolMessage
+from langchain_core.output_parsers import StrOutputParser
 from langchain_core.prompts import ChatPromptTemplate
-from langchain_core.runnables import RunnableLambda
+from langchain_core.runnables import RunnableLambda, RunnablePassthrough
 from langchain_core.tools import tool
 from pydantic import BaseModel, ConfigDict, Field
 
 from parrot.adapters.langchain import CompileError, ParrotChatModel, compile_chain
 from parrot.sdk import Var
+
+from .conftest import submitted_before_any_finished
 
 
 class City(BaseModel):
@@ -171,6 +174,29 @@ def test_compile_chain_maps_a_structured_step_onto_a_typed_variable(model, parro
         reader = Var(parrot.attach(session.session_id, session.session_auth), city.var_id, "city")
         assert reader.get() == {"name": got, "country": reader.get()["country"]}
     assert got == chain.invoke({"country": "Japan"})
+
+
+def test_compile_chain_reads_a_structured_field_on_the_server(model, parrot):
+    """A later step's prompt formats a field of the structured output (``itemgetter`` /
+    ``attrgetter``): compiled, that is the placeholder ``{{city.name}}`` of a call submitted
+    before the city exists, filled on the server; the chain returns what the uncompiled
+    chain returns."""
+    extract = ChatPromptTemplate.from_template("Name a city in {country}, as JSON.") | (
+        model.with_structured_output(City)
+    )
+    describe = ChatPromptTemplate.from_template("Say one thing about {name}.") | model.bind(max_tokens=6)
+    chain = (
+        {"city": extract}
+        | RunnablePassthrough.assign(name=itemgetter("city") | RunnableLambda(attrgetter("name")))
+        | RunnablePassthrough.assign(note=describe | StrOutputParser())
+    )
+    with parrot.session() as session:
+        compiled = compile_chain(chain).invoke({"country": "France"})
+        calls = [session.call_info(c.call_id) for c in session.info().calls]
+    assert len(calls) == 2 and submitted_before_any_finished(calls)
+    assert calls[1].timings["started_at"] >= calls[0].timings["finished_at"]
+    assert isinstance(compiled["city"], City) and compiled["name"] == compiled["city"].name
+    assert compiled == chain.invoke({"country": "France"})
 
 
 def test_compile_chain_refuses_a_model_with_tools(model):
