@@ -9,6 +9,7 @@ import json
 import re
 
 import pytest
+from conftest import REPO_ROOT
 from pydantic import BaseModel, ConfigDict, Field
 
 from parrot.sdk.api import (
@@ -160,6 +161,16 @@ def test_a_field_of_a_text_parameter_is_refused_at_definition():
 def test_a_format_the_server_cannot_compile_is_a_400(parrot):
     with parrot.session() as session, pytest.raises(BadRequestError, match=r"regex|format"):
         session.submit(TURN.format(q="Hi") + "{{x}}", outputs={"x": Output(regex="(unclosed")})
+
+
+def test_the_readme_example_runs(parrot_url, capsys):
+    """sdk/README.md's typed-outputs example, as written but for the server's address."""
+    blocks = re.findall(r"```python\n(.*?)```", (REPO_ROOT / "sdk" / "README.md").read_text(), flags=re.S)
+    (code,) = [block for block in blocks if "Output(schema=City" in block]
+    exec(compile(code.replace("http://127.0.0.1:9000", parrot_url), "snippet", "exec"), {})
+    printed = capsys.readouterr().out  # the city's name, its JSON, the note
+    city = json.loads(re.search(r"\{.*?\}", printed).group())
+    assert printed.startswith(city["name"] + " ")
 
 
 def test_repr_and_parameter_shape():
