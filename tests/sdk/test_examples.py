@@ -12,6 +12,7 @@ import subprocess
 import sys
 from types import ModuleType
 
+import pytest
 from conftest import REPO_ROOT
 
 from parrot.sdk import run as sdk_run
@@ -118,6 +119,21 @@ def test_tool_agent(parrot_url):
     roles = [m["role"] for m in result["messages"]]
     assert roles[:4] == ["system", "user", "assistant", "tool"]
     assert result["messages"][2]["tool_calls"][0]["id"] == result["messages"][3]["tool_call_id"]
+
+
+@pytest.mark.parametrize(
+    ("name", "about"), [("extraction_pipeline", "typed outputs"), ("tool_agent", "tools")]
+)
+def test_typed_examples_run_as_scripts(name, about):
+    out = subprocess.run(
+        [sys.executable, str(EXAMPLES / f"{name}.py"), "--help"],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.returncode == 0, out.stderr
+    assert "--server" in out.stdout and about in out.stdout
 
 
 def test_parrot_run_points_an_app_at_the_server(parrot_url, tmp_path):
