@@ -17,6 +17,7 @@ from collections.abc import Sequence
 
 import llguidance
 import llguidance.torch
+import numpy as np
 import torch
 
 from parrot.engines.protocol.errors import ParrotError
@@ -57,7 +58,6 @@ class ConstraintMasker:
         self._executor = llguidance.LLExecutor()
         self._eos = sorted(eos_token_ids)
         self._bitmask: torch.Tensor | None = None  # [rows, words] int32, grown as needed
-        self._shifts = torch.arange(32, dtype=torch.int32)  # [32]
 
     def apply(self, logits: torch.Tensor, constraints: Sequence[Constraint | None]) -> torch.Tensor:
         """``logits`` [rows, vocab] with the tokens each constrained row's grammar forbids at
@@ -66,23 +66,31 @@ class ConstraintMasker:
         if not rows:
             return logits
         vocab = logits.shape[1]
-        bitmask = self._buffer(len(rows), vocab)  # [n, words]
+        bitmask = self._buffer(len(rows), vocab)  # [n, words] int32
         if len(rows) == 1:
             llguidance.torch.fill_next_token_bitmask(constraints[rows[0]].matcher, bitmask, 0)
         else:
             pairs = [(constraints[i].matcher, n) for n, i in enumerate(rows)]
             llguidance.torch.fill_next_token_bitmask_par(self._executor, pairs, bitmask)
-        allowed = self._unpack(bitmask, vocab)  # [n, vocab] bool
-        dead = ~allowed.any(dim=1)  # [n]; a matcher in an error state allows nothing: let it end
-        if dead.any():
-            allowed[dead.nonzero().flatten()[:, None], torch.tensor(self._eos)[None, :]] = True
-        allowed = allowed.to(logits.device)
+        words = bitmask.numpy()  # [n, words]
+        # Bit t % 32 of word t // 32 allows token t: little-endian bytes, little bit order.
+        forbidden = np.unpackbits((~words).view(np.uint8), axis=1, bitorder="little")[:, :vocab]
+        forbidden = forbidden.view(np.bool_)  # [n, vocab]
+        for n in np.flatnonzero(~words.any(axis=1)):  # a matcher in an error state allows
+            forbidden[n, self._eos] = False  # nothing: let it end rather than draw from -inf
+        if logits.device.type == "cpu" and logits.dtype == torch.float32 and logits.is_contiguous():
+            # numpy's masked copy: ~4x torch's masked_fill_ on one CPU thread (16 x 49,152).
+            array = logits.numpy()  # [rows, vocab], shares memory with ``logits``
+            for n, i in enumerate(rows):
+                np.copyto(array[i], -np.inf, where=forbidden[n])
+            return logits
+        mask = torch.from_numpy(forbidden).to(logits.device)  # [n, vocab]
         with torch.inference_mode():  # the logits are an inference tensor of the model's step
             if len(rows) == len(constraints):
-                logits.masked_fill_(~allowed, float("-inf"))
+                logits.masked_fill_(mask, float("-inf"))
             else:
                 index = torch.tensor(rows, device=logits.device)  # [n]
-                logits[index] = logits[index].masked_fill(~allowed, float("-inf"))
+                logits[index] = logits[index].masked_fill(mask, float("-inf"))
         return logits
 
     def _buffer(self, rows: int, vocab: int) -> torch.Tensor:
@@ -90,8 +98,3 @@ class ConstraintMasker:
         if self._bitmask is None or self._bitmask.shape[0] < rows or self._bitmask.shape[1] != words:
             self._bitmask = llguidance.torch.allocate_token_bitmask(max(rows, 8), vocab)
         return self._bitmask[:rows]  # contiguous: the first rows of a row-major buffer
-
-    def _unpack(self, bitmask: torch.Tensor, vocab: int) -> torch.Tensor:
-        """Bitmask [n, words] (bit ``t % 32`` of word ``t // 32`` allows token t) -> [n, vocab] bool."""
-        bits = (bitmask.unsqueeze(-1) >> self._shifts) & 1  # [n, words, 32]
-        return bits.view(bitmask.shape[0], -1)[:, :vocab].bool()

@@ -3,8 +3,8 @@
 Requests arrive as commands (``submit_fill``, ``submit_generate``, ``free_context``) and
 are validated here, against the contexts as they are; then ``step`` runs one batched model
 iteration: schedule (the local scheduler) -> run (the model runner, which changes nothing)
--> sample -> postprocess (the one place that advances the sequences and hands results back
-through each job's sink).
+-> mask (the constrained rows' logits, constraints.py) -> sample -> postprocess (the one
+place that advances the sequences and hands results back through each job's sink).
 """
 
 from __future__ import annotations

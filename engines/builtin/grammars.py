@@ -16,6 +16,7 @@ import threading
 from collections import OrderedDict
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import llguidance
@@ -32,6 +33,11 @@ class GrammarLimits:
     max_format_chars: int = 65_536  # --max-format-chars: a format's JSON, in characters (413)
     compile_timeout_s: float = 10.0  # --format-compile-timeout: longer is a 400
     cache_size: int = 64  # --format-cache-size: compiled formats kept (least recently used go)
+
+    @classmethod
+    def given(cls, **values: float | None) -> GrammarLimits:
+        """The limits with these values, a value None meaning the default (as CLI flags give them)."""
+        return cls(**{name: value for name, value in values.items() if value is not None})
 
     def __post_init__(self) -> None:
         if self.max_format_chars < 1 or self.cache_size < 1 or self.compile_timeout_s <= 0:
@@ -56,8 +62,11 @@ class GrammarCompiler:
         self._tokenizer: Future[llguidance.LLTokenizer] = self._worker.submit(
             llguidance.hf.from_tokenizer, hf_tokenizer, n_vocab=n_vocab, eos_token=eos
         )
-        self._lock = threading.Lock()  # the cache is read by any event loop's thread
+        self._lock = threading.RLock()  # read by any event loop's thread and by the worker
+        # Compiled formats, least recently used first; formats being compiled apart, so a bad
+        # one (never kept) evicts nothing.
         self._cache: OrderedDict[bytes, Future[llguidance.LLMatcher]] = OrderedDict()
+        self._compiling: dict[bytes, Future[llguidance.LLMatcher]] = {}
 
     def __len__(self) -> int:
         with self._lock:
@@ -70,13 +79,11 @@ class GrammarCompiler:
         key = fmt.key()
         with self._lock:
             future = self._cache.get(key)
-            if future is None:
-                future = self._worker.submit(self._compile, fmt)
-                self._cache[key] = future
-                while len(self._cache) > self.limits.cache_size:
-                    self._cache.popitem(last=False)
-            else:
+            if future is not None:
                 self._cache.move_to_end(key)
+            elif (future := self._compiling.get(key)) is None:
+                future = self._compiling[key] = self._worker.submit(self._compile, fmt)
+                future.add_done_callback(partial(self._settled, key))
         try:
             return await asyncio.wait_for(
                 asyncio.shield(asyncio.wrap_future(future)), self.limits.compile_timeout_s
@@ -86,11 +93,16 @@ class GrammarCompiler:
                 f"compiling the output format took longer than {self.limits.compile_timeout_s:g} s "
                 "(--format-compile-timeout); simplify it"
             ) from None
-        except Exception:
-            with self._lock:  # a bad format is not kept (nor one whose compile failed)
-                if self._cache.get(key) is future:
-                    del self._cache[key]
-            raise
+
+    def _settled(self, key: bytes, future: Future[llguidance.LLMatcher]) -> None:
+        """A compile ended: a good format joins the cache, the least recently used goes."""
+        with self._lock:
+            self._compiling.pop(key, None)
+            if future.cancelled() or future.exception() is not None:
+                return
+            self._cache[key] = future
+            while len(self._cache) > self.limits.cache_size:
+                self._cache.popitem(last=False)
 
     def _compile(self, fmt: OutputFormat) -> llguidance.LLMatcher:
         """On the worker: the format's grammar, checked for this vocabulary, as a matcher in

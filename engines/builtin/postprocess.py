@@ -5,6 +5,12 @@ This is the one place where a step's results change state (as nano-vllm's
 context pool), checkpoints fork a prompt once it is computed, sampled tokens are appended,
 streamed and checked against the stop conditions, and finished jobs leave the scheduler
 with their results. The model runner before it changes nothing.
+
+A generation with an output format advances its grammar here too, token by token: it ends
+("stop") once the grammar is complete, and with jump-forward the tokens the grammar forces
+after a sampled one are appended with it, pending, so the next step computes them as one
+multi-token item (like a prompt's tail) and samples at its end; they count as generated
+(``max_tokens``, text, stream, penalties see them).
 """
 
 from __future__ import annotations
