@@ -11,6 +11,10 @@ that does not use them stays a plain OpenAI request, and one that does fails wit
 endpoint's 400 on an endpoint that refuses unknown fields (OpenAI itself) instead of being
 silently sampled differently. Nothing else of :class:`SamplingParams` exists.
 
+An output ``format`` goes as the endpoint's structured-output request
+(:mod:`parrot.engines.openai.structured_outputs`: ``response_format`` for JSON, vLLM / SGLang
+/ llama.cpp fields for a regex, choice or grammar).
+
 ``max_tokens`` is sent under that name for the chat API too (OpenAI's reasoning models
 want ``max_completion_tokens`` and answer 400; most compatible servers know only
 ``max_tokens``).
@@ -22,6 +26,7 @@ from typing import Any
 
 from parrot.engines.openai.chat_messages import to_messages
 from parrot.engines.openai.config import CHAT, OpenAIEngineConfig
+from parrot.engines.openai.structured_outputs import extra_fields, response_format
 from parrot.engines.protocol.text import replace_invalid
 from parrot.wire.sampling import SamplingParams
 
@@ -52,6 +57,13 @@ def build_request(config: OpenAIEngineConfig, text: str, sampling: SamplingParam
         extra["ignore_eos"] = True
     if sampling.stop_token_ids:
         extra["stop_token_ids"] = list(sampling.stop_token_ids)
+    if sampling.format is not None:
+        extra.update(extra_fields(sampling.format))
+        shape = response_format(sampling.format)
+        if shape is not None and config.api == CHAT:
+            body["response_format"] = shape
+        elif shape is not None:  # the client's completions.create has no such argument
+            extra["response_format"] = shape
     if extra:
         body["extra_body"] = extra
     if config.api == CHAT:

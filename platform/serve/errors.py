@@ -72,13 +72,6 @@ class WaitTimeoutError(ParrotError):
     code = "timeout"
 
 
-class BadFormatError(BadRequestError):
-    """An output's format cannot be used: an invalid JSON schema, a regex that does not
-    compile, a format on an input, a field path its schema cannot have."""
-
-    code = "bad_format"
-
-
 class FormatMismatchError(BadRequestError):
     """A value a client sets does not match its variable's format."""
 

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 
 import msgspec
 
-from parrot.platform.serve.errors import BadFormatError
+from parrot.engines.protocol.errors import BadFormatError
 from parrot.platform.serve.graph import SemanticVariable
 from parrot.platform.serve.typed_values import unreachable
 from parrot.wire.formats import OutputFormat

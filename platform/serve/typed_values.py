@@ -1,8 +1,11 @@
 """Typed semantic variables: what the ServeCore checks of a format and of a value, and how
 a placeholder reads a field of a JSON value (issue 21).
 
-- :func:`check_format`: a format given by a client (400 ``bad_format``, 413 over the
-  ``max_format_chars`` limit), before anything is created.
+- :func:`check_format`: a format given by a client (400 ``bad_format``, 413
+  ``format_too_large`` over the ``max_format_chars`` limit), before anything is created:
+  what the engines' grammar library accepts (:mod:`parrot.engines.protocol.grammar`, the
+  same check the builtin engine makes) and what the ServeCore's JSON-schema validator
+  can check values against.
 - :func:`mismatch`: why a value does not match its variable's format (None: it does). Every
   value a typed variable gets passes here, whatever produced it (the builtin engine, whose
   decoding the format constrains; an OpenAI endpoint, which may ignore the request; a
@@ -23,8 +26,8 @@ from typing import Any, Final
 import jsonschema_rs
 import regex
 
-from parrot.engines.protocol.errors import PayloadTooLargeError
-from parrot.platform.serve.errors import BadFormatError
+from parrot.engines.protocol import grammar
+from parrot.engines.protocol.errors import BadFormatError, FormatTooLargeError
 from parrot.platform.serve.limits import describe
 from parrot.wire.formats import OutputFormat
 from parrot.wire.template import PathStep, format_path
@@ -41,9 +44,10 @@ def check_format(fmt: OutputFormat, max_chars: int) -> None:
     """Raise 413 when ``fmt`` is over ``max_format_chars``, 400 when it cannot be used."""
     size = fmt.size()
     if size > max_chars:
-        raise PayloadTooLargeError(
+        raise FormatTooLargeError(
             f"the format has {size} characters, over the limit {describe('max_format_chars', max_chars)}"
         )
+    grammar.check_format(fmt, max_chars)
     if fmt.json_schema is not None:
         try:
             jsonschema_rs.meta.validate(fmt.json_schema)
@@ -74,7 +78,7 @@ def mismatch(fmt: OutputFormat, value: str) -> str | None:
     if fmt.is_json:
         try:
             data = json.loads(value)
-        except ValueError as error:
+        except (ValueError, RecursionError) as error:  # nesting deeper than Python's stack
             return f"{_quote(value)} is not JSON ({error})"
         if fmt.json_object:
             return None if isinstance(data, dict) else f"{_quote(value)} is not a JSON object"
@@ -83,6 +87,8 @@ def mismatch(fmt: OutputFormat, value: str) -> str | None:
         except jsonschema_rs.ValidationError as error:
             where = format_path(list(error.instance_path)) or "the value"
             return f"{where} does not match the json_schema: {error.message}"
+        except (ValueError, RecursionError) as error:  # a value too deep to convert
+            return f"the value could not be checked against the json_schema: {error}"
     return None  # a grammar: the engine's constraint is trusted
 
 
@@ -91,7 +97,7 @@ def read_field(value: str, path: Sequence[PathStep]) -> str:
     :class:`FieldError` when the value is not JSON or has no such field."""
     try:
         data: Any = json.loads(value)
-    except ValueError:
+    except (ValueError, RecursionError):
         raise FieldError(f"its value is not JSON: {_quote(value)}") from None
     for n, step in enumerate(path):
         in_list = isinstance(step, int) and isinstance(data, list) and step < len(data)

@@ -4,15 +4,20 @@ registered API key shows up in no response and no log line."""
 
 from __future__ import annotations
 
+import json
 import logging
 
 import httpx
 import pytest
 from conftest import ServerThread
 
+from parrot.engines.openai.config import OpenAIEngineConfig
+from parrot.engines.openai.request import build_request
 from parrot.platform.api.app import create_app
 from parrot.platform.serve.core import ServeCore
 from parrot.platform.store.store import Store, sqlite_url
+from parrot.wire.formats import OutputFormat
+from parrot.wire.sampling import SamplingParams
 
 SECRET = "sk-parrot-test-0123456789abcdef"
 ADMIN = {"Authorization": "Bearer admin"}
@@ -137,3 +142,102 @@ def test_a_builtin_and_an_openai_engine_of_one_model_each_get_their_own_prompt(s
         assert info.json()["state"] == "done", info.text
         engines.add(info.json()["engine"])
     assert engines == {builtin.json()["engine_id"], openai.json()["engine_id"]}
+
+
+# -- typed outputs (issue 21) ---------------------------------------------------------------------
+CREATURE = {
+    "title": "creature",
+    "type": "object",
+    "properties": {"name": {"type": "string", "minLength": 1, "maxLength": 20}},
+    "required": ["name"],
+    "additionalProperties": False,
+}
+
+
+@pytest.mark.parametrize("api", ["chat", "completions"])
+def test_a_format_is_sent_as_the_endpoints_structured_output_request(api):
+    """What goes to the endpoint for each kind (documented in
+    ``parrot.engines.openai.structured_outputs``)."""
+    config = OpenAIEngineConfig(base_url="http://127.0.0.1:1/v1", model="m", api=api)
+
+    def body(**fmt) -> dict:
+        sampling = SamplingParams(max_tokens=4, format=OutputFormat(**fmt))
+        return build_request(config, "Q", sampling)
+
+    schema = {"name": "creature", "schema": CREATURE, "strict": True}
+    shapes = {
+        "json_schema": {"type": "json_schema", "json_schema": schema},
+        "json_object": {"type": "json_object"},
+    }
+    for kind, value in (("json_schema", CREATURE), ("json_object", True)):
+        sent = body(**{kind: value})
+        got = sent["response_format"] if api == "chat" else sent["extra_body"]["response_format"]
+        assert got == shapes[kind]
+        assert set(sent.get("extra_body", {})) == (set() if api == "chat" else {"response_format"})
+    untitled = body(json_schema={"title": "not a name!", "type": "object"})
+    assert (untitled.get("response_format") or untitled["extra_body"]["response_format"])["json_schema"][
+        "name"
+    ] == "output"
+    assert body(regex=r"\d+")["extra_body"] == {"structured_outputs": {"regex": r"\d+"}, "regex": r"\d+"}
+    assert body(choice=["a.b", 'say "hi"'])["extra_body"] == {
+        "structured_outputs": {"choice": ["a.b", 'say "hi"']},
+        "regex": r'(a\.b)|(say "hi")',
+        "grammar": 'root ::= "a.b" | "say \\"hi\\""',
+    }
+    assert body(grammar='start: "x"+')["extra_body"] == {
+        "structured_outputs": {"grammar": 'start: "x"+'},
+        "grammar": '%llguidance {}\nstart: "x"+',
+    }
+    assert "response_format" not in body(regex="a") and "extra_body" not in build_request(
+        config, "Q", SamplingParams()
+    )
+
+
+@pytest.mark.parametrize("api", ["chat", "completions"])
+def test_typed_outputs_on_an_openai_engine(servecore, engine_server, api):
+    """On a real OpenAI-compatible server (the builtin engine's own ``/v1``): a JSON schema
+    and a JSON object go as ``response_format``, which it honours, so the values are valid
+    and a field of one fills the next call; a choice goes as vLLM / SGLang / llama.cpp fields,
+    which this server ignores, so its free answer is checked by the ServeCore and fails the
+    call with what did not match."""
+    body = {"kind": "openai", "base_url": f"{engine_server.url}/v1", "model": served_model(engine_server)}
+    assert servecore.post("/v1/engines", json={**body, "api": api}, headers=ADMIN).status_code == 201
+    s = servecore.post("/v1/session").json()
+    sid, auth = s["session_id"], {"Authorization": f"Bearer {s['session_auth']}"}
+
+    def call(user: str, output: dict, inputs: tuple[dict, ...] = ()) -> dict:
+        template = f"<|im_start|>user\n{user}<|im_end|>\n<|im_start|>assistant\n{{{{{output['name']}}}}}"
+        r = servecore.post(
+            "/v1/semantic_call",
+            headers=auth,
+            json={"session_id": sid, "template": template, "parameters": [*inputs, output]},
+        )
+        assert r.status_code == 201, r.text
+        return r.json()
+
+    def get(c: dict, name: str) -> httpx.Response:
+        return servecore.get(
+            f"/v1/semantic_var/{c['outputs'][name]}", params={"session_id": sid}, headers=auth
+        )
+
+    def typed(name: str, fmt: dict) -> dict:
+        return {**out(name), "sampling": {"max_tokens": 40, "temperature": 0}, "format": fmt}
+
+    creature = call("Name a sea creature, in JSON.", typed("c", {"json_schema": CREATURE}))
+    anything = call("Give the name and age of a person as a JSON object.", typed("j", {"json_object": True}))
+    choice = call("Name a sea creature.", typed("x", {"choice": ["alpha-7", "beta-9"]}))
+    c_var = {"name": "c", "var_id": creature["outputs"]["c"]}
+    field = call("Describe {{c.name}} in three words.", out("d"), (c_var,))
+    value = get(creature, "c")
+    assert value.status_code == 200, value.text
+    name = json.loads(value.json()["value"])["name"]
+    assert 1 <= len(name) <= 20
+    obj = get(anything, "j")
+    assert obj.status_code == 200 and isinstance(json.loads(obj.json()["value"]), dict), obj.text
+    refused = get(choice, "x")
+    assert refused.status_code == 424, refused.text
+    assert "is not one of the choices 'alpha-7', 'beta-9'" in refused.json()["error"]["message"]
+    assert get(field, "d").status_code == 200
+    dag = servecore.get(f"/v1/session/{sid}/dag", headers=auth).json()
+    parts = next(c for c in dag["calls"] if c["call_id"] == field["call_id"])["template"]
+    assert ("c.name", name) in [(p["name"], p["text"]) for p in parts]

@@ -196,3 +196,50 @@ def test_user_text_is_escaped_and_pages_work_without_javascript(browser, dashboa
         page.goto(f"{url}/contexts")
         expect(page.locator("section.engine-tree")).to_have_count(1)
         context.close()
+
+
+def test_a_typed_variable_shows_its_format_and_the_fields_read(browser, dashboard_url, artifacts):
+    """Issue 21: a typed variable's node detail shows its format; a call reading a field of it
+    shows the field's value filled in its template, and its output's format."""
+    url = dashboard_url
+    schema = {"type": "object", "properties": {"steps": {"type": "array", "items": {"type": "string"}}}}
+    with httpx.Client(base_url=url, timeout=120) as api:
+        s = api.post("/v1/session").json()
+        sid, auth = s["session_id"], {"Authorization": f"Bearer {s['session_auth']}"}
+        plan = api.post(
+            "/v1/semantic_var",
+            json={
+                "session_id": sid,
+                "name": "plan",
+                "value": '{"steps": ["boil <water>", "add tea"]}',
+                "format": {"json_schema": schema},
+            },
+            headers=auth,
+        ).json()["var_id"]
+        body = {
+            "session_id": sid,
+            "template": "First: {{plan.steps[0]}}. Good? {{ok}}",
+            "parameters": [
+                {"name": "plan", "var_id": plan},
+                {"name": "ok", "is_output": True, "format": {"choice": ["yes", "no"]}},
+            ],
+        }
+        call = api.post("/v1/semantic_call", json=body, headers=auth).json()
+        ok = api.get(f"/v1/semantic_var/{call['outputs']['ok']}", params={"session_id": sid}, headers=auth)
+        assert ok.json()["value"] in ("yes", "no"), ok.text
+
+    context = browser.new_context()
+    page = context.new_page()
+    page.goto(f"{url}/sessions/{sid}?node={plan}")
+    expect(page.locator("#detail code.format-kind")).to_have_text("json_schema")
+    expect(page.locator("#detail pre.format")).to_contain_text('"items": {')
+    shoot(page, artifacts, "typed-variable")
+    page.goto(f"{url}/sessions/{sid}?node={call['call_id']}")
+    field = page.locator('#detail pre.template mark.input[title="input plan.steps[0]"]')
+    expect(field).to_have_text("boil <water>")  # the field's value, unquoted and escaped
+    expect(page.locator('#detail pre.format[data-output="ok"]')).to_contain_text('"choice": [')
+    expect(page.locator("#detail p.format-kind code")).to_have_text("choice")
+    shoot(page, artifacts, "typed-call")
+    page.goto(f"{url}/sessions/{sid}?node={call['outputs']['ok']}")
+    expect(page.locator("#detail code.format-kind")).to_have_text("choice")
+    context.close()

@@ -13,6 +13,7 @@ from parrot.platform.serve.observe import (
     SessionDag,
 )
 from parrot.web.svg import charts, dag, tree
+from parrot.wire.formats import OutputFormat
 
 
 def call(call_id: str, seq: int, inputs: list[str], outputs: list[str], state: str = "done", **kw) -> DagCall:
@@ -108,6 +109,21 @@ def test_svg_text_is_escaped():
     assert "<script>" not in svg and "&lt;script&gt;" in svg
     ET.fromstring(svg)
     assert "&lt;b&gt;" in svg and "&amp;a=" in svg
+
+
+def test_a_typed_variable_is_marked_with_its_format_kind():
+    typed = DagVar(
+        "t", "plan", "ready", "{}", None, None, [], format=OutputFormat(json_schema={"type": "object"})
+    )
+    graph = SessionDag("s", True, [call("c", 1, ["t"], ["o"])], [typed, var("o", producer="c")], [])
+    root = ET.fromstring(str(dag.render(graph, lambda node: f"/x?node={node}")))
+    nodes = {g.get("data-node"): g for g in root.iter("{http://www.w3.org/2000/svg}g") if g.get("data-node")}
+    assert "typed" in nodes["t"].get("class").split() and nodes["t"].get("data-format") == "json_schema"
+    assert "typed" not in nodes["o"].get("class").split() and nodes["o"].get("data-format") is None
+    assert (
+        nodes["t"].find("{http://www.w3.org/2000/svg}title").text
+        == "variable plan (ready), typed: json_schema"
+    )
 
 
 def ctx(

@@ -129,9 +129,12 @@ def render(dag: SessionDag, link: Callable[[str], str], selected: str | None = N
     for var in dag.vars:
         p = shape.nodes[var.var_id]
         sel = " selected" if var.var_id == selected else ""
-        tip = f"variable {var.name} ({var.state})"
+        kind = var.format.kind if var.format is not None else None  # a typed variable
+        tip = f"variable {var.name} ({var.state})" + (f", typed: {kind}" if kind else "")
+        typed = " typed" if kind else ""
+        fmt = f' data-format="{text(kind)}"' if kind else ""
         out.append(
-            f'<a href="{text(link(var.var_id))}"><g class="node var var-{text(var.state)}{sel}" '
+            f'<a href="{text(link(var.var_id))}"><g class="node var var-{text(var.state)}{sel}{typed}"{fmt} '
             f'data-node="{text(var.var_id)}" data-state="{text(var.state)}"><title>{text(tip)}</title>'
             f'<rect x="{num(p.x - VAR_W / 2)}" y="{num(p.y - VAR_H / 2)}" width="{num(VAR_W)}" '
             f'height="{num(VAR_H)}" rx="{num(VAR_H / 2)}"/>'
