@@ -41,6 +41,18 @@ class JsonSchemaFormat(msgspec.Struct, tag="json_schema", tag_field="type", kw_o
 ResponseFormat = TextFormat | JsonObjectFormat | JsonSchemaFormat
 
 
+class StructuredOutputs(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """vLLM's ``structured_outputs`` (one field set): what OpenAI's ``response_format``
+    cannot say. ``json`` is a schema (an object or its JSON text); ``grammar`` is Lark in
+    llguidance's dialect (Parrot's grammar library), not GBNF."""
+
+    json: dict[str, Any] | str | None = None
+    json_object: bool | None = None
+    regex: str | None = None
+    choice: list[str] | None = None
+    grammar: str | None = None
+
+
 class _SamplingFields(msgspec.Struct, kw_only=True):
     model: str | None = None
     max_tokens: Annotated[int, msgspec.Meta(ge=1)] | None = None
@@ -58,6 +70,7 @@ class _SamplingFields(msgspec.Struct, kw_only=True):
     ignore_eos: bool = False
     user: str | None = None
     response_format: ResponseFormat | None = None
+    structured_outputs: StructuredOutputs | None = None  # vLLM's extension: regex, choice, grammar
 
 
 class CompletionRequest(_SamplingFields, kw_only=True):

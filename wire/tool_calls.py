@@ -8,10 +8,12 @@ in the prompt and the answer is constrained, as llama.cpp's server does for such
   "parameters"}`` and says how to answer (:meth:`ToolPlan.instructions`).
 - **The answer** is one JSON object, constrained by a JSON schema
   (:meth:`ToolPlan.output_format`): ``{"tool_calls": [{"name": ..., "arguments": {...}}]}``
-  (each item one of the tools with its parameter schema; one item when parallel calls are
-  off) or ``{"response": "..."}`` (text for the user). ``tool_choice: "required"`` allows
-  only the first, a named function only a call of it, ``"none"`` neither: the tools are not
-  listed and the answer is free text.
+  (each item one of the tools with its parameter schema, which allows only the declared
+  arguments unless it sets ``additionalProperties``; one item when parallel calls are off)
+  or ``{"response": "..."}`` (text for the user). ``tool_choice: "required"`` allows only
+  the first, a named function only a call of it, ``"none"`` neither: the tools are not
+  listed and the answer is free text. The JSON is compact (no whitespace between tokens),
+  as the engine constrains it and as the prompt shows it.
 - **The history**: an assistant turn with ``tool_calls`` is rendered as the JSON it would
   have answered, and tool results as a user turn of ``{"tool_response": {"name", "id",
   "content"}}`` lines (one per result), so a tool loop runs over any template.
@@ -27,13 +29,15 @@ import json
 import secrets
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Final
 
 from parrot.wire.chat import ChatTurn
 from parrot.wire.formats import OutputFormat
 from parrot.wire.openai_schemas import FunctionCall, FunctionDefinition, ToolCall, ToolChoice
 
-NO_ARGUMENTS: dict[str, Any] = {"type": "object", "properties": {}}
+NO_ARGUMENTS: dict[str, Any] = {"type": "object", "properties": {}, "additionalProperties": False}
+# JSON in prompts is compact, as the engine constrains answers to be (no free whitespace).
+COMPACT: Final = {"ensure_ascii": False, "separators": (",", ":")}
 RESPONSE_SCHEMA: dict[str, Any] = {
     "type": "object",
     "properties": {"response": {"type": "string"}},
@@ -72,11 +76,11 @@ class ToolPlan:
                     "description": t.description or "",
                     "parameters": t.parameters or NO_ARGUMENTS,
                 },
-                ensure_ascii=False,
+                **COMPACT,
             )
             for t in self.tools
         )
-        call = '{"tool_calls": [{"name": "<tool name>", "arguments": {<the arguments>}}]}'
+        call = '{"tool_calls":[{"name":"<tool name>","arguments":{<the arguments>}}]}'
         if self.function is not None:
             call = call.replace("<tool name>", self.function)
         many = " (several calls in the list run together)" if self.parallel else " (one call at a time)"
@@ -95,7 +99,7 @@ class ToolPlan:
                 "Answer with one JSON object: to call tools" + many + ",",
                 call,
                 "or, to answer the user directly,",
-                '{"response": "<your answer>"}',
+                '{"response":"<your answer>"}',
             ]
         lines.append("The results of tool calls come back to you in a later message.")
         return "\n".join(lines)
@@ -160,9 +164,12 @@ def check_parameters(tool: FunctionDefinition, index: int) -> None:
 
 
 def _call_schema(tool: FunctionDefinition, index: int, defs: dict[str, Any]) -> dict[str, Any]:
-    """The schema of one call of ``tool``; a parameter schema with references of its own
+    """The schema of one call of ``tool``: its arguments are the declared ones (unless its
+    schema sets ``additionalProperties``); a parameter schema with references of its own
     moves to ``defs`` (its references rewritten), since it is no longer the root."""
     parameters = tool.parameters or NO_ARGUMENTS
+    if "additionalProperties" not in parameters:  # only the declared arguments
+        parameters = {**parameters, "additionalProperties": False}
     if _has_refs(parameters):
         prefix = f"tool{index}_"
         moved = copy.deepcopy(parameters)
@@ -212,15 +219,13 @@ def render_turns(turns: Sequence[ChatTurn], plan: ToolPlan | None) -> list[ChatT
     for turn in turns:
         if turn.role == "tool":
             response = {"name": turn.name or names.get(turn.tool_call_id or ""), "id": turn.tool_call_id}
-            results.append(
-                json.dumps({"tool_response": {**response, "content": turn.content}}, ensure_ascii=False)
-            )
+            results.append(json.dumps({"tool_response": {**response, "content": turn.content}}, **COMPACT))
             continue
         if results:
             out.append(ChatTurn(role="user", content="\n".join(results)))
             results = []
         if turn.tool_calls:
-            calls = json.dumps({"tool_calls": [_call_json(c) for c in turn.tool_calls]}, ensure_ascii=False)
+            calls = json.dumps({"tool_calls": [_call_json(c) for c in turn.tool_calls]}, **COMPACT)
             out.append(
                 ChatTurn(role=turn.role, content=f"{turn.content}\n{calls}" if turn.content else calls)
             )
@@ -267,7 +272,7 @@ def parse_answer(text: str) -> ToolAnswer | None:
             if not isinstance(item, dict) or not isinstance(item.get("name"), str):
                 return None
             arguments = item.get("arguments", {})
-            text_args = arguments if isinstance(arguments, str) else json.dumps(arguments, ensure_ascii=False)
+            text_args = arguments if isinstance(arguments, str) else json.dumps(arguments, **COMPACT)
             calls.append(
                 ToolCall(id=new_call_id(), function=FunctionCall(name=item["name"], arguments=text_args))
             )

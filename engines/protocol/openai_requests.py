@@ -11,22 +11,30 @@ its field; whether the grammar library can compile a valid schema is the engine'
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from typing import Any
 
 import jsonschema_rs
 import msgspec
 
-from parrot.engines.protocol.errors import BadRequestError
+from parrot.engines.protocol.errors import BadFormatError, BadRequestError
+from parrot.engines.protocol.grammar import check_grammar, to_grammar
 from parrot.wire.chat import ChatTurn
 from parrot.wire.formats import OutputFormat
-from parrot.wire.openai_schemas import ChatCompletionRequest, JsonObjectFormat, JsonSchemaFormat
+from parrot.wire.openai_schemas import (
+    ChatCompletionRequest,
+    JsonObjectFormat,
+    JsonSchemaFormat,
+    StructuredOutputs,
+)
 from parrot.wire.sampling import SamplingParams
 from parrot.wire.tool_calls import ToolPlan, plan_tools, render_turns
 
 
 def check_schema(schema: Any, field: str) -> None:
-    """``schema`` is a JSON schema (400 naming ``field`` otherwise)."""
+    """``schema`` is a JSON schema that the grammar library compiles (a 400 naming
+    ``field`` otherwise; ``bad_format`` when only the library refuses it)."""
     if not isinstance(schema, dict):
         raise BadRequestError(f"{field} must be a JSON schema (an object)")
     try:
@@ -35,12 +43,44 @@ def check_schema(schema: Any, field: str) -> None:
         raise BadRequestError(f"{field} is not a valid JSON schema: {error.message}") from None
     except jsonschema_rs.ReferencingError as error:
         raise BadRequestError(f"{field} has a reference that cannot be resolved: {error}") from None
+    fmt = OutputFormat(json_schema=schema)
+    try:
+        check_grammar(fmt, to_grammar(fmt))
+    except BadFormatError as error:
+        raise BadFormatError(f"{field}: {error}") from None
+
+
+def structured_output(asked: StructuredOutputs) -> OutputFormat:
+    """The format of vLLM's ``structured_outputs`` (checked as the engine checks it)."""
+    fields = {k: v for k, v in msgspec.to_builtins(asked).items() if v is not None}
+    if isinstance(fields.get("json"), str):
+        try:
+            fields["json"] = json.loads(fields["json"])
+        except json.JSONDecodeError as error:
+            raise BadRequestError(f"structured_outputs.json is not valid JSON: {error}") from None
+    if "json" in fields:
+        check_schema(fields["json"], "structured_outputs.json")
+        fields["json_schema"] = fields.pop("json")
+    try:
+        fmt = msgspec.convert(fields, OutputFormat)
+    except msgspec.ValidationError as error:
+        raise BadRequestError(f"structured_outputs: {error}") from None
+    try:
+        check_grammar(fmt, to_grammar(fmt))
+    except BadFormatError as error:
+        raise BadFormatError(f"structured_outputs.{fmt.kind}: {error}") from None
+    return fmt
 
 
 def output_format(req, tools: ToolPlan | None = None) -> OutputFormat | None:
-    """What the answer must be: a tool answer (:meth:`ToolPlan.output_format`), or the
-    ``response_format`` (``text``: free)."""
+    """What the answer must be: a tool answer (:meth:`ToolPlan.output_format`), the
+    ``response_format`` (``text``: free), or vLLM's ``structured_outputs``."""
     asked = getattr(req, "response_format", None)
+    extension = getattr(req, "structured_outputs", None)
+    if extension is not None:
+        if tools is not None or isinstance(asked, (JsonObjectFormat, JsonSchemaFormat)):
+            raise BadRequestError("structured_outputs cannot be combined with response_format or tools")
+        return structured_output(extension)
     if tools is not None:
         if isinstance(asked, (JsonObjectFormat, JsonSchemaFormat)):
             raise BadRequestError(

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import time
 import uuid
+from collections.abc import AsyncIterator
 
 from litestar import Controller, Request, get, post
 from litestar.params import JSONBody
@@ -23,7 +24,9 @@ from parrot.engines.protocol.errors import BadRequestError, NotFoundError
 from parrot.engines.protocol.openai_requests import read_chat, sampling_params
 from parrot.engines.protocol.openai_stream import (
     Answer,
+    Delta,
     EventStream,
+    Finish,
     chat_response,
     chat_stream,
     completion_response,
@@ -75,6 +78,24 @@ def _final_usage(data, run: OneShot):
     return run.usage if data.stream_options and data.stream_options.include_usage else None
 
 
+async def _started(request: Request, run: OneShot) -> AsyncIterator[Delta | Finish]:
+    """The run's events once the first has come, so a failure before the first token (an
+    engine that refuses the request's output format) is an HTTP error, not a broken
+    stream; a client that gives up while it waits stops the run."""
+    events = run.events()
+    first = await unless_disconnected(request, anext(events))
+
+    async def chained() -> AsyncIterator[Delta | Finish]:
+        try:
+            yield first
+            async for event in events:
+                yield event
+        finally:
+            await events.aclose()
+
+    return chained()
+
+
 async def _finished(request: Request, run: OneShot) -> tuple[list[Answer], Usage]:
     """The answers of a run that does not stream, and their usage. A client that gives up
     stops the generation (its session is closed)."""
@@ -108,7 +129,8 @@ class OpenAIController(Controller):
         rid, created = f"cmpl-{uuid.uuid4().hex}", int(time.time())
         if not data.stream:
             return completion_response(rid, created, model, *await _finished(request, run))
-        body = completion_stream(run.events(), rid, created, model, _final_usage(data, run))
+        events = await _started(request, run)
+        body = completion_stream(events, rid, created, model, _final_usage(data, run))
         return EventStream(body)
 
     @post("/chat/completions", **_GENERATION)
@@ -125,7 +147,8 @@ class OpenAIController(Controller):
         rid, created, tools = f"chatcmpl-{uuid.uuid4().hex}", int(time.time()), chat.tools is not None
         if not data.stream:
             return chat_response(rid, created, model, *await _finished(request, run), tools=tools)
-        body = chat_stream(run.events(), data.n, rid, created, model, _final_usage(data, run), tools)
+        events = await _started(request, run)
+        body = chat_stream(events, data.n, rid, created, model, _final_usage(data, run), tools)
         return EventStream(body)
 
     @get("/models", responses=error_responses(ADMIN))

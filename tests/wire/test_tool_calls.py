@@ -58,6 +58,8 @@ def test_auto_allows_calls_or_a_response():
     assert not valid(schema, {"tool_calls": [{"name": "get_weather", "arguments": {}}]})  # city missing
     assert not valid(schema, {"tool_calls": [{"name": "rm_rf", "arguments": {}}]})
     assert not valid(schema, {"response": "x", "tool_calls": [CALL]})
+    assert not valid(schema, {"tool_calls": [{"name": "get_time", "arguments": {"zone": "UTC"}}]})
+    assert not valid(schema, {"tool_calls": [{"name": "get_weather", "arguments": {"city": "P", "x": 1}}]})
     assert plan_tools([WEATHER, TIME], None) == plan  # no tool_choice: auto
 
 
@@ -113,7 +115,7 @@ def test_render_lists_tools_and_rewrites_the_history():
     ]
     system, user, assistant, results = render_turns(turns, plan)
     assert system.role == "system" and system.content.startswith("Be brief.\n\n")
-    assert '"name": "get_weather"' in system.content and '{"response": "<your answer>"}' in system.content
+    assert '"name":"get_weather"' in system.content and '{"response":"<your answer>"}' in system.content
     assert user == turns[1]
     assert json.loads(assistant.content) == {"tool_calls": [CALL]} and assistant.tool_calls is None
     lines = [json.loads(line)["tool_response"] for line in results.content.splitlines()]
