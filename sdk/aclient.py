@@ -11,6 +11,7 @@ from collections.abc import AsyncIterator, Generator, Mapping, Sequence
 from typing import Any, TypeVar
 
 from parrot.sdk import ops, streams
+from parrot.sdk.chat import ChatReply, chat_completion
 from parrot.sdk.errors import NotFoundError, ParrotError
 from parrot.sdk.handles import DEFAULT_WAIT_S, Call, ClientBase, SessionBase, VarBase
 from parrot.sdk.http import AsyncTransport, Op
@@ -27,13 +28,17 @@ class AsyncVar(VarBase):
 
     session: AsyncSession
 
-    async def get(self, criteria: str = "latency", timeout: float = DEFAULT_WAIT_S) -> str:
-        """See :meth:`parrot.sdk.client.Var.get`."""
+    async def get(self, criteria: str = "latency", timeout: float = DEFAULT_WAIT_S) -> Any:
+        """See :meth:`parrot.sdk.client.Var.get` (a typed variable's parsed value)."""
+        return self._read(await self.get_text(criteria, timeout))
+
+    aget = get
+
+    async def get_text(self, criteria: str = "latency", timeout: float = DEFAULT_WAIT_S) -> str:
+        """See :meth:`parrot.sdk.client.Var.get_text`."""
         if self._value is not None:
             return self._value
         return await self.session.send(self._get_op(criteria, timeout))
-
-    aget = get
 
     async def set(self, value: str) -> None:
         await self.session.send(self._set_op(value))
@@ -175,6 +180,27 @@ class AsyncClient(ClientBase):
     ) -> AsyncIterator[CompletionDelta]:
         """See :meth:`parrot.sdk.client.Client.stream_chat`."""
         return self._transport.stream(streams.stream_chat(messages, model, sampling, api_key))
+
+    async def chat(
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        *,
+        model: str | None = None,
+        api_key: str | None = None,
+        tools: Sequence[Mapping[str, Any]] | None = None,
+        tool_choice: str | Mapping[str, Any] | None = None,
+        parallel_tool_calls: bool | None = None,
+        response_format: Mapping[str, Any] | None = None,
+        **sampling: Any,
+    ) -> ChatReply:
+        """See :meth:`parrot.sdk.client.Client.chat`."""
+        options = {
+            "tools": tools,
+            "tool_choice": tool_choice,
+            "parallel_tool_calls": parallel_tool_calls,
+            "response_format": response_format,
+        }
+        return await self.send(chat_completion(messages, model, sampling, api_key, **options))
 
     async def engines(self) -> list[EngineInfo]:
         return await self.send(ops.list_engines())

@@ -6,6 +6,7 @@
 """
 
 from parrot.sdk.aclient import AsyncClient, AsyncSession, AsyncVar
+from parrot.sdk.chat import ChatReply, ToolCall
 from parrot.sdk.client import Client, Session, Var
 from parrot.sdk.config import ClientConfig
 from parrot.sdk.errors import (
@@ -48,6 +49,7 @@ __all__ = [
     "Call",
     "CallInfo",
     "CallUsage",
+    "ChatReply",
     "Client",
     "ClientConfig",
     "CompletionDelta",
@@ -70,6 +72,7 @@ __all__ = [
     "SessionInfo",
     "SessionUsage",
     "TemplateError",
+    "ToolCall",
     "UnauthorizedError",
     "Var",
     "VarInfo",

@@ -7,6 +7,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, TypeVar
 
 from parrot.sdk import ops, streams
+from parrot.sdk.chat import ChatReply, chat_completion
 from parrot.sdk.errors import NotFoundError, ParrotError
 from parrot.sdk.handles import DEFAULT_WAIT_S, Call, ClientBase, SessionBase, VarBase
 from parrot.sdk.http import Op, SyncTransport
@@ -23,10 +24,18 @@ class Var(VarBase):
 
     session: Session
 
-    def get(self, criteria: str = "latency", timeout: float = DEFAULT_WAIT_S) -> str:
+    def get(self, criteria: str = "latency", timeout: float = DEFAULT_WAIT_S) -> Any:
         """Wait for the value. ``criteria="latency"`` makes its producers latency-critical;
         ``"throughput"`` lets them be batched. Raises :class:`WaitTimeoutError` after
-        ``timeout`` seconds and :class:`ProducerFailedError` when it will never come."""
+        ``timeout`` seconds and :class:`ProducerFailedError` when it will never come.
+
+        The text, or for a JSON-typed variable its parsed value: an instance of the model
+        of ``Output(schema=Model)``, else the parsed JSON (a dict for a dict schema or
+        ``json_object``)."""
+        return self._read(self.get_text(criteria, timeout))
+
+    def get_text(self, criteria: str = "latency", timeout: float = DEFAULT_WAIT_S) -> str:
+        """Wait for the value (see :meth:`get`) and return its text, as generated."""
         if self._value is not None:
             return self._value
         return self.session.send(self._get_op(criteria, timeout))
@@ -158,6 +167,32 @@ class Client(ClientBase):
         """The assistant's reply to ``messages`` (rendered by the server with the model's
         chat template), as it is produced; see :meth:`stream_completion`."""
         return self._transport.stream(streams.stream_chat(messages, model, sampling, api_key))
+
+    def chat(
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        *,
+        model: str | None = None,
+        api_key: str | None = None,
+        tools: Sequence[Mapping[str, Any]] | None = None,
+        tool_choice: str | Mapping[str, Any] | None = None,
+        parallel_tool_calls: bool | None = None,
+        response_format: Mapping[str, Any] | None = None,
+        **sampling: Any,
+    ) -> ChatReply:
+        """The assistant's answer to ``messages`` (OpenAI's shapes: tool results and
+        assistant ``tool_calls`` included), not streamed: its text or the tools it calls.
+        ``tools`` (OpenAI function tools), ``tool_choice`` (``auto``, ``none``,
+        ``required`` or a named function), ``parallel_tool_calls`` and
+        ``response_format`` (``json_object`` / ``json_schema``) are sent when given;
+        ``sampling`` as for :meth:`stream_chat`."""
+        options = {
+            "tools": tools,
+            "tool_choice": tool_choice,
+            "parallel_tool_calls": parallel_tool_calls,
+            "response_format": response_format,
+        }
+        return self.send(chat_completion(messages, model, sampling, api_key, **options))
 
     def engines(self) -> list[EngineInfo]:
         return self.send(ops.list_engines())

@@ -9,6 +9,9 @@
 - ``Output(...)`` parameters are output placeholders, generated with those sampling
   settings. The caller does not pass them (or passes a Var made with ``session.var(name)``
   to generate into it).
+- An ``Input`` placeholder may read a field of a JSON-typed variable (an output made with
+  ``Output(schema=...)``): ``{{plan.steps[0]}}`` is filled on the server with that field
+  of ``plan``'s value once it is generated, with no wait on the client.
 - Other parameters are rendered with ``str()`` into the prompt text before it is sent, so
   a system prompt given that way is constant text the server shares across sessions. A
   value with a brace in it is sent as an input value instead, so it can never form a
@@ -38,7 +41,9 @@ from parrot.sdk.errors import DefinitionError, TemplateError
 from parrot.sdk.handles import Call, SessionBase, VarBase, current_session
 from parrot.sdk.params import Input, Output
 from parrot.wire.template import (
+    Chunk,
     ParameterSpec,
+    PlaceholderChunk,
     TextChunk,
     check_binding,
     parse_template,
@@ -64,11 +69,22 @@ def _param(parameter: inspect.Parameter) -> _Param:
     return _Param(parameter.name, None, is_input=annotation is Input or isinstance(annotation, Input))
 
 
-def _check(template: str, params: Sequence[_Param]) -> list:
+def _check(template: str, params: Sequence[_Param]) -> list[Chunk]:
     """Parse ``template`` and bind it to ``params`` with the server's own rules."""
     chunks = parse_template(template)
     check_binding(chunks, [ParameterSpec(p.name, p.output is not None) for p in params])
     return chunks
+
+
+def _check_fields(where: str, chunks: Sequence[Chunk], params: dict[str, _Param]) -> None:
+    """A placeholder that reads a field (``{{plan.steps[0]}}``) must be an input's: its
+    argument is a JSON-typed Var. (An output's is refused by the template rules.)"""
+    for chunk in chunks:
+        if isinstance(chunk, PlaceholderChunk) and chunk.path and not params[chunk.name].is_input:
+            raise DefinitionError(
+                f"{where}: {{{{{chunk.ref}}}}} reads a field of {chunk.name!r}: annotate {chunk.name!r} "
+                "with Input and pass it a JSON-typed Var (an Output(schema=...) of an earlier call)"
+            )
 
 
 class SemanticFunction:
@@ -108,6 +124,7 @@ class SemanticFunction:
             self._chunks = _check(self.template, list(self._params.values()))
         except WireTemplateError as error:
             raise DefinitionError(f"{where}: {error}") from None
+        _check_fields(where, self._chunks, self._params)
         callable_params = [
             p.replace(annotation=inspect.Parameter.empty)
             for p in signature.parameters.values()
@@ -184,7 +201,7 @@ class SemanticFunction:
                     pieces.append(text)
                     continue
                 inputs[chunk.name] = text  # sent as a value: braces in it stay text
-            pieces.append("{{" + chunk.name + "}}")
+            pieces.append("{{" + chunk.ref + "}}")  # with its field path
         for name, param in self._params.items():
             value = arguments[name]
             if param.is_input:

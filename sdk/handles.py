@@ -13,6 +13,7 @@ from typing import Any, ClassVar, Generic, TypeVar
 
 from parrot.sdk import ops
 from parrot.sdk.config import DEFAULT_TIMEOUT_S, ClientConfig
+from parrot.sdk.formats import ValueType
 from parrot.sdk.http import Op
 from parrot.sdk.ops import SessionKey
 from parrot.sdk.params import Output
@@ -31,7 +32,11 @@ def current_session() -> SessionBase | None:
 
 
 class VarBase:
-    """A semantic variable of a session: a future of a text value."""
+    """A semantic variable of a session: a future of a text value.
+
+    A typed one (made by an ``Output(schema=...)`` or ``Output(json_object=True)``, or one
+    the server reports JSON-typed) is read as its :attr:`value_type` says: ``get()``
+    returns the parsed value, ``get_text()`` the text."""
 
     def __init__(
         self,
@@ -45,7 +50,9 @@ class VarBase:
         self.var_id = var_id
         self.name = name
         self.call_id = call_id  # the call that produces it, when this client submitted it
+        self.value_type: ValueType | None = None
         self._value = value
+        self._parsed: tuple[str, Any] | None = None  # (text, its parsed value)
 
     @property
     def value(self) -> str | None:
@@ -53,8 +60,18 @@ class VarBase:
         return self._value
 
     def _keep(self, info: VarInfo) -> str:
+        if self.value_type is None:
+            self.value_type = ValueType.untyped_json(getattr(info, "format", None))
         self._value = info.value or ""
         return self._value
+
+    def _read(self, text: str) -> Any:
+        """The value of ``text`` as :attr:`value_type` reads it (parsed once)."""
+        if self.value_type is None:
+            return text
+        if self._parsed is None or self._parsed[0] != text:
+            self._parsed = (text, self.value_type.parse(text))
+        return self._parsed[1]
 
     def _get_op(self, criteria: str, timeout: float) -> Op[str]:
         return ops.get_var(self.session.key, self.var_id, criteria, timeout).then(self._keep)
@@ -108,10 +125,7 @@ def call_parameters(inputs: Mapping[str, VarBase | str], outputs: Mapping[str, O
     for name, output in outputs.items():
         if not isinstance(output, Output):
             raise TypeError(f"output {name!r} must be an Output, not {type(output).__name__}")
-        param: dict[str, Any] = {"name": name, "is_output": True, "sampling": dict(output.sampling) or None}
-        if output.target is not None:
-            param["var_id"] = output.target.var_id
-        params.append(param)
+        params.append(output.parameter(name))
     return params
 
 
@@ -160,6 +174,7 @@ class SessionBase(Generic[V]):
                 target = outputs[name].target
                 made[name] = target or self._new_var(var_id, name, call_id=submitted.call_id)
                 made[name].call_id = submitted.call_id
+                made[name].value_type = outputs[name].value_type
             return Call(submitted.call_id, made)
 
         return ops.submit_call(self.key, template, params, models, output_criteria).then(wrap)

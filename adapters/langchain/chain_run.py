@@ -13,8 +13,7 @@ and only those, are fetched.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable, Mapping
-from collections.abc import Sequence as SequenceABC
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
 from langchain_core.messages import AIMessage, convert_to_messages
@@ -37,8 +36,10 @@ from parrot.adapters.langchain.plan import (
     Passthrough,
     Series,
     Step,
+    StructuredCall,
 )
 from parrot.adapters.langchain.session_run import SessionRun
+from parrot.adapters.langchain.texts import Structured, TextSlot
 
 # How a step that runs on the client is run: (runnable, its input, the run's config).
 ClientRunner = Callable[[Runnable, Any, RunnableConfig], Awaitable[Any]]
@@ -90,13 +91,17 @@ class ChainRun:
             case Passthrough():
                 return value
             case Local(runnable, "template"):
-                return runnable.invoke(await self._formattable(value), LOCAL_CONFIG)
+                return runnable.invoke(await self._formattable(value, runnable.input_variables), LOCAL_CONFIG)
             case Local(runnable, "getter"):
                 return runnable.invoke(await self._indexable(value), LOCAL_CONFIG)
             case Local(runnable):  # StrOutputParser: a string or a message's text, as it is
                 return runnable.invoke(value, LOCAL_CONFIG)
             case ModelCall():
                 return await self._model_call(step, value, name)
+            case StructuredCall(call, parser):
+                slot, _ = await self._submit(call, value, name)
+                schema = call.sampling["format"].get("json_schema", {})
+                return Structured(self.texts, slot, lambda text: parser.invoke(text, LOCAL_CONFIG), schema)
             case OnClient(runnable):
                 return await self.on_client(runnable, await self.materialize(value), self.config)
         raise TypeError(f"not a step: {step!r}")
@@ -111,30 +116,36 @@ class ChainRun:
             raise failed.exceptions[0] from None
         return {key: task.result() for key, task in tasks.items()}
 
-    async def _formattable(self, value: Any) -> Any:
+    async def _formattable(self, value: Any, used: Sequence[str]) -> Any:
         """A prompt template's input: strings stay (a marker is formatted as it is); any
-        other value that holds texts of the run is waited for, since the template formats
-        it (``str()``) as the uncompiled chain would."""
+        other value that holds texts of the run and that the template formats (a name in
+        ``used``) is waited for, since the template formats it (``str()``) as the
+        uncompiled chain would."""
         if isinstance(value, dict):
-            items = [(k, v if isinstance(v, str) else await self.materialize(v)) for k, v in value.items()]
-            return dict(items)
+            keep = [k for k, v in value.items() if k not in used or _formats_as_marker(v)]
+            return {k: v if k in keep else await self.materialize(v) for k, v in value.items()}
         return value if isinstance(value, str) else await self.materialize(value)
 
     async def _indexable(self, value: Any) -> Any:
-        """An item getter's input: a dict is looked into as it is; a string would be cut
-        by position, so it needs its real text."""
-        return value if isinstance(value, dict) else await self.materialize(value)
+        """A getter's input: a dict or a structured value is looked into as it is (a field
+        of a structured value is read on the server); a string would be cut by position,
+        so it needs its real text."""
+        return value if isinstance(value, dict | Structured) else await self.materialize(value)
 
-    async def _model_call(self, step: ModelCall, value: Any, name: str) -> Any:
+    async def _submit(self, step: ModelCall, value: Any, name: str) -> tuple[TextSlot, str | None]:
+        """The model step's call; its output's slot and (for a chat) the model it ran on."""
         prompt = _prompt_value(value)
         if isinstance(step.model, ParrotChatModel):
-            slot, model = await submit_chat(
-                self.run, prompt.to_messages(), name, step.sampling, step.model.model
-            )
-            metadata = {"model_name": model, **call_metadata(self.run, slot)}
-            return AIMessage(content=self.texts.marker(slot), response_metadata=metadata)
-        slot = await submit_completion(self.run, prompt.to_string(), name, step.sampling, step.model.models())
-        return self.texts.marker(slot)
+            return await submit_chat(self.run, prompt.to_messages(), name, step.sampling, step.model.model)
+        models = step.model.models()
+        return await submit_completion(self.run, prompt.to_string(), name, step.sampling, models), None
+
+    async def _model_call(self, step: ModelCall, value: Any, name: str) -> Any:
+        slot, model = await self._submit(step, value, name)
+        if model is None:
+            return self.texts.marker(slot)
+        metadata = {"model_name": model, **call_metadata(self.run, slot)}
+        return AIMessage(content=self.texts.marker(slot), response_metadata=metadata)
 
     async def materialize(self, value: Any) -> Any:
         """``value`` with the real texts in it (waiting for those not generated yet), and
@@ -151,13 +162,19 @@ class ChainRun:
         return _with_usage(filled, usage)
 
 
+def _formats_as_marker(value: Any) -> bool:
+    """A string (maybe holding markers) or a field of a structured value (its field
+    marker) is formatted into a prompt as it is; anything else needs its real value."""
+    return isinstance(value, str) or (isinstance(value, Structured) and value.is_field)
+
+
 def _prompt_value(value: Any) -> PromptValue:
     """What a LangChain model makes of its input (a prompt value, a string, messages)."""
     if isinstance(value, PromptValue):
         return value
     if isinstance(value, str):
         return StringPromptValue(text=value)
-    if isinstance(value, SequenceABC):
+    if isinstance(value, Sequence):
         return ChatPromptValue(messages=convert_to_messages(value))
     raise ValueError(
         f"Invalid input type {type(value)}. Must be a PromptValue, str, or list of BaseMessages."

@@ -5,8 +5,10 @@ Mapped (run on the server as semantic calls, or on their markers without waiting
 ``RunnableSequence``, ``RunnableParallel`` (and the dict shorthand),
 ``RunnablePassthrough`` and ``.assign``, ``itemgetter`` / ``.pick``, ``PromptTemplate``
 and ``ChatPromptTemplate`` (f-string templates with plain ``{name}`` placeholders),
-``ParrotLLM`` and ``ParrotChatModel`` (also ``.bind(stop=..., max_tokens=...)``) and
-``StrOutputParser``.
+``ParrotLLM`` and ``ParrotChatModel`` (also ``.bind(stop=..., max_tokens=...)``, and
+``.with_structured_output(schema)``: its output is a typed variable, and ``itemgetter`` /
+``attrgetter`` of its fields formatted into a later prompt are read on the server, as
+``{{city.name}}``) and ``StrOutputParser``.
 
 Run on the client, between server stages (their input is waited for, then they run as
 LangChain runs them): ``RunnableLambda`` functions, retrievers, other output parsers and
@@ -23,9 +25,14 @@ import string
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from langchain_core.language_models import BaseLanguageModel
+from langchain_core.language_models import BaseLanguageModel, chat_models
 from langchain_core.messages import BaseMessage
-from langchain_core.output_parsers import BaseOutputParser, StrOutputParser
+from langchain_core.output_parsers import (
+    BaseOutputParser,
+    JsonOutputParser,
+    PydanticOutputParser,
+    StrOutputParser,
+)
 from langchain_core.prompts import (
     AIMessagePromptTemplate,
     ChatMessagePromptTemplate,
@@ -49,6 +56,8 @@ from langchain_core.runnables.passthrough import RunnableAssign
 
 from parrot.adapters.langchain.chat_model import ParrotChatModel
 from parrot.adapters.langchain.llm import ParrotLLM
+from parrot.adapters.langchain.structured import output_format
+from parrot.adapters.langchain.tool_calling import TOOL_ARGS
 
 MESSAGE_TEMPLATES = (
     SystemMessagePromptTemplate,
@@ -56,6 +65,8 @@ MESSAGE_TEMPLATES = (
     AIMessagePromptTemplate,
     ChatMessagePromptTemplate,
 )
+# ``.bind()``'s results: a chat model's is a subclass that only types its streams.
+BINDINGS = (RunnableBinding, getattr(chat_models, "_ChatModelBinding", RunnableBinding))
 ON_CLIENT_HINT = (
     "to run it on the client between server stages instead, wrap it: RunnableLambda(lambda x: step.invoke(x))"
 )
@@ -105,13 +116,22 @@ class ModelCall:
 
 
 @dataclass(frozen=True)
+class StructuredCall:
+    """A model step with a JSON format and the parser after it (``with_structured_output``):
+    its output is a typed variable, whose fields later steps read on the server."""
+
+    call: ModelCall
+    parser: BaseOutputParser
+
+
+@dataclass(frozen=True)
 class OnClient:
     """Runs in this process on the real values (waited for first)."""
 
     runnable: Runnable
 
 
-Step = Series | Parallel | Assign | Passthrough | Local | ModelCall | OnClient
+Step = Series | Parallel | Assign | Passthrough | Local | ModelCall | StructuredCall | OnClient
 
 
 @dataclass
@@ -127,9 +147,8 @@ def plan_chain(chain: Runnable) -> Plan:
 
 def _step(runnable: Any, where: str, models: list) -> Step:
     if isinstance(runnable, RunnableSequence):
-        return Series(
-            tuple(_step(s, f"step {i} of {where}", models) for i, s in enumerate(runnable.steps, 1))
-        )
+        steps = [_step(s, f"step {i} of {where}", models) for i, s in enumerate(runnable.steps, 1)]
+        return Series(_structured(steps))
     if isinstance(runnable, RunnableParallel):
         return _parallel(runnable, where, models)
     if isinstance(runnable, RunnableAssign):
@@ -137,7 +156,7 @@ def _step(runnable: Any, where: str, models: list) -> Step:
     if isinstance(runnable, ParrotLLM | ParrotChatModel):
         models.append(runnable)
         return ModelCall(runnable, runnable.sampling())
-    if type(runnable) is RunnableBinding:
+    if type(runnable) in BINDINGS:
         return _binding(runnable, where, models)
     if type(runnable) is PromptTemplate:
         _check_template(runnable, where)
@@ -150,7 +169,7 @@ def _step(runnable: Any, where: str, models: list) -> Step:
     if type(runnable) is RunnablePick:
         return Local(runnable, "getter")
     if isinstance(runnable, RunnableLambda) and isinstance(
-        getattr(runnable, "func", None), operator.itemgetter
+        getattr(runnable, "func", None), operator.itemgetter | operator.attrgetter
     ):
         return Local(runnable, "getter")
     if type(runnable) is RunnablePassthrough:
@@ -162,6 +181,27 @@ def _step(runnable: Any, where: str, models: list) -> Step:
     return _refuse(runnable, where)
 
 
+def _structured(steps: list[Step]) -> tuple[Step, ...]:
+    """Each model step with a JSON format followed by a JSON parser, as one step."""
+    fused: list[Step] = []
+    for step in steps:
+        previous = fused[-1] if fused else None
+        if (
+            isinstance(step, OnClient)
+            and type(step.runnable) in (JsonOutputParser, PydanticOutputParser)
+            and isinstance(previous, ModelCall)
+            and _is_json(previous.sampling.get("format"))
+        ):
+            fused[-1] = StructuredCall(previous, step.runnable)
+        else:
+            fused.append(step)
+    return tuple(fused)
+
+
+def _is_json(format: dict | None) -> bool:
+    return format is not None and ("json_schema" in format or bool(format.get("json_object")))
+
+
 def _parallel(runnable: RunnableParallel, where: str, models: list) -> Parallel:
     return Parallel(
         tuple((key, _step(r, f"branch {key!r} of {where}", models)) for key, r in runnable.steps__.items())
@@ -169,16 +209,25 @@ def _parallel(runnable: RunnableParallel, where: str, models: list) -> Parallel:
 
 
 def _binding(binding: RunnableBinding, where: str, models: list) -> Step:
-    """``model.bind(stop=..., max_tokens=...)``: sampling for that model; a binding of
-    anything else may only carry configuration."""
+    """``model.bind(stop=..., max_tokens=...)``: sampling for that model; a
+    ``response_format`` (``with_structured_output``) is the format of the call's output,
+    a typed variable; a binding of anything else may only carry configuration."""
     bound, kwargs = binding.bound, dict(binding.kwargs)
     if isinstance(bound, ParrotLLM | ParrotChatModel):
+        kwargs.pop("ls_structured_output_format", None)  # LangChain's tracing metadata
+        tools = sorted(k for k in TOOL_ARGS if k in kwargs)
+        if tools:
+            raise CompileError(
+                f"{where} binds {tools}: a model that calls tools is not mapped onto a semantic "
+                f"call (its answer decides what runs next); {ON_CLIENT_HINT}"
+            )
         try:
+            typed = output_format(kwargs.pop("response_format", None))
             sampling = bound.sampling(kwargs.pop("stop", None), kwargs)
         except ValueError as error:
             raise CompileError(f"{where}: {error}") from None
         models.append(bound)
-        return ModelCall(bound, sampling)
+        return ModelCall(bound, sampling if typed is None else sampling | {"format": typed})
     if kwargs:
         raise CompileError(
             f"{where} binds arguments {sorted(kwargs)} to {_name(bound)}; only Parrot models take "

@@ -65,7 +65,7 @@ class SessionRun:
     async def values(self, slots: Sequence[TextSlot], criteria: str, timeout: float) -> dict[TextSlot, str]:
         """The value of each slot, waiting for those still being generated (all at once)."""
         waiting = [s for s in slots if s.value is None and s.var is not None]
-        got = await asyncio.gather(*(s.var.get(criteria, timeout) for s in waiting))
+        got = await asyncio.gather(*(s.var.get_text(criteria, timeout) for s in waiting))
         for slot, value in zip(waiting, got, strict=True):
             slot.value = value
         return {slot: slot.value or "" for slot in slots}

@@ -6,10 +6,11 @@ streamed yet): one call per stream, latency-critical, with the same sampling as 
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
-from langchain_core.messages import AIMessageChunk
-from langchain_core.outputs import ChatGenerationChunk, GenerationChunk
+from langchain_core.messages import AIMessage, AIMessageChunk
+from langchain_core.outputs import ChatGenerationChunk, ChatResult, GenerationChunk
 
 from parrot.adapters.langchain.model_calls import usage_metadata
 from parrot.sdk.streams import CompletionDelta
@@ -46,3 +47,21 @@ def chat_generation_chunk(delta: CompletionDelta) -> ChatGenerationChunk:
         info = {"finish_reason": delta.finish_reason, "model_name": delta.model}
     message = AIMessageChunk(content=delta.text, usage_metadata=usage)
     return ChatGenerationChunk(message=message, generation_info=info)
+
+
+def whole_message_chunk(result: ChatResult) -> ChatGenerationChunk:
+    """A whole answer as the one chunk of its stream (its tool calls as tool call chunks)."""
+    generation = result.generations[0]
+    message = generation.message
+    assert isinstance(message, AIMessage)
+    chunks = [
+        {"name": c["name"], "args": json.dumps(c["args"]), "id": c["id"], "index": n}
+        for n, c in enumerate(message.tool_calls)
+    ]
+    chunk = AIMessageChunk(
+        content=message.content,
+        tool_call_chunks=chunks,
+        usage_metadata=message.usage_metadata,
+        response_metadata=message.response_metadata,
+    )
+    return ChatGenerationChunk(message=chunk, generation_info=generation.generation_info)

@@ -3,7 +3,8 @@
 Literal text becomes the template's constant text (shared by every call and session that
 uses it), unless it has a brace: Parrot templates have no escape, so such text is bound as
 an input value instead, which the server never parses (the model reads the same text).
-Each slot becomes an input placeholder, once however often it occurs.
+Each slot becomes an input placeholder, once however often it occurs; a field of a slot
+(a :class:`FieldRef`) is that placeholder with the field's path (``{{city.name}}``).
 """
 
 from __future__ import annotations
@@ -12,7 +13,8 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from parrot.adapters.langchain.texts import Piece, TextSlot
+from parrot.adapters.langchain.texts import FieldRef, Piece, TextSlot
+from parrot.wire.template import format_path
 
 _NOT_NAME = re.compile(r"[^A-Za-z0-9_]")
 MAX_NAME = 64
@@ -28,7 +30,7 @@ class CallTemplate:
 def call_template(pieces: Sequence[Piece], output: str) -> CallTemplate:
     """The template of ``pieces`` followed by the output placeholder ``output`` (its name
     made valid and unique)."""
-    if not any(p if isinstance(p, str) else p.var is not None or p.value for p in pieces):
+    if not any(_has_text(p) for p in pieces):
         raise ValueError("the prompt is empty: there is nothing to generate from")
     names = _Names()
     out = names.new(output)
@@ -39,14 +41,22 @@ def call_template(pieces: Sequence[Piece], output: str) -> CallTemplate:
         if isinstance(piece, str) and "{" not in piece and "}" not in piece:
             parts.append(piece)
             continue
-        slot = TextSlot("text", value=piece) if isinstance(piece, str) else piece
+        path = piece.path if isinstance(piece, FieldRef) else ()
+        slot = piece.slot if isinstance(piece, FieldRef) else piece
+        slot = TextSlot("text", value=slot) if isinstance(slot, str) else slot
         name = placeholders.get(id(slot))
         if name is None:
             name = placeholders[id(slot)] = names.new(slot.name)
             inputs[name] = slot
-        parts.append("{{" + name + "}}")
+        parts.append("{{" + name + format_path(path) + "}}")  # a field: read on the server
     parts.append("{{" + out + "}}")
     return CallTemplate("".join(parts), inputs, out)
+
+
+def _has_text(piece: Piece) -> bool:
+    if isinstance(piece, str):
+        return bool(piece)
+    return isinstance(piece, FieldRef) or piece.var is not None or bool(piece.value)
 
 
 class _Names:

@@ -12,6 +12,7 @@ import subprocess
 import sys
 from types import ModuleType
 
+import pytest
 from conftest import REPO_ROOT
 
 from parrot.sdk import run as sdk_run
@@ -84,6 +85,55 @@ def test_shared_prompt_chatbot(parrot_url):
         assert_after(second["call"], first["call"])
     # The system prompt was found already on the engine for most of the six calls.
     assert result["prompt_tokens_forked"] >= 3 * 50
+
+
+def test_extraction_pipeline(parrot_url):
+    """Typed tickets; the route and reply calls read the ticket's fields on the server, so
+    they started only once the ticket was done, and were submitted before it was."""
+    result = example("extraction_pipeline").main(parrot_url)
+    tickets = result["tickets"]
+    assert len(tickets) == 2
+    for ticket in tickets:
+        assert set(ticket["ticket"]) == {"customer", "product", "urgent"}
+        assert json.loads(ticket["ticket_json"]) == ticket["ticket"]
+        assert ticket["team"] in ("billing", "hardware", "software")
+        assert isinstance(ticket["reply"], str)
+        calls = ticket["calls"]
+        assert_done(*calls.values())
+        assert_after(calls["route"], calls["extract"])
+        assert_after(calls["reply"], calls["extract"])
+        assert calls["reply"]["timings"]["submitted_at"] <= calls["extract"]["timings"]["finished_at"]
+
+
+def test_tool_agent(parrot_url):
+    """The first answer calls a tool with arguments of its schema; the tool's result goes
+    back as a ``tool`` message and the model answers again."""
+    result = example("tool_agent").main(parrot_url, max_turns=3)
+    assert result["tool_calls"] and result["turns"] >= 2
+    first = result["tool_calls"][0]
+    assert first["name"] in ("get_weather", "add")
+    if first["name"] == "add":
+        assert all(isinstance(first["args"][k], int) for k in ("a", "b"))
+    else:
+        assert isinstance(first["args"]["city"], str)
+    roles = [m["role"] for m in result["messages"]]
+    assert roles[:4] == ["system", "user", "assistant", "tool"]
+    assert result["messages"][2]["tool_calls"][0]["id"] == result["messages"][3]["tool_call_id"]
+
+
+@pytest.mark.parametrize(
+    ("name", "about"), [("extraction_pipeline", "typed outputs"), ("tool_agent", "tools")]
+)
+def test_typed_examples_run_as_scripts(name, about):
+    out = subprocess.run(
+        [sys.executable, str(EXAMPLES / f"{name}.py"), "--help"],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.returncode == 0, out.stderr
+    assert "--server" in out.stdout and about in out.stdout
 
 
 def test_parrot_run_points_an_app_at_the_server(parrot_url, tmp_path):
