@@ -21,8 +21,9 @@ What each kind becomes (:func:`to_grammar`):
 
 from __future__ import annotations
 
-from typing import Final
+from typing import Any, Final
 
+import jsonschema_rs
 import llguidance
 
 from parrot.engines.protocol.errors import BadFormatError, FormatTooLargeError
@@ -99,3 +100,13 @@ _WHAT: Final = {
     "choice": "choice",
     "grammar": "Lark grammar",
 }
+
+
+def _no_fetch(uri: str) -> Any:
+    raise ValueError(f"{uri} is not fetched: Parrot reads only the schema it is given")
+
+
+def offline_registry() -> jsonschema_rs.Registry:
+    """For jsonschema-rs checks of a client's schema: by default the library GETs an unknown
+    ``$schema`` or a remote ``$ref`` (a request to any URL a client names); this refuses."""
+    return jsonschema_rs.Registry([], retriever=_no_fetch)

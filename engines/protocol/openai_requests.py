@@ -20,7 +20,7 @@ import jsonschema_rs
 import msgspec
 
 from parrot.engines.protocol.errors import BadFormatError, BadRequestError
-from parrot.engines.protocol.grammar import check_grammar, to_grammar
+from parrot.engines.protocol.grammar import check_grammar, offline_registry, to_grammar
 from parrot.wire.chat import ChatTurn
 from parrot.wire.formats import OutputFormat
 from parrot.wire.openai_schemas import (
@@ -33,17 +33,13 @@ from parrot.wire.sampling import SamplingParams
 from parrot.wire.tool_calls import ToolPlan, plan_tools, render_turns
 
 
-def _no_fetch(uri: str) -> Any:
-    raise ValueError(f"{uri} is not fetched: Parrot reads only the schema it is given")
-
-
 def check_schema(schema: Any, field: str) -> None:
     """``schema`` is a JSON schema that the grammar library compiles (a 400 naming
     ``field`` otherwise; ``bad_format`` when only the library refuses it)."""
     if not isinstance(schema, dict):
         raise BadRequestError(f"{field} must be a JSON schema (an object)")
     try:
-        jsonschema_rs.meta.validate(schema, registry=jsonschema_rs.Registry([], retriever=_no_fetch))
+        jsonschema_rs.meta.validate(schema, registry=offline_registry())
     except jsonschema_rs.ValidationError as error:
         raise BadRequestError(f"{field} is not a valid JSON schema: {error.message}") from None
     except jsonschema_rs.ReferencingError as error:

@@ -177,6 +177,8 @@ class CallService:
         self.admission.check_prompt(sum(len(piece) for piece in pieces), "the prompt")
         for piece in pieces:
             self.admission.check_text(piece, "the prompt")
+        if sampling.format is not None:  # a 400 / 413 now, not a failed generation later
+            self.variables.check_format(sampling.format)
         self._require_engine(models)
         out = SemanticVariable(new_id("var"), "completion")
         request = RequestChain.prompt(new_id("call"), pieces, out, sampling, on_token)

@@ -20,6 +20,7 @@ from parrot.platform.serve.core import ServeCore
 from parrot.platform.serve.graph import RequestChain
 from parrot.platform.serve.session_service import Session
 from parrot.wire.chat import ChatTurn
+from parrot.wire.tool_calls import render_turns
 from parrot.wire.openai_schemas import Usage
 from parrot.wire.sampling import SamplingParams
 
@@ -36,7 +37,9 @@ def chatml_pieces(messages: list[ChatTurn]) -> list[str]:
 
 async def render_chat(core: ServeCore, model: str, messages: list[ChatTurn]) -> list[str]:
     """The prompt pieces of a chat for ``model``: its own template, applied by an engine
-    of that model that offers it, else ChatML."""
+    of that model that offers it, else ChatML. Assistant tool calls and tool results are
+    rendered in Parrot's generic tool format first (templates know plain turns only)."""
+    messages = render_turns(messages, None)
     pieces = await core.engines.render_chat(model, messages)
     return pieces if pieces is not None else chatml_pieces(messages)
 

@@ -50,8 +50,8 @@ def check_format(fmt: OutputFormat, max_chars: int) -> None:
     grammar.check_format(fmt, max_chars)
     if fmt.json_schema is not None:
         try:
-            jsonschema_rs.meta.validate(fmt.json_schema)
-            jsonschema_rs.validator_for(fmt.json_schema)
+            jsonschema_rs.meta.validate(fmt.json_schema, registry=grammar.offline_registry())
+            jsonschema_rs.validator_for(fmt.json_schema, offline=True)
         except (jsonschema_rs.ValidationError, jsonschema_rs.ReferencingError, ValueError) as error:
             raise BadFormatError(f"invalid json_schema: {_first_line(error)}") from None
     elif fmt.regex is not None:
@@ -83,7 +83,7 @@ def mismatch(fmt: OutputFormat, value: str) -> str | None:
         if fmt.json_object:
             return None if isinstance(data, dict) else f"{_quote(value)} is not a JSON object"
         try:
-            jsonschema_rs.validator_for(fmt.json_schema).validate(data)
+            jsonschema_rs.validator_for(fmt.json_schema, offline=True).validate(data)
         except jsonschema_rs.ValidationError as error:
             where = format_path(list(error.instance_path)) or "the value"
             return f"{where} does not match the json_schema: {error.message}"

@@ -152,3 +152,35 @@ def test_a_value_nested_deeper_than_the_stack_is_a_mismatch_not_a_crash():
     assert why is not None and "is not JSON" in why
     with pytest.raises(FieldError, match="not JSON"):
         read_field(deep, (0,))
+
+
+def test_checking_a_schema_never_fetches_a_url_it_names():
+    """A client's ``$schema`` or remote ``$ref`` is never requested (jsonschema-rs fetches
+    them by default): a local listener sees no request, and the format is refused."""
+    import http.server
+    import threading
+
+    from parrot.platform.serve.typed_values import check_format as check
+
+    hits = []
+
+    class Listener(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            hits.append(self.path)
+            self.send_response(200)
+            self.end_headers()
+            self.wfile.write(b"{}")
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.HTTPServer(("127.0.0.1", 0), Listener)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}"
+        for schema in ({"$schema": f"{url}/meta", "type": "object"}, {"$ref": f"{url}/x"}):
+            with pytest.raises(BadFormatError):
+                check(OutputFormat(json_schema=schema), 65536)
+        assert hits == []
+    finally:
+        server.shutdown()
