@@ -20,9 +20,9 @@ from parrot.platform.serve.core import ServeCore
 from parrot.platform.serve.graph import RequestChain
 from parrot.platform.serve.session_service import Session
 from parrot.wire.chat import ChatTurn
-from parrot.wire.tool_calls import render_turns
 from parrot.wire.openai_schemas import Usage
 from parrot.wire.sampling import SamplingParams
+from parrot.wire.tool_calls import render_turns
 
 CHATML_START, CHATML_END = "<|im_start|>", "<|im_end|>"
 
