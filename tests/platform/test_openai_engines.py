@@ -197,9 +197,10 @@ def test_a_format_is_sent_as_the_endpoints_structured_output_request(api):
 def test_typed_outputs_on_an_openai_engine(servecore, engine_server, api):
     """On a real OpenAI-compatible server (the builtin engine's own ``/v1``): a JSON schema
     and a JSON object go as ``response_format``, which it honours, so the values are valid
-    and a field of one fills the next call; a choice goes as vLLM / SGLang / llama.cpp fields,
-    which this server ignores, so its free answer is checked by the ServeCore and fails the
-    call with what did not match."""
+    and a field of one fills the next call; a choice goes as vLLM's ``structured_outputs``
+    (which this server honours too) and SGLang / llama.cpp fields. A value the backend cut
+    short (``max_tokens``) is checked by the ServeCore and fails the call with what did not
+    match: never stored as valid."""
     body = {"kind": "openai", "base_url": f"{engine_server.url}/v1", "model": served_model(engine_server)}
     assert servecore.post("/v1/engines", json={**body, "api": api}, headers=ADMIN).status_code == 201
     s = servecore.post("/v1/session").json()
@@ -226,6 +227,8 @@ def test_typed_outputs_on_an_openai_engine(servecore, engine_server, api):
     creature = call("Name a sea creature, in JSON.", typed("c", {"json_schema": CREATURE}))
     anything = call("Give the name and age of a person as a JSON object.", typed("j", {"json_object": True}))
     choice = call("Name a sea creature.", typed("x", {"choice": ["alpha-7", "beta-9"]}))
+    cut = {**typed("cut", {"json_schema": CREATURE}), "sampling": {"max_tokens": 2, "temperature": 0}}
+    short = call("Name a sea creature, in JSON.", cut)
     c_var = {"name": "c", "var_id": creature["outputs"]["c"]}
     field = call("Describe {{c.name}} in three words.", out("d"), (c_var,))
     value = get(creature, "c")
@@ -234,9 +237,11 @@ def test_typed_outputs_on_an_openai_engine(servecore, engine_server, api):
     assert 1 <= len(name) <= 20
     obj = get(anything, "j")
     assert obj.status_code == 200 and isinstance(json.loads(obj.json()["value"]), dict), obj.text
-    refused = get(choice, "x")
+    chosen = get(choice, "x")
+    assert chosen.status_code == 200 and chosen.json()["value"] in ("alpha-7", "beta-9"), chosen.text
+    refused = get(short, "cut")
     assert refused.status_code == 424, refused.text
-    assert "is not one of the choices 'alpha-7', 'beta-9'" in refused.json()["error"]["message"]
+    assert "is not JSON" in refused.json()["error"]["message"], refused.text
     assert get(field, "d").status_code == 200
     dag = servecore.get(f"/v1/session/{sid}/dag", headers=auth).json()
     parts = next(c for c in dag["calls"] if c["call_id"] == field["call_id"])["template"]
