@@ -70,6 +70,13 @@ def format_path(path: Sequence[PathStep]) -> str:
     return "".join(out)
 
 
+def field_text(data: object) -> str:
+    """What a field placeholder (``{{plan.steps[0]}}``) fills in for the JSON value it reads:
+    a string as it is, any other value as compact JSON. The server fills fields so, and a
+    client that renders a prompt itself (the LangChain adapter) must do the same."""
+    return data if isinstance(data, str) else json.dumps(data, separators=(",", ":"), ensure_ascii=False)
+
+
 def parse_path(text: str, offset: int) -> tuple[PathStep, ...]:
     """The steps of a field path (``text`` starts at ``.`` or ``[``; ``offset`` is where
     it is in the template, for the error)."""

@@ -28,6 +28,7 @@ from langchain_core.prompt_values import ChatPromptValue, StringPromptValue
 
 from parrot.sdk.aclient import AsyncVar
 from parrot.wire.template import PathStep, format_path, parse_path
+from parrot.wire.template import field_text as json_field_text
 
 
 @dataclass(eq=False)
@@ -186,7 +187,7 @@ def field_text(text: str, path: tuple[PathStep, ...]) -> str:
     data: Any = json.loads(text)
     for step in path:
         data = data[step]
-    return data if isinstance(data, str) else json.dumps(data, separators=(",", ":"), ensure_ascii=False)
+    return json_field_text(data)
 
 
 def _strings(obj: Any) -> Iterator[str]:

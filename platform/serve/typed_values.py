@@ -30,7 +30,7 @@ from parrot.engines.protocol import grammar
 from parrot.engines.protocol.errors import BadFormatError, FormatTooLargeError
 from parrot.platform.serve.limits import describe
 from parrot.wire.formats import OutputFormat
-from parrot.wire.template import PathStep, format_path
+from parrot.wire.template import PathStep, field_text, format_path
 
 REGEX_TIMEOUT_S: Final = 2.0  # one fullmatch of a value (the ``regex`` package bounds it)
 MAX_REF_DEPTH: Final = 32  # $ref hops followed while walking a schema for a path
@@ -106,7 +106,7 @@ def read_field(value: str, path: Sequence[PathStep]) -> str:
         else:
             at = format_path(path[:n]) or "the value"
             raise FieldError(f"{at} has no {format_path([step])}: it is {_describe(data)}")
-    return data if isinstance(data, str) else json.dumps(data, separators=(",", ":"), ensure_ascii=False)
+    return field_text(data)
 
 
 def unreachable(schema: Any, path: Sequence[PathStep]) -> str | None:
