@@ -18,6 +18,7 @@ from parrot.engines.protocol.schemas import GenerateResponse, StreamEnd
 from parrot.platform.serve.call_state import CallState
 from parrot.platform.serve.errors import GraphError
 from parrot.platform.serve.typed_values import read_field
+from parrot.platform.serve.value_stream import ValueStream
 from parrot.wire.formats import OutputFormat
 from parrot.wire.sampling import SamplingParams
 from parrot.wire.template import Chunk, PathStep, PlaceholderChunk, TemplateError, TextChunk
@@ -39,6 +40,7 @@ class SemanticVariable:
     consumers: list[CompletionChain] = field(default_factory=list)
     stored: bool = True  # False in sessions that are not persisted (one-shot OpenAI requests)
     _settled: asyncio.Event | None = field(default=None, repr=False)
+    _stream: ValueStream | None = field(default=None, repr=False)
 
     @property
     def ready(self) -> bool:
@@ -52,6 +54,25 @@ class SemanticVariable:
         if self.ready or self.error is not None:
             self._settled.set()
         return self._settled
+
+    @property
+    def stream(self) -> ValueStream:
+        """Its text while its producer generates it (made when first asked for)."""
+        if self._stream is None:
+            self._stream = ValueStream()
+        return self._stream
+
+    def end_stream(self, finish_reason: str | None = None) -> None:
+        """It settled: whoever streams it reads the rest and ends."""
+        if self._stream is not None:
+            self._stream.close(finish_reason)
+
+    @property
+    def partial(self) -> str | None:
+        """What its producer generated so far, while it runs (None: no text yet, or settled)."""
+        if self._stream is None or self.value is not None or self.error is not None:
+            return None
+        return self._stream.text or None
 
 
 @dataclass(eq=False)

@@ -29,7 +29,8 @@ class Variables:
         self.calls = calls  # told of every value and error (it journals them, advances calls)
         self.metrics = metrics  # seconds each get waited
 
-    def set_value(self, var: SemanticVariable, value: str) -> None:
+    def set_value(self, var: SemanticVariable, value: str, finish_reason: str | None = None) -> None:
+        """``finish_reason``: its producer's, for those who stream it."""
         if var.ready or var.error is not None:
             return  # settled once: a late result (a task that ran twice) changes nothing
         why = text.problem(value)
@@ -43,7 +44,7 @@ class Variables:
             )
             return
         var.value = value
-        self._changed(var)
+        self._changed(var, finish_reason)
 
     def fail(self, var: SemanticVariable, error: str) -> None:
         if var.ready or var.error is not None:
@@ -58,9 +59,11 @@ class Variables:
             if not var.ready and var.error is None:
                 var.error = reason
                 var.settled.set()
+                var.end_stream()
 
-    def _changed(self, var: SemanticVariable) -> None:
+    def _changed(self, var: SemanticVariable, finish_reason: str | None = None) -> None:
         var.settled.set()
+        var.end_stream(finish_reason)  # its readers end with the value or the error
         self.calls.var_settled(var)
 
     async def wait(self, var: SemanticVariable, timeout: float | None = None) -> str:
