@@ -130,7 +130,7 @@ def test_multi_byte_characters_and_two_outputs_of_one_call(api):
 
 def test_late_and_very_late_followers(api):
     s = Session(api)
-    call_id, var = s.ask("Tell me a long story about a dragon.", max_tokens=64, ignore_eos=True)
+    _, var = s.ask("Tell me a long story about a dragon.", max_tokens=64, ignore_eos=True)
     early = s.stream(var, stop_after=1)  # the producer is running: it has written something
     assert early[0][0] == "delta"
     late = s.stream(var)  # arrives while it runs: first what exists, then the rest
@@ -192,7 +192,7 @@ def test_deleting_the_session_ends_its_streams(api):
 
 def test_a_follower_that_leaves_costs_nothing(api, core):
     s = Session(api)
-    call_id, var = s.ask("Describe a forest in detail.", max_tokens=48, ignore_eos=True)
+    _, var = s.ask("Describe a forest in detail.", max_tokens=48, ignore_eos=True)
     first = s.stream(var, stop_after=1)
     assert first[0][0] == "delta"
     assert no_followers(core, s.sid)  # its follower count went back to zero
@@ -256,7 +256,7 @@ def test_bad_stream_requests(api):
 def test_first_token_times_of_semantic_calls(api):
     before = _ttft_count(api)
     s = Session(api)
-    call_id, var = s.ask("Name three colors.", max_tokens=12)
+    _, var = s.ask("Name three colors.", max_tokens=12)
     s.get(var)
     timings = s.info()["calls"][0]["timings"]
     assert (
