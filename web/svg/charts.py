@@ -39,9 +39,7 @@ def sparkline(values: Sequence[float], label: str, width: int = 260, height: int
     n = len(values)
     step = width / max(n - 1, 1)
     plot = height - 2 - LABEL_BAND - 2  # the maximum sits 2 px under the label's strip
-    points = " ".join(
-        f"{num(i * step)},{num(height - 2 - (v / top) * plot)}" for i, v in enumerate(values)
-    )
+    points = " ".join(f"{num(i * step)},{num(height - 2 - (v / top) * plot)}" for i, v in enumerate(values))
     area = f"0,{height} {points} {num((n - 1) * step)},{height}" if n > 1 else ""
     return Markup(
         f'<svg class="spark" viewBox="0 0 {width} {height}" width="{width}" height="{height}" role="img" '

@@ -18,8 +18,8 @@ from parrot.platform.serve.observe import ContextNode, ContextTreeView
 from parrot.web.svg import Markup, num, text
 from parrot.web.words import plural
 
-COL, ROW = 212.0, 76.0
-BOX_W, BOX_H = 192.0, 66.0
+COL, ROW = 198.0, 76.0
+BOX_W, BOX_H = 180.0, 66.0
 PAD = 10.0
 MIN_SCALE = 0.75  # the least a tree is scaled down to fit its box (then it scrolls)
 
@@ -97,10 +97,10 @@ def render(view: ContextTreeView) -> Markup:
             f'<g class="ctx-node{shared}" data-sessions="{text(" ".join(node.sessions))}" '
             f'data-contexts="{node.contexts}"><title>{text(tip)}</title>'
             f'<rect x="{num(x)}" y="{num(y)}" width="{num(BOX_W)}" height="{num(BOX_H)}" rx="5"/>'
-            f'<text x="{num(x + 6)}" y="{num(y + 15)}" class="strong">{text(own, 34)}</text>'
-            f'<text x="{num(x + 6)}" y="{num(y + 30)}">{text(users, 34)}</text>'
-            f'<text x="{num(x + 6)}" y="{num(y + 45)}" class="total">{text(total, 34)}</text>'
-            f'<text x="{num(x + 6)}" y="{num(y + 60)}">{text(_holders(node), 32)}</text></g>'
+            f'<text x="{num(x + 6)}" y="{num(y + 15)}" class="strong">{text(own, 30)}</text>'
+            f'<text x="{num(x + 6)}" y="{num(y + 30)}">{text(users, 30)}</text>'
+            f'<text x="{num(x + 6)}" y="{num(y + 45)}" class="total">{text(total, 30)}</text>'
+            f'<text x="{num(x + 6)}" y="{num(y + 60)}">{text(_holders(node), 30)}</text></g>'
         )
     out.append("</svg>")
     return Markup("".join(out))
