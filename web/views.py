@@ -1,6 +1,5 @@
 """What each page shows, built from the ServeCore's operator views only (never the scheduler's
-parts); the text of a variable being generated is read from the session's variable itself
-(:attr:`SemanticVariable.partial`), which the DAG view does not carry."""
+parts), the text of a variable being generated included (``DagVar.partial``)."""
 
 from __future__ import annotations
 
@@ -10,7 +9,6 @@ from dataclasses import dataclass, field
 from markupsafe import Markup
 
 from parrot.platform.serve.observe import (
-    VALUE_PREVIEW,
     ContextTreeView,
     DagCall,
     DagVar,
@@ -161,25 +159,19 @@ class SessionSnapshot:
 def session_snapshot(ops: OperatorViews, session_id: str, selected: str | None = None) -> SessionSnapshot:
     graph = ops.session_dag(session_id, latest=MAX_DRAWN_CALLS, keep=selected)
     counts = ops.state_counts(session_id) if graph.live else None
-    return SessionSnapshot(graph, counts, partial_texts(ops, graph, selected))
+    return SessionSnapshot(graph, counts, partial_texts(graph, selected))
 
 
-def partial_texts(ops: OperatorViews, graph: SessionDag, selected: str | None) -> dict[str, str]:
+def partial_texts(graph: SessionDag, selected: str | None) -> dict[str, str]:
     """The text generated so far of the selected node's variables still being generated (a
     call's outputs, or the variable itself), by var id: what its detail shows growing live.
-    Only the selected node's, so a page's snapshot stays bounded; the latest
-    ``VALUE_PREVIEW`` characters of each (the end is what is new)."""
-    session = ops.sessions.get(graph.session_id) if selected and graph.live else None
-    if session is None:
+    Only the selected node's, so a page's snapshot stays bounded (each is already cut to
+    its latest ``VALUE_PREVIEW`` characters by the DAG view)."""
+    if not selected or not graph.live:
         return {}
     call = next((c for c in graph.calls if c.call_id == selected), None)
-    texts = {}
-    for var_id in call.outputs if call is not None else [selected]:
-        var = session.vars.get(var_id)
-        text = var.partial if var is not None else None
-        if text:
-            texts[var_id] = text if len(text) <= VALUE_PREVIEW else "…" + text[-VALUE_PREVIEW:]
-    return texts
+    wanted = set(call.outputs) if call is not None else {selected}
+    return {v.var_id: v.partial for v in graph.vars if v.var_id in wanted and v.partial}
 
 
 def session_page(snapshot: SessionSnapshot | SessionDag, selected: str | None = None) -> SessionPage:

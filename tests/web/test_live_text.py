@@ -18,8 +18,8 @@ from playwright.sync_api import expect
 
 from parrot.platform.api.app import create_app
 from parrot.platform.serve.core import ServeCore
+from parrot.platform.serve.observe import VALUE_PREVIEW
 from parrot.sdk import Client, Output
-from parrot.web import views
 from parrot.web.config import DashboardConfig
 
 from .test_browser import shoot
@@ -82,11 +82,11 @@ def test_only_the_latest_text_of_a_long_generation_is_sent(in_process):
     server, core = in_process
     sid, call_id, var_id = a_waiting_call(server.url)
     var = core.sessions.get(sid).vars[var_id]
-    var.stream.append("a" * views.VALUE_PREVIEW, 100)
+    var.stream.append("a" * VALUE_PREVIEW, 100)
     var.stream.append("THE END", 2)
     page = httpx.get(f"{server.url}/sessions/{sid}?node={call_id}").text
     shown = page.split(f'data-partial="{var_id}"')[1].split(">", 1)[1].split("</mark>")[0]
-    assert shown.endswith("THE END") and shown.startswith("…") and len(shown) == views.VALUE_PREVIEW + 1
+    assert shown.endswith("THE END") and shown.startswith("…") and len(shown) == VALUE_PREVIEW + 1
 
 
 def test_a_running_call_shows_its_text_growing_live_in_the_browser(browser, dashboard_url, artifacts):
