@@ -4,6 +4,11 @@ The model computes q/k/v for all tokens of a step (``[num_tokens, heads, head_di
 backend stores the new k/v into their slots of the paged cache and attends every query to
 the keys its sequence may see. Everything a backend needs about the batch is precomputed
 once per step in :class:`AttentionBatch` and shared by all layers.
+
+A sliding-window layer gets the same batch with its masks narrowed to the window
+(:func:`~parrot.engines.builtin.attention.window.windowed`); a layer's own score scale
+travels in :class:`LayerAttention`. Backends whose kernels compute the causal
+bounds from lengths instead of reading the masks say so with ``applies_masks = False``.
 """
 
 from __future__ import annotations
@@ -54,6 +59,9 @@ class SharedPrefixGroup:
     prefix_blocks: torch.Tensor  # [prefix_len // block_size] the shared (full) blocks
     block_size: int
     num_seqs: int
+    # [num_group_tokens, prefix_len] bool, False where a query may not see a key (a sliding
+    # window); None: every query sees the whole prefix
+    key_mask: torch.Tensor | None = None
 
 
 @dataclass(frozen=True)
@@ -70,10 +78,23 @@ class AttentionBatch:
         return bool(self.shared_groups)
 
 
+@dataclass(frozen=True)
+class LayerAttention:
+    """How one layer scores its keys, where it differs from ``q.k / sqrt(head_dim)``."""
+
+    scale: float | None = None  # None: head_dim ** -0.5; Gemma 3: query_pre_attn_scalar ** -0.5
+
+
+PLAIN = LayerAttention()
+
+
 class AttentionBackend(ABC):
     """Stores new KV into the paged cache and computes attention for one layer."""
 
     name: str
+    # Whether the masks in the batch (kv_valid/kv_bias, causal_mask, key_mask) decide what
+    # a query sees, so that a sliding window narrowed into them is honoured.
+    applies_masks: bool = True
 
     def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int) -> None:
         if num_heads % num_kv_heads:
@@ -92,5 +113,6 @@ class AttentionBackend(ABC):
         k_cache: torch.Tensor,  # [num_slots, num_kv_heads, head_dim]
         v_cache: torch.Tensor,  # [num_slots, num_kv_heads, head_dim]
         batch: AttentionBatch,
+        layer: LayerAttention = PLAIN,
     ) -> torch.Tensor:  # [num_tokens, num_heads, head_dim]
         ...

@@ -1,10 +1,15 @@
-"""Attention with the Triton kernels: paged decode, paged prefill, shared prefix + merge."""
+"""Attention with the Triton kernels: paged decode, paged prefill, shared prefix + merge.
+
+The kernels bound each query's keys by lengths, not by the batch's masks, so they cannot
+honour a sliding window yet (``applies_masks = False``): the model refuses this backend for
+models with sliding-window layers.
+"""
 
 from __future__ import annotations
 
 import torch
 
-from parrot.engines.builtin.attention.base import AttentionBackend, AttentionBatch
+from parrot.engines.builtin.attention.base import PLAIN, AttentionBackend, AttentionBatch, LayerAttention
 from parrot.engines.builtin.kernels.merge import merge_into
 from parrot.engines.builtin.kernels.paged_decode import paged_decode_attention
 from parrot.engines.builtin.kernels.paged_prefill import paged_prefill_attention
@@ -14,8 +19,10 @@ from parrot.engines.builtin.kernels.store_kv import store_kv
 
 class TritonAttentionBackend(AttentionBackend):
     name = "triton"
+    applies_masks = False
 
-    def forward(self, q, k, v, k_cache, v_cache, batch: AttentionBatch) -> torch.Tensor:
+    def forward(self, q, k, v, k_cache, v_cache, batch: AttentionBatch, layer: LayerAttention = PLAIN):
+        scale = layer.scale or self.scale
         store_kv(k, v, k_cache, v_cache, batch.slot_mapping)
         out = q.new_empty(q.shape, dtype=torch.float32)  # [num_tokens, heads, head_dim]
         lse = q.new_empty(q.shape[:2], dtype=torch.float32)  # [num_tokens, heads]
@@ -28,7 +35,7 @@ class TritonAttentionBackend(AttentionBackend):
                 d.block_table,
                 d.kv_lens,
                 d.block_size,
-                self.scale,
+                scale,
             )
             out.index_copy_(0, d.token_rows, o.float())
             lse.index_copy_(0, d.token_rows, l_)
@@ -44,13 +51,13 @@ class TritonAttentionBackend(AttentionBackend):
                 p.kv_start,
                 kv_len,
                 batch.block_size,
-                self.scale,
+                scale,
             )
             out[rows] = o.float()
             lse[rows] = l_
         for g in batch.shared_groups:
             part = shared_prefix_attention(
-                q.index_select(0, g.token_rows), k_cache, v_cache, g.prefix_blocks, g.block_size, self.scale
+                q.index_select(0, g.token_rows), k_cache, v_cache, g.prefix_blocks, g.block_size, scale
             )
             merge_into(out, lse, g.token_rows, *part)
         return out.to(q.dtype)

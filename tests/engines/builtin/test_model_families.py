@@ -1,0 +1,138 @@
+"""The families beyond Llama/Mistral/Qwen2 against transformers, on random tiny configs:
+Qwen3 (q/k norms, head_dim of its own), Phi-3 / Phi-4-mini (fused weights, partial rotary,
+long-rope), Gemma 3 (its norms, GeGLU, scaled embeddings, sliding-window layers with a
+local rope, soft-capping). Logits of chunked prefill + decode, and greedy tokens."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import transformers
+from test_model_correctness import SMALL, load_ours, run_chunks
+
+from parrot.engines.builtin.context_pool import Context
+from parrot.engines.builtin.model.model_config import ModelConfig
+from parrot.engines.protocol.errors import ModelLoadError
+
+TOKENS = 45  # longer than the Gemma configs' window, over blocks of 4
+CHUNKS = [17, 20, 1, 1, 1, 1, 1, 1, 1, 1]
+GEMMA = dict(SMALL, head_dim=16, sliding_window=8, layer_types=["sliding_attention", "full_attention"])
+
+FAMILIES = {
+    "qwen3": lambda: transformers.Qwen3Config(**SMALL, head_dim=24, tie_word_embeddings=False),
+    "qwen3-tied-bias": lambda: transformers.Qwen3Config(
+        **SMALL, head_dim=16, tie_word_embeddings=True, attention_bias=True
+    ),
+    "phi3": lambda: transformers.Phi3Config(**SMALL, pad_token_id=0, eos_token_id=1, bos_token_id=2),
+    "phi4-mini-partial-longrope": lambda: transformers.Phi3Config(
+        **{**SMALL, "max_position_embeddings": 512},
+        pad_token_id=0,
+        eos_token_id=1,
+        bos_token_id=2,
+        tie_word_embeddings=True,
+        partial_rotary_factor=0.75,
+        original_max_position_embeddings=64,  # the sequences stay below: the short factors
+        rope_scaling={
+            "rope_type": "longrope",
+            "short_factor": [1.0 + 0.1 * i for i in range(6)],
+            "long_factor": [2.0 + i for i in range(6)],
+        },
+    ),
+    "gemma3": lambda: transformers.Gemma3TextConfig(**GEMMA, query_pre_attn_scalar=24),
+    "gemma3-softcap-linear-rope": lambda: transformers.Gemma3TextConfig(
+        **GEMMA,
+        attn_logit_softcapping=2.0,  # ignored by transformers' Gemma 3, and so by the engine
+        final_logit_softcapping=3.0,
+        rope_parameters={
+            "full_attention": {"rope_type": "linear", "factor": 2.0, "rope_theta": 1e6},
+            "sliding_attention": {"rope_type": "default", "rope_theta": 1e4},
+        },
+    ),
+}
+
+
+def random_hf(config) -> transformers.PreTrainedModel:
+    """A transformers model with random weights everywhere, norms and biases included, so a
+    norm or bias the engine skipped (or Gemma's 1 + weight) shows in the logits."""
+    torch.manual_seed(0)
+    hf = transformers.AutoModelForCausalLM.from_config(config).eval()
+    with torch.no_grad():
+        for name, param in hf.named_parameters():
+            if "norm" in name or name.endswith("bias"):
+                param.normal_(0.0, 0.3)
+            else:
+                param.normal_(0.0, 0.15)
+    return hf
+
+
+@pytest.fixture(scope="module", params=sorted(FAMILIES))
+def family(request, tmp_path_factory):
+    hf = random_hf(FAMILIES[request.param]())
+    folder = tmp_path_factory.mktemp(request.param)
+    hf.save_pretrained(folder)
+    return request.param, hf, folder
+
+
+def our_logits(folder, tokens: list[int], chunks: list[int]) -> torch.Tensor:
+    model, pool = load_ours(folder)
+    ctx = Context(context_id=1, token_ids=list(tokens), materialized=True)
+    pool.contexts[1] = ctx
+    return run_chunks(model, pool, ctx, chunks)
+
+
+def our_greedy(folder, prompt: list[int], n: int) -> list[int]:
+    model, pool = load_ours(folder)
+    ctx = Context(context_id=1, token_ids=list(prompt), materialized=True)
+    pool.contexts[1] = ctx
+    logits = run_chunks(model, pool, ctx, [len(prompt)])
+    out = []
+    for _ in range(n):
+        token = int(logits[-1].argmax())
+        out.append(token)
+        ctx.token_ids.append(token)
+        logits = run_chunks(model, pool, ctx, [1])
+    return out
+
+
+def test_logits_match_transformers(family):
+    _, hf, folder = family
+    tokens = torch.randint(0, SMALL["vocab_size"], (TOKENS,), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        expected = hf(tokens[None]).logits[0]
+    got = our_logits(folder, tokens.tolist(), CHUNKS)
+    torch.testing.assert_close(got, expected, atol=2e-4, rtol=2e-4)
+
+
+def test_greedy_tokens_match_transformers(family):
+    _, hf, folder = family
+    prompt = torch.randint(0, SMALL["vocab_size"], (6,), generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        out = hf.generate(prompt[None], do_sample=False, max_new_tokens=16, min_new_tokens=16, pad_token_id=0)
+    expected = out[0, prompt.numel() :].tolist()
+    assert our_greedy(folder, prompt.tolist(), 16) == expected
+
+
+def test_family_configs_read_what_transformers_builds():
+    qwen3 = ModelConfig.from_hf_dict(FAMILIES["qwen3"]().to_dict(), "m")
+    assert (qwen3.architecture, qwen3.head_dim, qwen3.qk_norm, qwen3.qkv_bias) == ("qwen3", 24, True, False)
+    phi = ModelConfig.from_hf_dict(FAMILIES["phi4-mini-partial-longrope"]().to_dict(), "m")
+    assert (phi.rotary_dim, phi.rope_scaling.kind, phi.rope_scaling.factor) == (12, "longrope", 8.0)
+    gemma = ModelConfig.from_hf_dict(FAMILIES["gemma3-softcap-linear-rope"]().to_dict(), "m")
+    assert gemma.layer_types == ("sliding_attention", "full_attention") and gemma.window(0) == 8
+    assert gemma.window(1) is None and (gemma.local_rope_theta, gemma.rope_theta) == (1e4, 1e6)
+    assert gemma.rope_scaling.kind == "linear" and gemma.local_rope_scaling.kind == "default"
+    assert (gemma.final_softcap, gemma.hidden_act, gemma.attn_scale) == (3.0, "gelu_pytorch_tanh", 256**-0.5)
+
+
+def test_unsupported_architecture_lists_the_supported_ones(tmp_path):
+    d = {
+        **transformers.LlamaConfig(**SMALL).to_dict(),
+        "model_type": "gpt_neox",
+        "architectures": ["GPTNeoXForCausalLM"],
+    }
+    with pytest.raises(ModelLoadError) as error:
+        ModelConfig.from_hf_dict(d, "m")
+    message = str(error.value)
+    assert "unsupported model type 'gpt_neox'" in message
+    for family in ("llama", "mistral", "qwen2", "qwen3", "gemma3_text", "phi3", "Gemma3ForCausalLM"):
+        assert family in message
