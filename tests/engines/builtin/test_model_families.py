@@ -10,7 +10,10 @@ import torch
 import transformers
 from test_model_correctness import SMALL, load_ours, run_chunks
 
+from parrot.engines.builtin.attention.torch_backend import TorchAttentionBackend
+from parrot.engines.builtin.batch import SharedPrefixPolicy, StepItem, build_step
 from parrot.engines.builtin.context_pool import Context
+from parrot.engines.builtin.model.llama import LlamaForCausalLM
 from parrot.engines.builtin.model.model_config import ModelConfig
 from parrot.engines.protocol.errors import ModelLoadError
 
@@ -136,3 +139,64 @@ def test_unsupported_architecture_lists_the_supported_ones(tmp_path):
     assert "unsupported model type 'gpt_neox'" in message
     for family in ("llama", "mistral", "qwen2", "qwen3", "gemma3_text", "phi3", "Gemma3ForCausalLM"):
         assert family in message
+
+
+def test_sliding_window_holds_across_forks_and_shared_prefixes(tmp_path):
+    """Gemma 3 (window 8) on forked contexts whose shared blocks are attended once, the
+    queries of a fork of a fork in nested groups, some slid past the whole shared prefix:
+    every token's logits equal transformers' on the fork's whole sequence."""
+    hf = random_hf(FAMILIES["gemma3"]())
+    hf.save_pretrained(tmp_path)
+    model, pool = load_ours(tmp_path, block_size=4, num_blocks=128)
+    policy = SharedPrefixPolicy(min_prefix_tokens=1, min_saved_tokens=0)
+    gen = torch.Generator().manual_seed(3)
+
+    def tokens(n: int) -> list[int]:
+        return torch.randint(0, SMALL["vocab_size"], (n,), generator=gen).tolist()
+
+    def fork(cid: int, parent: Context, n: int) -> StepItem:
+        ctx = Context(context_id=cid, parent=parent, parent_id=parent.context_id)
+        pool.contexts[cid] = ctx
+        pool.materialize(ctx)
+        return extend(ctx, n)
+
+    def extend(ctx: Context, n: int) -> StepItem:
+        start = ctx.num_computed
+        ctx.token_ids.extend(tokens(n))
+        assert pool.ensure_blocks(ctx, len(ctx.token_ids))
+        return StepItem(ctx, start, len(ctx.token_ids) - start, sample=False)
+
+    def step_matches_transformers(items: list[StepItem]) -> None:
+        step = build_step(items, pool.block_size, policy, torch.device("cpu"))
+        assert step.attention.uses_shared_prefix
+        logits = model.compute_logits(model(step.input_ids, step.positions, step.attention, pool.kv_cache))
+        row = 0
+        for item in items:
+            with torch.no_grad():
+                expected = hf(torch.tensor([item.context.token_ids])).logits[0, item.start :]
+            got = logits[row : row + item.num_tokens]
+            torch.testing.assert_close(got, expected, atol=2e-4, rtol=2e-4)
+            row += item.num_tokens
+            item.context.num_computed = item.start + item.num_tokens
+            pool.register_full_blocks(item.context)
+
+    root = Context(context_id=1, token_ids=tokens(22), materialized=True)
+    pool.contexts[1] = root
+    run_chunks(model, pool, root, [22])  # 5 full blocks shared below, a partial one copied
+    children = [fork(10, root, 1), fork(11, root, 10), fork(12, root, 3)]  # 11 reaches past the window
+    step_matches_transformers(children)
+    grandchildren = [fork(20, children[1].context, 1), fork(21, children[1].context, 4)]
+    step_matches_transformers([*grandchildren, extend(children[0].context, 1)])
+    step_matches_transformers([extend(ctx.context, 1) for ctx in [*children, *grandchildren]])
+
+
+def test_the_triton_backend_is_refused_for_sliding_window_models(tmp_path):
+    class LengthBoundBackend(TorchAttentionBackend):  # stands in for triton: no masks
+        name = "triton"
+        applies_masks = False
+
+    config = ModelConfig.from_hf_dict(FAMILIES["gemma3"]().to_dict(), "m")
+    with pytest.raises(ModelLoadError, match=r"does not implement sliding-window attention.*torch"):
+        LlamaForCausalLM(config, LengthBoundBackend(config.num_heads, config.num_kv_heads, config.head_dim))
+    plain = ModelConfig.from_hf_dict(FAMILIES["qwen3"]().to_dict(), "m")
+    LlamaForCausalLM(plain, LengthBoundBackend(plain.num_heads, plain.num_kv_heads, plain.head_dim))
