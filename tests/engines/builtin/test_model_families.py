@@ -1,20 +1,29 @@
 """The families beyond Llama/Mistral/Qwen2 against transformers, on random tiny configs:
 Qwen3 (q/k norms, head_dim of its own), Phi-3 / Phi-4-mini (fused weights, partial rotary,
 long-rope), Gemma 3 (its norms, GeGLU, scaled embeddings, sliding-window layers with a
-local rope, soft-capping). Logits of chunked prefill + decode, and greedy tokens."""
+local rope, final soft-capping). Logits of chunked prefill + decode, and greedy tokens, from
+safetensors folders and from GGUF files (tests' gguf_files.py writes them)."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 import transformers
+from gguf_files import hf_from_gguf, write_gguf
 from test_model_correctness import SMALL, load_ours, run_chunks
 
+from parrot.engines.builtin.attention import create_backend
 from parrot.engines.builtin.attention.torch_backend import TorchAttentionBackend
 from parrot.engines.builtin.batch import SharedPrefixPolicy, StepItem, build_step
-from parrot.engines.builtin.context_pool import Context
+from parrot.engines.builtin.block_manager import BlockManager
+from parrot.engines.builtin.context_pool import Context, ContextPool
+from parrot.engines.builtin.engine_config import EngineConfig
+from parrot.engines.builtin.kv_cache import allocate_kv_cache
+from parrot.engines.builtin.model.build import build_model
 from parrot.engines.builtin.model.llama import LlamaForCausalLM
+from parrot.engines.builtin.model.loader import resolve_model_folder
 from parrot.engines.builtin.model.model_config import ModelConfig
+from parrot.engines.builtin.model.quant import Int8Linear
 from parrot.engines.protocol.errors import ModelLoadError
 
 TOKENS = 45  # longer than the Gemma configs' window, over blocks of 4
@@ -200,3 +209,54 @@ def test_the_triton_backend_is_refused_for_sliding_window_models(tmp_path):
         LlamaForCausalLM(config, LengthBoundBackend(config.num_heads, config.num_kv_heads, config.head_dim))
     plain = ModelConfig.from_hf_dict(FAMILIES["qwen3"]().to_dict(), "m")
     LlamaForCausalLM(plain, LengthBoundBackend(plain.num_heads, plain.num_kv_heads, plain.head_dim))
+
+
+# GGUF files as llama.cpp writes them. transformers' GGUF loader reads no head_dim for Qwen3
+# (it takes its default, 128, which every released Qwen3 has) and no query_pre_attn_scalar or
+# layer pattern for Gemma 3 (its defaults again), so the configs here keep to what survives.
+GGUF_FAMILIES = {
+    "qwen3": lambda: transformers.Qwen3Config(**SMALL, head_dim=128, tie_word_embeddings=False),
+    "phi3": FAMILIES["phi3"],
+    "gemma3": lambda: transformers.Gemma3TextConfig(**{**GEMMA, "layer_types": None}),
+}
+
+
+@pytest.fixture(scope="module", params=sorted(GGUF_FAMILIES))
+def gguf_family(request, tmp_path_factory):
+    folder = tmp_path_factory.mktemp(f"gguf-{request.param}")
+    path = write_gguf(random_hf(GGUF_FAMILIES[request.param]()), folder / f"tiny-{request.param}.gguf")
+    return path, hf_from_gguf(path), resolve_model_folder(path, folder / "cache")
+
+
+def test_gguf_logits_and_greedy_tokens_match_transformers(gguf_family):
+    path, hf, folder = gguf_family
+    assert ModelConfig.from_folder(folder).name == path.stem
+    tokens = torch.randint(0, SMALL["vocab_size"], (TOKENS,), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        expected = hf(tokens[None]).logits[0]
+        greedy = hf.generate(
+            tokens[None, :6], do_sample=False, max_new_tokens=16, min_new_tokens=16, pad_token_id=0
+        )
+    torch.testing.assert_close(our_logits(folder, tokens.tolist(), CHUNKS), expected, atol=2e-4, rtol=2e-4)
+    assert our_greedy(folder, tokens[:6].tolist(), 16) == greedy[0, 6:].tolist()
+
+
+def test_gguf_weight_format_reads_each_family_s_tensors(gguf_family):
+    """--weights gguf: the file's own tensors (float32 here, so int8), fused names (Phi-3) and
+    no llama row permutation (these architectures store q/k as they are)."""
+    path, _, folder = gguf_family
+    mc = ModelConfig.from_folder(folder)
+    config = EngineConfig(model=str(path), weights="gguf", dtype="float32")
+    backend = create_backend("torch", mc.num_heads, mc.num_kv_heads, mc.head_dim)
+    model = build_model(config, mc, folder, backend)
+    assert isinstance(model.layers[0].self_attn.qkv_proj, Int8Linear)
+    cache = allocate_kv_cache(mc, 64, 4, torch.float32, torch.device("cpu"))
+    pool = ContextPool(BlockManager(64, 4), cache)
+    tokens = torch.randint(
+        0, SMALL["vocab_size"], (TOKENS,), generator=torch.Generator().manual_seed(1)
+    ).tolist()
+    pool.contexts[1] = ctx = Context(context_id=1, token_ids=tokens, materialized=True)
+    got = run_chunks(model, pool, ctx, CHUNKS)
+    exact = our_logits(folder, tokens, CHUNKS)
+    error = ((got - exact).abs().max() / exact.abs().max()).item()
+    assert 0 < error < 0.025  # test_weight_formats' int8 bound
