@@ -13,14 +13,14 @@ import transformers
 ARCHES = {"qwen3": "qwen3", "phi3": "phi3", "gemma3_text": "gemma3"}  # model_type -> GGUF architecture
 
 
-def _rope_theta(config) -> float:
+def _rope_theta(config) -> float:  # of the global layers
     params = config.rope_parameters
     params = params.get("full_attention", params)
     return float(params["rope_theta"])
 
 
 def write_gguf(hf: transformers.PreTrainedModel, path: Path) -> Path:
-    from gguf import GGUFWriter
+    from gguf import GGUFWriter, RopeScalingType
     from transformers.convert_slow_tokenizer import bytes_to_unicode
     from transformers.integrations.ggml import GGUF_CONFIG_MAPPING
     from transformers.modeling_gguf_pytorch_utils import (
@@ -49,7 +49,18 @@ def write_gguf(hf: transformers.PreTrainedModel, path: Path) -> Path:
         else:
             writer.add_uint32(key, int(value))
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-    writer.add_uint32(f"{arch}.rope.dimension_count", head_dim)
+    rope = config.rope_parameters
+    partial = rope.get("partial_rotary_factor") or getattr(config, "partial_rotary_factor", None) or 1.0
+    writer.add_rope_dimension_count(int(head_dim * partial))
+    if rope.get("rope_type") == "longrope":  # llama.cpp's Phi-3: factors as tensors
+        writer.add_rope_scaling_orig_ctx_len(config.original_max_position_embeddings)
+        for kind in ("long", "short"):
+            factors = np.array(rope[f"{kind}_factor"], dtype=np.float32)
+            writer.add_tensor(f"rope_factors_{kind}.weight", factors)
+    full = rope.get("full_attention", {})
+    if full.get("rope_type") == "linear":  # llama.cpp's Gemma 3: the global layers' scaling
+        writer.add_rope_scaling_type(RopeScalingType.LINEAR)
+        writer.add_rope_scaling_factor(full["factor"])
     # A byte-level BPE vocabulary of single characters (no merges).
     symbols = list(bytes_to_unicode().values())[: config.vocab_size]
     writer.add_tokenizer_model("gpt2")

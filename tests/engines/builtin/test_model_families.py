@@ -24,6 +24,7 @@ from parrot.engines.builtin.model.llama import LlamaForCausalLM
 from parrot.engines.builtin.model.loader import resolve_model_folder
 from parrot.engines.builtin.model.model_config import ModelConfig
 from parrot.engines.builtin.model.quant import Int8Linear
+from parrot.engines.builtin.model.rope import RotaryEmbedding
 from parrot.engines.protocol.errors import ModelLoadError
 
 TOKENS = 45  # longer than the Gemma configs' window, over blocks of 4
@@ -260,3 +261,46 @@ def test_gguf_weight_format_reads_each_family_s_tensors(gguf_family):
     exact = our_logits(folder, tokens, CHUNKS)
     error = ((got - exact).abs().max() / exact.abs().max()).item()
     assert 0 < error < 0.025  # test_weight_formats' int8 bound
+
+
+RESTORED = {  # rope settings transformers' GGUF loader drops, which the conversion restores
+    "phi4-mini-partial-longrope": FAMILIES["phi4-mini-partial-longrope"],
+    "gemma3-linear-rope": lambda: transformers.Gemma3TextConfig(
+        **{**GEMMA, "layer_types": None, "num_hidden_layers": 6},  # layer 6 is global
+        rope_parameters={
+            "full_attention": {"rope_type": "linear", "factor": 2.0, "rope_theta": 1e6},
+            "sliding_attention": {"rope_type": "default", "rope_theta": 1e4},
+        },
+    ),
+}
+
+
+@pytest.mark.parametrize("name", sorted(RESTORED))
+def test_gguf_conversion_keeps_the_checkpoint_s_rope(name, tmp_path):
+    """A GGUF of Phi-4-mini (partial rotary, long-rope) or Gemma 3 (linear rope on its global
+    layers) runs as the checkpoint it was made from."""
+    hf = random_hf(RESTORED[name]())
+    folder = resolve_model_folder(write_gguf(hf, tmp_path / f"{name}.gguf"), tmp_path / "cache")
+    tokens = torch.randint(0, SMALL["vocab_size"], (TOKENS,), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        expected = hf(tokens[None]).logits[0]
+    torch.testing.assert_close(our_logits(folder, tokens.tolist(), CHUNKS), expected, atol=2e-4, rtol=2e-4)
+
+
+def test_longrope_tables_switch_to_the_long_factors_at_the_pretraining_length():
+    """Positions below original_max_position_embeddings rotate as transformers does for a
+    short sequence, the rest as it does for a long one (vLLM's split)."""
+    from transformers.models.phi3.modeling_phi3 import Phi3RotaryEmbedding
+
+    hf_config = FAMILIES["phi4-mini-partial-longrope"]()
+    config = ModelConfig.from_hf_dict(hf_config.to_dict(), "m")
+    ours = RotaryEmbedding(config.rotary_dim, 512, config.rope_theta, config.rope_scaling)
+    theirs = Phi3RotaryEmbedding(hf_config)
+    x = torch.zeros(1, 1, config.rotary_dim)
+    short_cos, short_sin = theirs(x, torch.arange(64)[None])
+    long_cos, long_sin = theirs(x, torch.arange(512)[None])
+    torch.testing.assert_close(ours.cos[:64], short_cos[0], rtol=0, atol=1e-6)
+    torch.testing.assert_close(ours.sin[:64], short_sin[0], rtol=0, atol=1e-6)
+    torch.testing.assert_close(ours.cos[64:], long_cos[0, 64:], rtol=0, atol=1e-6)
+    torch.testing.assert_close(ours.sin[64:], long_sin[0, 64:], rtol=0, atol=1e-6)
+    assert not torch.allclose(short_cos[0], long_cos[0, :64])  # the two factor sets differ
