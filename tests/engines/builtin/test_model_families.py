@@ -304,3 +304,40 @@ def test_longrope_tables_switch_to_the_long_factors_at_the_pretraining_length():
     torch.testing.assert_close(ours.cos[64:], long_cos[0, 64:], rtol=0, atol=1e-6)
     torch.testing.assert_close(ours.sin[64:], long_sin[0, 64:], rtol=0, atol=1e-6)
     assert not torch.allclose(short_cos[0], long_cos[0, :64])  # the two factor sets differ
+
+
+async def test_an_engine_serves_a_sliding_window_model_with_forks(tmp_path):
+    """The whole engine on a Gemma 3 GGUF: forks of one parent generate concurrently, on the
+    shared-prefix path, each token for token transformers' greedy continuation."""
+    import asyncio
+
+    from parrot.engines.builtin.engine import BuiltinEngine
+    from parrot.wire.sampling import SamplingParams
+
+    path = write_gguf(random_hf(GGUF_FAMILIES["gemma3"]()), tmp_path / "tiny-gemma3.gguf")
+    hf = hf_from_gguf(path)
+    config = EngineConfig(
+        model=str(path),
+        cache_dir=str(tmp_path / "cache"),
+        kv_cache_bytes=2**20,
+        block_size=4,
+        shared_prefix=SharedPrefixPolicy(min_prefix_tokens=4, min_saved_tokens=0),
+        attention_backend="torch",
+    )
+    engine = BuiltinEngine(config)
+    gen = torch.Generator().manual_seed(4)
+    parent = torch.randint(0, SMALL["vocab_size"], (14,), generator=gen).tolist()
+    tails = [torch.randint(0, SMALL["vocab_size"], (n,), generator=gen).tolist() for n in (1, 3, 6)]
+    sampling = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True)
+    try:
+        await engine.fill(1, token_ids=parent)
+        results = await asyncio.gather(
+            *(engine.generate(10 + i, sampling, 1, token_ids=tail) for i, tail in enumerate(tails))
+        )
+    finally:
+        engine.stop()
+    for tail, result in zip(tails, results, strict=True):
+        prompt = torch.tensor([parent + tail])
+        with torch.no_grad():
+            out = hf.generate(prompt, do_sample=False, max_new_tokens=12, min_new_tokens=12, pad_token_id=0)
+        assert result.token_ids == out[0, prompt.shape[1] :].tolist()
