@@ -341,3 +341,19 @@ async def test_an_engine_serves_a_sliding_window_model_with_forks(tmp_path):
         with torch.no_grad():
             out = hf.generate(prompt, do_sample=False, max_new_tokens=12, min_new_tokens=12, pad_token_id=0)
         assert result.token_ids == out[0, prompt.shape[1] :].tolist()
+
+
+@pytest.mark.parametrize("mode", [("bfloat16", "exact"), ("float32", "int8"), ("float32", "int4")])
+def test_fast_modes_stay_close_on_the_new_families(mode, family):
+    """Each weight format on each family, within test_weight_formats' bounds of the exact mode."""
+    from test_weight_formats import RANDOM_BOUNDS, logits_of, relative_error
+
+    name, _, folder = family
+    if name == "gemma3-softcap-linear-rope":
+        pytest.skip("logits capped at 3: an error relative to the largest logit says little")
+    tokens = torch.randint(
+        0, SMALL["vocab_size"], (TOKENS,), generator=torch.Generator().manual_seed(1)
+    ).tolist()
+    exact = logits_of(folder, "float32", "exact", tokens, CHUNKS)
+    error = relative_error(logits_of(folder, *mode, tokens, CHUNKS), exact)
+    assert 0 < error < RANDOM_BOUNDS[mode], f"{mode}: relative logit error {error:.4f}"
