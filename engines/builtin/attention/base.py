@@ -5,10 +5,10 @@ backend stores the new k/v into their slots of the paged cache and attends every
 the keys its sequence may see. Everything a backend needs about the batch is precomputed
 once per step in :class:`AttentionBatch` and shared by all layers.
 
-A sliding-window layer gets the same batch with its masks narrowed to the window
-(:func:`~parrot.engines.builtin.attention.window.windowed`); a layer's own score scale
-travels in :class:`LayerAttention`. Backends whose kernels compute the causal
-bounds from lengths instead of reading the masks say so with ``applies_masks = False``.
+A sliding-window layer gets the same batch with its masks narrowed to the window and the
+window itself recorded (:func:`~parrot.engines.builtin.attention.window.windowed`): the
+torch backend reads the masks, the Triton kernels, which bound keys by lengths, the
+window. A layer's own score scale travels in :class:`LayerAttention`.
 """
 
 from __future__ import annotations
@@ -59,9 +59,11 @@ class SharedPrefixGroup:
     prefix_blocks: torch.Tensor  # [prefix_len // block_size] the shared (full) blocks
     block_size: int
     num_seqs: int
-    # [num_group_tokens, prefix_len] bool, False where a query may not see a key (a sliding
-    # window); None: every query sees the whole prefix
+    # With a sliding window: [num_group_tokens, prefix_len] bool, False where a query may not
+    # see a key; the queries' positions; the position of the prefix's first key.
     key_mask: torch.Tensor | None = None
+    positions: torch.Tensor | None = None
+    prefix_start: int = 0
 
 
 @dataclass(frozen=True)
@@ -72,6 +74,7 @@ class AttentionBatch:
     decode: DecodeGroup | None
     prefills: tuple[PrefillSeq, ...]
     shared_groups: tuple[SharedPrefixGroup, ...]
+    window: int | None = None  # sliding: a query sees the keys less than this many positions back
 
     @property
     def uses_shared_prefix(self) -> bool:
@@ -92,9 +95,6 @@ class AttentionBackend(ABC):
     """Stores new KV into the paged cache and computes attention for one layer."""
 
     name: str
-    # Whether the masks in the batch (kv_valid/kv_bias, causal_mask, key_mask) decide what
-    # a query sees, so that a sliding window narrowed into them is honoured.
-    applies_masks: bool = True
 
     def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int) -> None:
         if num_heads % num_kv_heads:

@@ -1,8 +1,7 @@
 """Attention with the Triton kernels: paged decode, paged prefill, shared prefix + merge.
 
-The kernels bound each query's keys by lengths, not by the batch's masks, so they cannot
-honour a sliding window yet (``applies_masks = False``): the model refuses this backend for
-models with sliding-window layers.
+The kernels bound each query's keys by lengths and positions, not by the batch's masks; a
+sliding window reaches them as ``batch.window`` (and the shared groups' positions).
 """
 
 from __future__ import annotations
@@ -19,7 +18,6 @@ from parrot.engines.builtin.kernels.store_kv import store_kv
 
 class TritonAttentionBackend(AttentionBackend):
     name = "triton"
-    applies_masks = False
 
     def forward(self, q, k, v, k_cache, v_cache, batch: AttentionBatch, layer: LayerAttention = PLAIN):
         scale = layer.scale or self.scale
@@ -36,6 +34,7 @@ class TritonAttentionBackend(AttentionBackend):
                 d.kv_lens,
                 d.block_size,
                 scale,
+                window=batch.window,
             )
             out.index_copy_(0, d.token_rows, o.float())
             lse.index_copy_(0, d.token_rows, l_)
@@ -52,12 +51,21 @@ class TritonAttentionBackend(AttentionBackend):
                 kv_len,
                 batch.block_size,
                 scale,
+                window=batch.window,
             )
             out[rows] = o.float()
             lse[rows] = l_
         for g in batch.shared_groups:
             part = shared_prefix_attention(
-                q.index_select(0, g.token_rows), k_cache, v_cache, g.prefix_blocks, g.block_size, scale
+                q.index_select(0, g.token_rows),
+                k_cache,
+                v_cache,
+                g.prefix_blocks,
+                g.block_size,
+                scale,
+                window=batch.window,
+                positions=g.positions,
+                prefix_start=g.prefix_start,
             )
             merge_into(out, lse, g.token_rows, *part)
         return out.to(q.dtype)

@@ -1,4 +1,5 @@
-"""Sliding-window attention as narrower masks of the step's batch.
+"""Sliding-window attention as narrower masks of the step's batch (and the window itself,
+for kernels that bound keys by positions rather than read masks).
 
 A sliding layer's query at position ``q`` sees the keys at ``k`` with ``q - k < window``
 (transformers' ``sliding_window_overlay``). The window does not change which blocks are
@@ -33,7 +34,7 @@ def windowed(batch: AttentionBatch, positions: torch.Tensor, window: int) -> Att
     shared = tuple(
         _shared(g, positions, start, window) for g, start in zip(batch.shared_groups, starts, strict=True)
     )
-    return dataclasses.replace(batch, decode=decode, prefills=prefills, shared_groups=shared)
+    return dataclasses.replace(batch, decode=decode, prefills=prefills, shared_groups=shared, window=window)
 
 
 def _decode(d: DecodeGroup, window: int) -> DecodeGroup:
@@ -61,7 +62,7 @@ def _shared(g: SharedPrefixGroup, positions: torch.Tensor, start: int, window: i
     kpos = start + torch.arange(g.prefix_blocks.numel() * g.block_size, device=qpos.device)
     recent = (qpos[:, None] - kpos[None, :]) < window
     mask = recent if g.key_mask is None else g.key_mask & recent
-    return dataclasses.replace(g, key_mask=mask)
+    return dataclasses.replace(g, key_mask=mask, positions=qpos, prefix_start=start)
 
 
 def _prefix_starts(groups: tuple[SharedPrefixGroup, ...]) -> list[int]:

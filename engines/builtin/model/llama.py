@@ -21,7 +21,6 @@ from parrot.engines.builtin.model.hf_weights import load_hf_weights
 from parrot.engines.builtin.model.layers import MLP, RMSNorm
 from parrot.engines.builtin.model.model_config import ModelConfig
 from parrot.engines.builtin.model.rope import RotaryEmbedding
-from parrot.engines.protocol.errors import ModelLoadError
 
 Rotary = tuple[torch.Tensor, torch.Tensor]  # cos, signed sin [num_tokens, 1, rotary dims]
 
@@ -101,12 +100,6 @@ class LlamaForCausalLM(nn.Module):
         self.config = config
         self.layer_windows = [config.window(i) for i in range(config.num_layers)]
         self.windows = set(self.layer_windows) - {None}
-        if self.windows and not backend.applies_masks:
-            raise ModelLoadError(
-                f"the {backend.name!r} attention backend does not implement sliding-window attention, "
-                f"which this {config.architecture} model uses; run it with the torch attention backend "
-                "(PARROT_ATTENTION_BACKEND=torch)"
-            )
         rotary_dim = config.rotary_dim or config.head_dim
         self.rope = RotaryEmbedding(
             rotary_dim, config.max_position_embeddings, config.rope_theta, config.rope_scaling

@@ -107,9 +107,10 @@ def test_shared_prefix_equals_plain_and_reference(block_size, num_heads, kv_head
     torch.testing.assert_close(shared, plain, atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize("backend", ["torch", "triton"])
 @pytest.mark.parametrize("window", [3, 8, 20])
 @pytest.mark.parametrize("shared", [True, False], ids=["shared-prefix", "plain"])
-def test_sliding_window_on_forks_decodes_and_fills(window, shared):
+def test_sliding_window_on_forks_decodes_and_fills(backend, window, shared):
     """A windowed batch: forks of forks (nested shared groups), fills and decodes, some queries
     past the whole shared prefix; equal to dense attention masked to the window."""
     torch.manual_seed(2)

@@ -13,14 +13,12 @@ from gguf_files import hf_from_gguf, write_gguf
 from test_model_correctness import SMALL, load_ours, run_chunks
 
 from parrot.engines.builtin.attention import create_backend
-from parrot.engines.builtin.attention.torch_backend import TorchAttentionBackend
 from parrot.engines.builtin.batch import SharedPrefixPolicy, StepItem, build_step
 from parrot.engines.builtin.block_manager import BlockManager
 from parrot.engines.builtin.context_pool import Context, ContextPool
 from parrot.engines.builtin.engine_config import EngineConfig
 from parrot.engines.builtin.kv_cache import allocate_kv_cache
 from parrot.engines.builtin.model.build import build_model
-from parrot.engines.builtin.model.llama import LlamaForCausalLM
 from parrot.engines.builtin.model.loader import resolve_model_folder
 from parrot.engines.builtin.model.model_config import ModelConfig
 from parrot.engines.builtin.model.quant import Int8Linear
@@ -151,13 +149,14 @@ def test_unsupported_architecture_lists_the_supported_ones(tmp_path):
         assert family in message
 
 
-def test_sliding_window_holds_across_forks_and_shared_prefixes(tmp_path):
+@pytest.mark.parametrize("backend", ["torch", "triton"])
+def test_sliding_window_holds_across_forks_and_shared_prefixes(backend, tmp_path):
     """Gemma 3 (window 8) on forked contexts whose shared blocks are attended once, the
     queries of a fork of a fork in nested groups, some slid past the whole shared prefix:
     every token's logits equal transformers' on the fork's whole sequence."""
     hf = random_hf(FAMILIES["gemma3"]())
     hf.save_pretrained(tmp_path)
-    model, pool = load_ours(tmp_path, block_size=4, num_blocks=128)
+    model, pool = load_ours(tmp_path, block_size=4, num_blocks=128, backend=backend)
     policy = SharedPrefixPolicy(min_prefix_tokens=1, min_saved_tokens=0)
     gen = torch.Generator().manual_seed(3)
 
@@ -198,18 +197,6 @@ def test_sliding_window_holds_across_forks_and_shared_prefixes(tmp_path):
     grandchildren = [fork(20, children[1].context, 1), fork(21, children[1].context, 4)]
     step_matches_transformers([*grandchildren, extend(children[0].context, 1)])
     step_matches_transformers([extend(ctx.context, 1) for ctx in [*children, *grandchildren]])
-
-
-def test_the_triton_backend_is_refused_for_sliding_window_models(tmp_path):
-    class LengthBoundBackend(TorchAttentionBackend):  # stands in for triton: no masks
-        name = "triton"
-        applies_masks = False
-
-    config = ModelConfig.from_hf_dict(FAMILIES["gemma3"]().to_dict(), "m")
-    with pytest.raises(ModelLoadError, match=r"does not implement sliding-window attention.*torch"):
-        LlamaForCausalLM(config, LengthBoundBackend(config.num_heads, config.num_kv_heads, config.head_dim))
-    plain = ModelConfig.from_hf_dict(FAMILIES["qwen3"]().to_dict(), "m")
-    LlamaForCausalLM(plain, LengthBoundBackend(plain.num_heads, plain.num_kv_heads, plain.head_dim))
 
 
 # GGUF files as llama.cpp writes them. transformers' GGUF loader reads no head_dim for Qwen3
