@@ -19,6 +19,32 @@ from typing import Any
 
 import numpy as np
 
+from parrot.engines.builtin.model.model_config import FAMILIES
+from parrot.engines.protocol.errors import ModelLoadError
+
+# llama.cpp's general.architecture -> the model_type transformers converts it to
+# (Mistral files say "llama" too)
+GGUF_ARCHITECTURES = {
+    "llama": "llama",
+    "qwen2": "qwen2",
+    "qwen3": "qwen3",
+    "phi3": "phi3",
+    "gemma3": "gemma3_text",
+}
+assert set(GGUF_ARCHITECTURES.values()) <= set(FAMILIES)
+
+
+def check_gguf_architecture(path: Path) -> None:
+    """Refuse, before converting it, a GGUF file of a family the engine does not run."""
+    from gguf import GGUFReader
+
+    arch = _field(GGUFReader(str(path)), "general.architecture")
+    if arch not in GGUF_ARCHITECTURES:
+        raise ModelLoadError(
+            f"unsupported GGUF architecture {arch!r} in {path.name}; the builtin engine runs "
+            f"{', '.join(GGUF_ARCHITECTURES)} files (model types {', '.join(FAMILIES)})"
+        )
+
 
 def restore_gguf_settings(path: Path, config: dict[str, Any]) -> dict[str, Any]:
     """``config`` (a converted model's ``config.json`` dict) with the file's rope settings."""

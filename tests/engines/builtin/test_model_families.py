@@ -344,3 +344,17 @@ def test_fast_modes_stay_close_on_the_new_families(mode, family):
     exact = logits_of(folder, "float32", "exact", tokens, CHUNKS)
     error = relative_error(logits_of(folder, *mode, tokens, CHUNKS), exact)
     assert 0 < error < RANDOM_BOUNDS[mode], f"{mode}: relative logit error {error:.4f}"
+
+
+def test_a_gguf_of_another_architecture_is_refused_before_conversion(tmp_path):
+    from gguf import GGUFWriter
+
+    path = tmp_path / "tiny-gpt2.gguf"
+    writer = GGUFWriter(str(path), "gpt2")
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    with pytest.raises(ModelLoadError, match=r"unsupported GGUF architecture 'gpt2'.*qwen3.*phi3.*gemma3"):
+        resolve_model_folder(path, tmp_path / "cache")
+    assert list((tmp_path / "cache").iterdir()) == []  # nothing half converted
