@@ -358,3 +358,25 @@ def test_a_gguf_of_another_architecture_is_refused_before_conversion(tmp_path):
     with pytest.raises(ModelLoadError, match=r"unsupported GGUF architecture 'gpt2'.*qwen3.*phi3.*gemma3"):
         resolve_model_folder(path, tmp_path / "cache")
     assert list((tmp_path / "cache").iterdir()) == []  # nothing half converted
+
+
+@pytest.mark.parametrize(
+    "config",
+    [
+        lambda: transformers.Phi3Config(
+            **SMALL, pad_token_id=0, eos_token_id=1, bos_token_id=2, sliding_window=8
+        ),  # every layer (Phi-3-mini-4k: 2047)
+        lambda: transformers.Qwen3Config(
+            **SMALL, head_dim=16, use_sliding_window=True, sliding_window=8, max_window_layers=1
+        ),  # the layers from max_window_layers on
+    ],
+    ids=["phi3", "qwen3"],
+)
+def test_sliding_windows_of_phi3_and_qwen3(config, tmp_path):
+    hf = random_hf(config())
+    hf.save_pretrained(tmp_path)
+    tokens = torch.randint(0, SMALL["vocab_size"], (TOKENS,), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        expected = hf(tokens[None]).logits[0]
+    assert ModelConfig.from_folder(tmp_path).sliding_window == 8
+    torch.testing.assert_close(our_logits(tmp_path, tokens.tolist(), CHUNKS), expected, atol=2e-4, rtol=2e-4)
