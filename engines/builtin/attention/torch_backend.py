@@ -125,8 +125,8 @@ class TorchAttentionBackend(AttentionBackend):
         lse = torch.logsumexp(scores, dim=-1, keepdim=True)
         # A query that slid past the whole prefix has lse -inf: its weights become 0, not NaN,
         # and the merge gives this part no weight.
-        floor = torch.finfo(lse.dtype).min
-        out = torch.matmul(torch.exp(scores - lse.clamp_min(floor)).to(vals.dtype), vals)  # [kvh, n*g, d]
+        shift = lse if key_mask is None else lse.clamp_min(torch.finfo(lse.dtype).min)
+        out = torch.matmul(torch.exp(scores - shift).to(vals.dtype), vals)  # [kvh, n*g, d]
         out = out.view(self.num_kv_heads, n, -1, self.head_dim).transpose(0, 1)
         lse = lse.view(self.num_kv_heads, n, -1).transpose(0, 1)
         return out.reshape(n, self.num_heads, self.head_dim), lse.reshape(n, self.num_heads)
