@@ -8,6 +8,11 @@ rotated dims per head (``rope.dimension_count``, partial rotary) and long-rope f
 rope scaling (``rope.scaling.type`` and ``.factor``). Without them the converted model
 rotates differently from the checkpoint the file was made from. Their conversion writes
 these back into ``config.json`` (in transformers 5's ``rope_parameters`` layout).
+
+Sliding windows likewise: a Phi-3 file's ``attention.sliding_window`` is restored, and a
+Mistral file (llama.cpp's "llama" architecture, which has no window) gets none, where
+transformers would give it MistralConfig's default of 4096 (right for v0.1 only), so it
+runs as llama.cpp runs it.
 Qwen3's ``attention.key_length`` is not needed: transformers' default head_dim (128) is
 every released Qwen3's.
 """
@@ -56,6 +61,8 @@ def restore_gguf_settings(path: Path, config: dict[str, Any]) -> dict[str, Any]:
         return _phi3(reader, config)
     if arch == "gemma3":
         return _gemma3(reader, config)
+    if arch == "llama" and config.get("model_type") == "mistral":
+        return {**config, "sliding_window": None}
     return config
 
 
@@ -70,6 +77,7 @@ def _tensor(reader, name: str) -> list[float] | None:
 
 
 def _phi3(reader, config: dict[str, Any]) -> dict[str, Any]:
+    config = dict(config)
     rope = dict(config.get("rope_parameters") or {})
     head_dim = config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"]
     rotary = _field(reader, "phi3.rope.dimension_count")
@@ -84,7 +92,8 @@ def _phi3(reader, config: dict[str, Any]) -> dict[str, Any]:
             rope["original_max_position_embeddings"] = config["original_max_position_embeddings"] = int(
                 original
             )
-    return {**config, "rope_parameters": rope}
+    window = _field(reader, "phi3.attention.sliding_window")
+    return {**config, "rope_parameters": rope, "sliding_window": int(window) if window else None}
 
 
 def _gemma3(reader, config: dict[str, Any]) -> dict[str, Any]:

@@ -75,8 +75,8 @@ def _layer_types(arch: str, d: dict[str, Any], layers: int) -> tuple[str, ...]:
 
     transformers 5 writes ``layer_types``; older files give Gemma 3's pattern (every
     ``sliding_window_pattern``-th layer global) or Qwen's ``use_sliding_window`` with
-    ``max_window_layers``. Phi-3 windows every layer when it has a ``sliding_window``.
-    Mistral's ``sliding_window`` stays ignored, as this engine always did.
+    ``max_window_layers``. Mistral and Phi-3 window every layer when they have a
+    ``sliding_window`` (Mistral 7B v0.1: 4096; Phi-3-mini-4k: 2047).
     """
     types = d.get("layer_types")
     if types is None:
@@ -86,7 +86,7 @@ def _layer_types(arch: str, d: dict[str, Any], layers: int) -> tuple[str, ...]:
         elif arch in ("qwen2", "qwen3") and d.get("use_sliding_window"):
             first = int(d.get("max_window_layers") or 0)
             types = [SLIDING if i >= first else FULL for i in range(layers)]
-        elif arch == "phi3" and d.get("sliding_window"):
+        elif arch in ("mistral", "phi3") and d.get("sliding_window"):
             types = [SLIDING] * layers
         else:
             return ()

@@ -19,6 +19,7 @@ from parrot.engines.builtin.context_pool import Context, ContextPool
 from parrot.engines.builtin.engine_config import EngineConfig
 from parrot.engines.builtin.kv_cache import allocate_kv_cache
 from parrot.engines.builtin.model.build import build_model
+from parrot.engines.builtin.model.gguf_config import restore_gguf_settings
 from parrot.engines.builtin.model.loader import resolve_model_folder
 from parrot.engines.builtin.model.model_config import ModelConfig
 from parrot.engines.builtin.model.quant import Int8Linear
@@ -369,10 +370,11 @@ def test_a_gguf_of_another_architecture_is_refused_before_conversion(tmp_path):
         lambda: transformers.Qwen3Config(
             **SMALL, head_dim=16, use_sliding_window=True, sliding_window=8, max_window_layers=1
         ),  # the layers from max_window_layers on
+        lambda: transformers.MistralConfig(**SMALL, sliding_window=8),  # every layer (7B v0.1: 4096)
     ],
-    ids=["phi3", "qwen3"],
+    ids=["phi3", "qwen3", "mistral"],
 )
-def test_sliding_windows_of_phi3_and_qwen3(config, tmp_path):
+def test_sliding_windows_of_phi3_qwen3_and_mistral(config, tmp_path):
     hf = random_hf(config())
     hf.save_pretrained(tmp_path)
     tokens = torch.randint(0, SMALL["vocab_size"], (TOKENS,), generator=torch.Generator().manual_seed(1))
@@ -380,3 +382,28 @@ def test_sliding_windows_of_phi3_and_qwen3(config, tmp_path):
         expected = hf(tokens[None]).logits[0]
     assert ModelConfig.from_folder(tmp_path).sliding_window == 8
     torch.testing.assert_close(our_logits(tmp_path, tokens.tolist(), CHUNKS), expected, atol=2e-4, rtol=2e-4)
+
+
+@pytest.mark.parametrize(
+    ("arch", "name", "metadata", "config", "window"),
+    [
+        ("phi3", "phi-3-mini-4k", {"phi3.attention.sliding_window": 2047}, {"model_type": "phi3"}, 2047),
+        ("phi3", "phi-4-mini", {}, {"model_type": "phi3"}, None),
+        ("llama", "mistral-7b-v0.3", {}, {"model_type": "mistral", "sliding_window": 4096}, None),
+    ],
+)
+def test_gguf_sliding_window_as_the_file_says(arch, name, metadata, config, window, tmp_path):
+    """Phi-3 files keep theirs; llama.cpp's llama architecture (Mistral files) has none."""
+    from gguf import GGUFWriter
+
+    path = tmp_path / f"{name}.gguf"
+    writer = GGUFWriter(str(path), arch)
+    writer.add_name(name)
+    for key, value in metadata.items():
+        writer.add_uint32(key, value)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    base = {"hidden_size": 64, "num_attention_heads": 4, **config}
+    assert restore_gguf_settings(path, base)["sliding_window"] == window
