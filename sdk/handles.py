@@ -90,6 +90,8 @@ class VarBase:
             return event.delta
         self._value = event.value
         self.finish_reason = event.finish_reason
+        if self.value_type is None:
+            self.value_type = ValueType.untyped_json(event.format)
         return event.value[so_far:]
 
     def _set_op(self, value: str) -> Op[None]:

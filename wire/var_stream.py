@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import msgspec
 
+from parrot.wire.formats import OutputFormat
+
 DELTA, VALUE, ERROR = "delta", "value", "error"  # the event names
 
 
@@ -28,11 +30,13 @@ class VarDelta(msgspec.Struct, kw_only=True, frozen=True):
 
 class VarValue(msgspec.Struct, kw_only=True, frozen=True):
     """The variable's value. ``finish_reason`` is its producer's ("stop", "length"; None
-    for a value a client set); ``tokens`` how many it generated."""
+    for a value a client set); ``tokens`` how many it generated; ``format`` the variable's
+    when it is typed (the value matches it), as a get answers it."""
 
     value: str
     finish_reason: str | None = None
     tokens: int = 0
+    format: OutputFormat | None = None
 
 
 class ErrorDetail(msgspec.Struct, kw_only=True, frozen=True):

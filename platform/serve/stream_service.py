@@ -79,7 +79,10 @@ class StreamService:
             if text or tokens:
                 yield VarDelta(delta=text, tokens=tokens)
             yield VarValue(
-                value=var.value or "", finish_reason=stream.finish_reason, tokens=stream.token_count
+                value=var.value or "",
+                finish_reason=stream.finish_reason,
+                tokens=stream.token_count,
+                format=var.format,
             )
         finally:
             stream.readers -= 1

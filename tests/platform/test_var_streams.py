@@ -124,6 +124,7 @@ def test_multi_byte_characters_and_two_outputs_of_one_call(api):
     outputs = s.call(template, params)["outputs"]
     first, second = s.stream(outputs["first"]), s.stream(outputs["second"])
     assert final(first)[0] == "value" and joined(first) == word == final(first)[1]["value"]
+    assert final(first)[1]["format"] == {"choice": [word]}  # typed: as a get says
     assert final(second)[0] == "value" and joined(second) == final(second)[1]["value"]
     assert final(second)[1]["value"] == s.get(outputs["second"])["value"]
 
@@ -152,7 +153,7 @@ def test_a_client_set_value_streams_as_its_value(api):
     r = api.put(f"/v1/semantic_var/{var}", json={"session_id": s.sid, "value": "hello"}, headers=s.auth)
     assert r.status_code == 200, r.text
     follower.join(30)
-    assert got == [("value", {"value": "hello", "finish_reason": None, "tokens": 0})]
+    assert got == [("value", {"value": "hello", "finish_reason": None, "tokens": 0, "format": None})]
 
 
 def test_a_failed_producer_ends_the_stream_with_its_reason(api):

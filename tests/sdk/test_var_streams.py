@@ -128,3 +128,24 @@ async def test_astream(parrot_url):
         )
         with pytest.raises(ProducerFailedError):
             [p async for p in failing.outputs["a"].astream()]
+
+
+def test_a_typed_variable_streamed_by_a_handle_that_did_not_type_it_parses(parrot):
+    """The value event says the variable's format, as a get does: ``get()`` after the
+    stream returns the parsed JSON, ``get_text()`` the text the pieces joined to."""
+    schema = {
+        "type": "object",
+        "properties": {"n": {"type": "integer"}},
+        "required": ["n"],
+        "additionalProperties": False,
+    }
+    with parrot.session() as session:
+        typed = session.submit(
+            PROMPT.format(q="Give a number as JSON.") + "{{a}}",
+            outputs={"a": Output(schema=schema, max_tokens=32, temperature=0)},
+        ).outputs["a"]
+        untyped = Var(session, typed.var_id, "a")  # knows nothing of its format
+        text = "".join(untyped.stream())
+        assert untyped.get_text() == text
+        parsed = untyped.get()
+        assert isinstance(parsed, dict) and isinstance(parsed["n"], int)
