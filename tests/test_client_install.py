@@ -41,6 +41,8 @@ with Client(url, timeout=120) as client:
         name = name_a("sea creature")
         text = name.get()
         session_id = session.session_id
+        streamed = name_a("sea bird")
+        pieces = list(streamed.stream())
 llm = ParrotLLM(base_url=url, max_tokens=4, temperature=0)
 chat = ParrotChatModel(base_url=url, max_tokens=4, temperature=0)
 server = sorted(m for m in sys.modules if m.split(".")[0] in ("torch", "litestar", "sqlalchemy",
@@ -49,6 +51,7 @@ print(json.dumps({
     "engines": health.engines,
     "session": session_id,
     "semantic_call": text,
+    "streamed": [pieces, streamed.get()],
     "llm": llm.invoke("The capital of France is"),
     "chat": chat.invoke("Say hello.").content,
     "server_modules": server,
@@ -118,6 +121,8 @@ def test_sdk_and_langchain_adapter_run_against_a_real_server(client_venv, parrot
     assert result["server_modules"] == []
     assert result["engines"] == 1 and result["session"]
     assert result["semantic_call"].strip() and result["llm"].strip() and result["chat"].strip()
+    pieces, value = result["streamed"]
+    assert pieces and "".join(pieces) == value  # a variable streams in a client-only install
 
 
 def test_server_commands_say_what_to_install(client_venv):
