@@ -12,14 +12,27 @@ from benchmarks._report import DOC, machine, write_section
 from benchmarks.apps.runner import Sample, Work
 from benchmarks.apps.suite import Results
 from benchmarks.apps.workload import Metric
+from benchmarks.spread import Spread
 
 IMAGES = DOC.parent / "img"
 SIDE_NAMES = {"baseline": "baseline", "parrot": "Parrot", "front": "OpenAI front"}
 
 
+def spread_of(samples: Sequence[Sample], key: str) -> Spread:
+    return Spread(s.metrics[key] for s in samples if key in s.metrics)
+
+
 def median_of(samples: Sequence[Sample], key: str) -> float:
-    values = [s.metrics[key] for s in samples if key in s.metrics]
-    return statistics.median(values) if values else float("nan")
+    return spread_of(samples, key).median
+
+
+def compared(metric: Metric, base: Spread, ours: Spread) -> str:
+    """Parrot's speed-up over the baseline (medians), and a mark where the two sides'
+    ranges overlap over several runs: there the ratio is within the noise."""
+    ratio = f"{metric.speedup(base.median, ours.median):.2f}x"
+    if len(base.values) > 1 and len(ours.values) > 1 and base.overlaps(ours):
+        return ratio + " (overlap)"
+    return ratio
 
 
 def median_work(samples: Sequence[Sample]) -> Work:
@@ -47,8 +60,9 @@ def group(samples: Sequence[Sample]) -> dict[tuple[str, int], dict[str, list[Sam
     return found
 
 
-def _value(metric: Metric, value: float) -> str:
-    return f"{value * metric.scale:.2f}" if value * metric.scale < 100 else f"{value * metric.scale:.0f}"
+def _value(metric: Metric, value: Spread) -> str:
+    """``median (min-max)`` over the runs, scaled as the metric says."""
+    return value.show(".2f" if value.median * metric.scale < 100 else ".0f", metric.scale)
 
 
 def _settings(results: Results, samples: Sequence[Sample]) -> str:
@@ -79,11 +93,11 @@ def main_table(results: Results) -> str:
     for (config, rtt), by_side in group(results.main).items():
         row = [config, str(rtt)]
         for m in w.metrics:
-            base = median_of(by_side.get("baseline", []), m.key)
+            base = spread_of(by_side.get("baseline", []), m.key)
             row.append(_value(m, base))
             for side in others:
-                value = median_of(by_side.get(side, []), m.key)
-                row += [_value(m, value), f"{m.speedup(base, value):.2f}x"]
+                value = spread_of(by_side.get(side, []), m.key)
+                row += [_value(m, value), compared(m, base, value)]
         works = [median_work(by_side[s]) for s in sides if s in by_side]
         same = len({x.generated for x in works}) == 1
         row.append(" / ".join(str(x.generated) for x in works) + ("" if same else " (differ!)"))
@@ -93,8 +107,10 @@ def main_table(results: Results) -> str:
         rows.append(row)
     legend = (
         f"Sides: {', '.join(SIDE_NAMES[s] for s in sides)} (token counters, engine steps and CPU "
-        "seconds of the run in that order). Speed-up: baseline time / Parrot time (or Parrot rate / "
-        "baseline rate): above 1, Parrot is faster."
+        "seconds of the run in that order). Times and rates: median (min-max) over the runs. Speed-up: "
+        "baseline time / Parrot time (or Parrot rate / baseline rate), of the medians: above 1, Parrot "
+        "is faster; (overlap): the two sides' ranges overlap, so the speed-up is within the noise of "
+        "this machine and says nothing either way."
     )
     return "\n".join([_settings(results, results.main), "", legend, "", *_markdown(head, rows)])
 
@@ -111,8 +127,8 @@ def ablation_table(results: Results) -> str:
         for side, samples in by_side.items():
             row = [config, "all policies on" if side == "parrot" else f"`--{side.replace(' ', '-')}`"]
             for m in w.metrics:
-                value = median_of(samples, m.key)
-                buys = "" if side == "parrot" else f"{m.speedup(value, median_of(on, m.key)):.2f}x"
+                value = spread_of(samples, m.key)
+                buys = "" if side == "parrot" else compared(m, value, spread_of(on, m.key))
                 row += [_value(m, value), buys]
             rows.append(row)
     legend = (
@@ -235,15 +251,16 @@ def summary(everything: Sequence[Results], write: bool) -> str:
             for rtt in rtts:
                 by_side = grouped.get((config, rtt), {})
                 base, ours = (
-                    median_of(by_side.get("baseline", []), m.key),
-                    median_of(by_side.get("parrot", []), m.key),
+                    spread_of(by_side.get("baseline", []), m.key),
+                    spread_of(by_side.get("parrot", []), m.key),
                 )
-                row.append(f"{m.speedup(base, ours):.2f}x")
+                row.append(compared(m, base, ours))
             rows.append(row)
     text = "\n".join(
         [
             "Parrot's speed-up over the request-level baseline (headline metric of each workload, "
-            "median of the runs) at each simulated round trip; above 1, Parrot is faster.",
+            "median of the runs) at each simulated round trip; above 1, Parrot is faster; (overlap): "
+            "the sides' ranges over the runs overlap, the speed-up is within the noise.",
             "",
             *_markdown(head, rows),
         ]
