@@ -219,8 +219,11 @@ def report(results: Results, write: bool) -> str:
     """The tables as markdown (returned); with ``write``, also into docs/benchmarks.md
     and the plots into docs/img/."""
     w = results.workload
-    name = f"apps-{w.name}"
-    text = f"### {w.title} (`parrot bench {w.name}`)\n\n{w.about}\n\n{main_table(results)}"
+    size = results.options.size
+    # Each size has sections of its own: a --quick --docs run does not replace a full run's.
+    name = f"apps-{w.name}" if size == "full" else f"apps-{w.name}-{size}"
+    title = f"{w.title} (`parrot bench {w.name}{'' if size == 'full' else f' --{size}'}`)"
+    text = f"### {title}\n\n{w.about}\n\n{main_table(results)}"
     if write:
         plot_main(results, IMAGES / f"{name}.png")
         text += f"\n\n![{w.title}: speed-ups](img/{name}.png)"
@@ -266,5 +269,6 @@ def summary(everything: Sequence[Results], write: bool) -> str:
         ]
     )
     if write:
-        write_section("apps-summary", "### Summary\n\n" + text)
+        size = everything[0].options.size
+        write_section("apps-summary" if size == "full" else f"apps-summary-{size}", "### Summary\n\n" + text)
     return text
