@@ -4,7 +4,9 @@ the runs, speed-ups of Parrot over the baseline, engine token counters per side.
 
 from __future__ import annotations
 
+import importlib.util
 import statistics
+import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -215,6 +217,14 @@ def plot_ablations(results: Results, path: Path) -> None:
     _bar_panels(f"{w.title}: each scheduling policy off", w.metrics, configs, policies, buys, axis, path)
 
 
+def can_plot() -> bool:
+    """Plots need matplotlib (the ``bench`` extra): without it the tables are written alone."""
+    if importlib.util.find_spec("matplotlib") is None:
+        print("no matplotlib (pip install -e '.[bench]'): tables only, no plots", file=sys.stderr)
+        return False
+    return True
+
+
 def report(results: Results, write: bool) -> str:
     """The tables as markdown (returned); with ``write``, also into docs/benchmarks.md
     and the plots into docs/img/."""
@@ -224,13 +234,14 @@ def report(results: Results, write: bool) -> str:
     name = f"apps-{w.name}" if size == "full" else f"apps-{w.name}-{size}"
     title = f"{w.title} (`parrot bench {w.name}{'' if size == 'full' else f' --{size}'}`)"
     text = f"### {title}\n\n{w.about}\n\n{main_table(results)}"
-    if write:
+    plots = write and can_plot()
+    if plots:
         plot_main(results, IMAGES / f"{name}.png")
         text += f"\n\n![{w.title}: speed-ups](img/{name}.png)"
     parts = [text]
     if results.ablations:
         ablations = f"#### {w.title}: ablations\n\n{ablation_table(results)}"
-        if write:
+        if plots:
             plot_ablations(results, IMAGES / f"{name}-ablations.png")
             ablations += f"\n\n![{w.title}: ablations](img/{name}-ablations.png)"
         parts.append(ablations)
