@@ -1,7 +1,8 @@
 """A helper of the examples: their result as a reader wants it printed, with every call's
 server timings (unix seconds, as ``GET /v1/session/{id}`` reports them) turned into
 durations: when the call was submitted, started, wrote its first token and finished,
-counted from the first submission in the result, and how long it took.
+counted from the first submission in the result (in a run's own ``calls``, from that
+run's first), how long it waited to start and how long it took.
 
 ``main(server_url)`` still returns the server's own timings (the tests compare them);
 only what the script prints is changed, by ``app_main(with_durations(main))``.
@@ -45,8 +46,9 @@ def _durations(timings: dict[str, float], origin: float) -> dict[str, str]:
 
 
 def readable(result: Any, origin: float | None = None) -> Any:
-    """``result`` with every ``timings`` dict as durations (see the module docstring)."""
-    if origin is None:
+    """``result`` with every ``timings`` dict as durations (see the module docstring); the
+    ``calls`` of one run (a LangChain example's) count from that run's first submission."""
+    if origin is None or (isinstance(result, dict) and "calls" in result):
         origin = min(_stamps(result), default=0.0)
     if isinstance(result, dict):
         return {

@@ -54,6 +54,16 @@ def test_timings_print_as_durations_from_the_first_submission(helpers):
     assert result["steps"][1]["call"]["timings"]["submitted_at"] == t  # the result is not changed
 
 
+def test_each_run_of_calls_counts_from_its_own_first_submission(helpers):
+    durations, _ = helpers
+    calls = [{"timings": {"submitted_at": 100.0}}, {"timings": {"submitted_at": 100.5}}]
+    run = {"seconds": 1.0, "calls": calls}
+    later = {"seconds": 1.0, "calls": [{"timings": {"submitted_at": 110.0}}]}
+    shown = durations.readable({"first": run, "second": later})
+    assert [c["timings"]["submitted"] for c in shown["first"]["calls"]] == ["+0.00 s", "+0.50 s"]
+    assert shown["second"]["calls"][0]["timings"]["submitted"] == "+0.00 s"
+
+
 def test_with_durations_keeps_the_description_of_the_example(helpers):
     durations, _ = helpers
 
