@@ -14,7 +14,7 @@ from parrot.sdk import ops, streams
 from parrot.sdk.chat import ChatReply, chat_completion
 from parrot.sdk.errors import NotFoundError, ParrotError
 from parrot.sdk.handles import DEFAULT_WAIT_S, Call, ClientBase, SessionBase, VarBase
-from parrot.sdk.http import AsyncTransport, Op
+from parrot.sdk.http import AsyncTransport, Op, StreamOp
 from parrot.sdk.ops import SessionKey
 from parrot.sdk.params import Output
 from parrot.sdk.results import CallInfo, EngineInfo, Health, RenderedChat, SessionInfo, SessionUsage
@@ -40,6 +40,21 @@ class AsyncVar(VarBase):
             return self._value
         return await self.session.send(self._get_op(criteria, timeout))
 
+    async def astream(self, criteria: str = "latency", timeout: float = DEFAULT_WAIT_S) -> AsyncIterator[str]:
+        """``async for piece in var.astream()``: see :meth:`parrot.sdk.client.Var.stream`."""
+        if self._value is not None:
+            if self._value:
+                yield self._value
+            return
+        so_far = 0
+        async for event in self.session.send_stream(self._stream_op(criteria, timeout)):
+            piece = self._piece(event, so_far)
+            so_far += len(piece)
+            if piece:
+                yield piece
+
+    stream = astream
+
     async def set(self, value: str) -> None:
         await self.session.send(self._set_op(value))
 
@@ -63,6 +78,9 @@ class AsyncSession(SessionBase[AsyncVar]):
 
     async def send(self, op: Op[T]) -> T:
         return await self.client.send(op)
+
+    def send_stream(self, op: StreamOp[T]) -> AsyncIterator[T]:
+        return self.client.send_stream(op)
 
     async def __aenter__(self) -> AsyncSession:
         self._enter()
@@ -140,6 +158,10 @@ class AsyncClient(ClientBase):
 
     async def send(self, op: Op[T]) -> T:
         return await self._transport.send(op)
+
+    def send_stream(self, op: StreamOp[T]) -> AsyncIterator[T]:
+        """The decoded events of a streamed response, as they arrive."""
+        return self._transport.stream(op)
 
     async def close(self) -> None:
         await self._transport.close()

@@ -10,7 +10,7 @@ from parrot.sdk import ops, streams
 from parrot.sdk.chat import ChatReply, chat_completion
 from parrot.sdk.errors import NotFoundError, ParrotError
 from parrot.sdk.handles import DEFAULT_WAIT_S, Call, ClientBase, SessionBase, VarBase
-from parrot.sdk.http import Op, SyncTransport
+from parrot.sdk.http import Op, StreamOp, SyncTransport
 from parrot.sdk.ops import SessionKey
 from parrot.sdk.params import Output
 from parrot.sdk.results import CallInfo, EngineInfo, Health, RenderedChat, SessionInfo, SessionUsage
@@ -40,6 +40,25 @@ class Var(VarBase):
             return self._value
         return self.session.send(self._get_op(criteria, timeout))
 
+    def stream(self, criteria: str = "latency", timeout: float = DEFAULT_WAIT_S) -> Iterator[str]:
+        """The value's text as it is generated, piece by piece: ``for piece in var.stream()``.
+        The pieces join to the value; after the loop :attr:`value` holds it (``get()``
+        returns at once) and :attr:`finish_reason` says how its producer finished. A
+        variable whose value is there already yields it whole. ``criteria`` as for
+        :meth:`get`; ``timeout``: how long the stream may go without an event. Raises
+        :class:`ProducerFailedError` when the value will never come, :class:`NotFoundError`
+        when the session is deleted meanwhile."""
+        if self._value is not None:
+            if self._value:
+                yield self._value
+            return
+        so_far = 0
+        for event in self.session.send_stream(self._stream_op(criteria, timeout)):
+            piece = self._piece(event, so_far)
+            so_far += len(piece)
+            if piece:
+                yield piece
+
     def set(self, value: str) -> None:
         """Give the variable its value (once; not for outputs of a call)."""
         self.session.send(self._set_op(value))
@@ -68,6 +87,9 @@ class Session(SessionBase[Var]):
 
     def send(self, op: Op[T]) -> T:
         return self.client.send(op)
+
+    def send_stream(self, op: StreamOp[T]) -> Iterator[T]:
+        return self.client.send_stream(op)
 
     def __enter__(self) -> Session:
         self._enter()
@@ -125,6 +147,10 @@ class Client(ClientBase):
 
     def send(self, op: Op[T]) -> T:
         return self._transport.send(op)
+
+    def send_stream(self, op: StreamOp[T]) -> Iterator[T]:
+        """The decoded events of a streamed response, as they arrive."""
+        return self._transport.stream(op)
 
     def close(self) -> None:
         self._transport.close()

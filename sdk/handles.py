@@ -11,13 +11,14 @@ from contextvars import ContextVar, Token
 from dataclasses import dataclass
 from typing import Any, ClassVar, Generic, TypeVar
 
-from parrot.sdk import ops
+from parrot.sdk import ops, streams
 from parrot.sdk.config import DEFAULT_TIMEOUT_S, ClientConfig
 from parrot.sdk.formats import ValueType
-from parrot.sdk.http import Op
+from parrot.sdk.http import Op, StreamOp
 from parrot.sdk.ops import SessionKey
 from parrot.sdk.params import Output
 from parrot.sdk.results import CallInfo, CallSubmitted, SessionInfo, SessionUsage, VarInfo
+from parrot.wire.var_stream import VarDelta, VarValue
 
 DEFAULT_WAIT_S = 300.0
 
@@ -51,6 +52,7 @@ class VarBase:
         self.name = name
         self.call_id = call_id  # the call that produces it, when this client submitted it
         self.value_type: ValueType | None = None
+        self.finish_reason: str | None = None  # how its producer finished, once streamed to the end
         self._value = value
         self._parsed: tuple[str, Any] | None = None  # (text, its parsed value)
 
@@ -75,6 +77,20 @@ class VarBase:
 
     def _get_op(self, criteria: str, timeout: float) -> Op[str]:
         return ops.get_var(self.session.key, self.var_id, criteria, timeout).then(self._keep)
+
+    def _stream_op(self, criteria: str, timeout: float) -> StreamOp[VarDelta | VarValue]:
+        return streams.stream_var(self.session.key, self.var_id, criteria, timeout)
+
+    def _piece(self, event: VarDelta | VarValue, so_far: int) -> str:
+        """The text ``event`` of the variable's stream adds after the ``so_far`` characters
+        already handed out. The value event (the last) is kept, so ``get()`` returns it at
+        once; it adds what no delta carried (all of it, for a stream that starts after the
+        value was set), so the pieces always join to the value."""
+        if isinstance(event, VarDelta):
+            return event.delta
+        self._value = event.value
+        self.finish_reason = event.finish_reason
+        return event.value[so_far:]
 
     def _set_op(self, value: str) -> Op[None]:
         def keep(_: VarInfo) -> None:

@@ -15,7 +15,7 @@ from typing import Any, Generic, TypeVar
 
 import httpx
 import msgspec
-from httpx_sse import EventSource
+from httpx_sse import EventSource, ServerSentEvent
 
 from parrot.sdk.errors import ServerUnreachableError, error_for
 
@@ -71,13 +71,20 @@ def _request(op: Op, timeout: float) -> dict[str, Any]:
 
 @dataclass(frozen=True)
 class StreamOp(Generic[T]):
-    """A request answered with server-sent events: each event's data, until ``[DONE]``,
-    goes through ``decode`` (None: an event that carries nothing for the caller)."""
+    """A request answered with server-sent events: each event, until one whose data is
+    ``[DONE]`` or the end of the response, goes through ``decode`` (None: an event that
+    carries nothing for the caller; an exception it raises ends the stream).
+
+    ``wait_s`` is how long the server may go quiet on purpose (a variable's stream before
+    its producer starts); it is added to the client's timeout, as for :class:`Op`."""
 
     path: str
-    decode: Callable[[str], T | None]
+    decode: Callable[[ServerSentEvent], T | None]
     json: Any = None
     token: str | None = None
+    method: str = "POST"
+    params: Mapping[str, Any] | None = None
+    wait_s: float = 0.0
 
 
 def _read(op: Op[T], response: httpx.Response) -> T:
@@ -98,15 +105,22 @@ def _error(response: httpx.Response) -> Exception:
 
 def _stream_request(op: StreamOp, timeout: float) -> dict[str, Any]:
     headers = {"Authorization": f"Bearer {op.token}", **SSE_HEADERS} if op.token else dict(SSE_HEADERS)
-    return {"method": "POST", "url": op.path, "json": op.json, "headers": headers, "timeout": timeout}
+    return {
+        "method": op.method,
+        "url": op.path,
+        "json": op.json,
+        "params": op.params,
+        "headers": headers,
+        "timeout": timeout + op.wait_s,
+    }
 
 
 SSE_HEADERS = {"Accept": "text/event-stream", "Cache-Control": "no-store"}
 
 
-def _event(op: StreamOp[T], data: str) -> tuple[bool, T | None]:
-    """(done, decoded) for one event's data."""
-    return (True, None) if data == "[DONE]" else (False, op.decode(data))
+def _event(op: StreamOp[T], event: ServerSentEvent) -> tuple[bool, T | None]:
+    """(done, decoded) for one event."""
+    return (True, None) if event.data == "[DONE]" else (False, op.decode(event))
 
 
 def _unreachable(base_url: str, error: httpx.TransportError) -> ServerUnreachableError:
@@ -134,7 +148,7 @@ class SyncTransport:
                     response.read()
                     raise _error(response)
                 for event in EventSource(response).iter_sse():
-                    done, item = _event(op, event.data)
+                    done, item = _event(op, event)
                     if done:
                         return
                     if item is not None:
@@ -167,7 +181,7 @@ class AsyncTransport:
                     await response.aread()
                     raise _error(response)
                 async for event in EventSource(response).aiter_sse():
-                    done, item = _event(op, event.data)
+                    done, item = _event(op, event)
                     if done:
                         return
                     if item is not None:

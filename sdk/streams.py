@@ -1,6 +1,13 @@
-"""Streamed completions: the text of a generation as it is produced, from the ServeCore's
-OpenAI-compatible routes (``POST /v1/completions`` and ``/v1/chat/completions`` with
-``stream``). Semantic variables are not streamed; these are one-call requests.
+"""Streamed responses of the ServeCore, read with :class:`StreamOp` (one SSE reader, in
+:mod:`parrot.sdk.http`):
+
+- a semantic variable's text as it is generated (``GET /v1/semantic_var/{id}/stream``):
+  :func:`stream_var` decodes its ``delta`` / ``value`` / ``error`` events
+  (:mod:`parrot.wire.var_stream`); an ``error`` event raises the :class:`ParrotError` that
+  the same failure raises as an HTTP error (``producer_failed`` 424, ``session_closed``
+  404, ...). ``Var.stream()`` / ``AsyncVar.astream()`` hand out its text pieces;
+- streamed completions from the OpenAI-compatible routes (``POST /v1/completions`` and
+  ``/v1/chat/completions`` with ``stream``): one-call requests, outside any session.
 
 Sampling settings are validated as :class:`SamplingParams` and all of them are sent, so a
 stream samples exactly as a semantic call with the same settings would (the OpenAI routes'
@@ -13,11 +20,14 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import msgspec
+from httpx_sse import ServerSentEvent
 
-from parrot.sdk.errors import BadRequestError
+from parrot.sdk.errors import BadRequestError, error_for
 from parrot.sdk.http import StreamOp
+from parrot.sdk.ops import SessionKey
 from parrot.wire.openai_schemas import ChatCompletionChunk, CompletionResponse, Usage
 from parrot.wire.sampling import SamplingParams
+from parrot.wire.var_stream import DELTA, ERROR, VALUE, VarDelta, VarStreamError, VarValue
 
 # What the OpenAI routes take of SamplingParams (they have no stop_token_ids).
 OPENAI_FIELDS = (
@@ -56,16 +66,16 @@ def openai_sampling(sampling: Mapping[str, Any]) -> dict[str, Any]:
     return {name: fields[name] for name in OPENAI_FIELDS if fields.get(name) is not None}
 
 
-def _completion_delta(data: str) -> CompletionDelta | None:
-    chunk = msgspec.json.decode(data, type=CompletionResponse)
+def _completion_delta(event: ServerSentEvent) -> CompletionDelta | None:
+    chunk = msgspec.json.decode(event.data, type=CompletionResponse)
     if not chunk.choices:
         return CompletionDelta(model=chunk.model, usage=chunk.usage) if chunk.usage else None
     choice = chunk.choices[0]
     return CompletionDelta(model=chunk.model, text=choice.text, finish_reason=choice.finish_reason)
 
 
-def _chat_delta(data: str) -> CompletionDelta | None:
-    chunk = msgspec.json.decode(data, type=ChatCompletionChunk)
+def _chat_delta(event: ServerSentEvent) -> CompletionDelta | None:
+    chunk = msgspec.json.decode(event.data, type=ChatCompletionChunk)
     if not chunk.choices:
         return CompletionDelta(model=chunk.model, usage=chunk.usage) if chunk.usage else None
     choice = chunk.choices[0]
@@ -99,3 +109,24 @@ def stream_chat(
     turns = [{"role": m["role"], "content": m["content"]} for m in messages]
     body = _body(model, sampling) | {"messages": turns}
     return StreamOp("/v1/chat/completions", _chat_delta, json=body, token=api_key)
+
+
+def _var_event(event: ServerSentEvent) -> VarDelta | VarValue | None:
+    if event.event == DELTA:
+        return msgspec.json.decode(event.data, type=VarDelta)
+    if event.event == VALUE:
+        return msgspec.json.decode(event.data, type=VarValue)
+    if event.event == ERROR:
+        error = msgspec.json.decode(event.data, type=VarStreamError).error
+        raise error_for(error.status, error.code, error.message)
+    return None  # an event a newer server may add: nothing for this client
+
+
+def stream_var(key: SessionKey, var_id: str, criteria: str, wait_s: float) -> StreamOp[VarDelta | VarValue]:
+    """``GET /v1/semantic_var/{id}/stream``: the variable's deltas, then its value (the
+    last event). ``criteria`` as for a get (``latency`` makes its producers, back through
+    the DAG, latency-critical); ``wait_s``: how long the server may be quiet (the producer
+    may wait for its own inputs before it writes anything)."""
+    params = {"session_id": key.session_id, "criteria": criteria}
+    path = f"/v1/semantic_var/{var_id}/stream"
+    return StreamOp(path, _var_event, token=key.session_auth, method="GET", params=params, wait_s=wait_s)

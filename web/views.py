@@ -1,5 +1,5 @@
 """What each page shows, built from the ServeCore's operator views only (never the scheduler's
-parts)."""
+parts), the text of a variable being generated included (``DagVar.partial``)."""
 
 from __future__ import annotations
 
@@ -108,6 +108,7 @@ class NodeDetail:
     call: DagCall | None = None
     var: DagVar | None = None
     names: dict[str, str] = field(default_factory=dict)  # var id -> name
+    partials: dict[str, str] = field(default_factory=dict)  # var id -> its text so far (generating)
 
 
 @dataclass(frozen=True)
@@ -152,11 +153,25 @@ class SessionSnapshot:
 
     graph: SessionDag
     count_states: Callable[[], dict[DisplayState, int]] | None = None
+    partials: dict[str, str] = field(default_factory=dict)  # see partial_texts
 
 
 def session_snapshot(ops: OperatorViews, session_id: str, selected: str | None = None) -> SessionSnapshot:
     graph = ops.session_dag(session_id, latest=MAX_DRAWN_CALLS, keep=selected)
-    return SessionSnapshot(graph, ops.state_counts(session_id) if graph.live else None)
+    counts = ops.state_counts(session_id) if graph.live else None
+    return SessionSnapshot(graph, counts, partial_texts(graph, selected))
+
+
+def partial_texts(graph: SessionDag, selected: str | None) -> dict[str, str]:
+    """The text generated so far of the selected node's variables still being generated (a
+    call's outputs, or the variable itself), by var id: what its detail shows growing live.
+    Only the selected node's, so a page's snapshot stays bounded (each is already cut to
+    its latest ``VALUE_PREVIEW`` characters by the DAG view)."""
+    if not selected or not graph.live:
+        return {}
+    call = next((c for c in graph.calls if c.call_id == selected), None)
+    wanted = set(call.outputs) if call is not None else {selected}
+    return {v.var_id: v.partial for v in graph.vars if v.var_id in wanted and v.partial}
 
 
 def session_page(snapshot: SessionSnapshot | SessionDag, selected: str | None = None) -> SessionPage:
@@ -179,7 +194,7 @@ def session_page(snapshot: SessionSnapshot | SessionDag, selected: str | None = 
         call = next((c for c in graph.calls if c.call_id == selected), None)
         var = next((v for v in graph.vars if v.var_id == selected), None)
         if call is not None or var is not None:
-            detail = NodeDetail(call, var, names)
+            detail = NodeDetail(call, var, names, snapshot.partials)
     drawn = latest_calls(graph)
     return SessionPage(
         graph,

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping
+from collections.abc import AsyncIterator, Iterator, Mapping
 from typing import Any
 
 from langchain_core.runnables import Runnable, RunnableConfig
@@ -15,7 +15,7 @@ from parrot.adapters.langchain.chain_run import ChainRun
 from parrot.adapters.langchain.plan import CompileError, Plan, plan_chain
 from parrot.adapters.langchain.session_run import open_run
 from parrot.adapters.langchain.settings import ParrotSettings
-from parrot.adapters.langchain.sync import run_sync
+from parrot.adapters.langchain.sync import iterate_sync, run_sync
 
 
 def compile_chain(chain: Runnable | Mapping[str, Any]) -> CompiledChain:
@@ -43,6 +43,9 @@ class CompiledChain(Runnable[Any, Any]):
     the whole DAG is submitted before anything is waited for; only the chain's final
     outputs are fetched (and the inputs of steps that run on the client, when it has any).
     A batch runs all its inputs in one session at once (``max_concurrency`` is not used).
+    ``stream`` / ``astream`` submit the same DAG and stream the chain's final output from
+    its semantic variable as it is generated (see :meth:`ChainRun.stream_output`: a
+    string's text deltas, a chat message's chunks, any other output whole).
 
     The server, timeouts and default criteria are those of the chain's first Parrot model;
     RunnableConfig metadata ``{"parrot_criteria": "latency" | "throughput"}`` picks the
@@ -99,6 +102,36 @@ class CompiledChain(Runnable[Any, Any]):
         return await self._abatch_with_config(
             self._abatch, inputs, config, return_exceptions=return_exceptions
         )
+
+    def stream(self, input: Any, config: RunnableConfig | None = None, **kwargs: Any) -> Iterator[Any]:
+        yield from self._transform_stream_with_config(iter([input]), self._transform, config)
+
+    async def astream(
+        self, input: Any, config: RunnableConfig | None = None, **kwargs: Any
+    ) -> AsyncIterator[Any]:
+        async def one() -> AsyncIterator[Any]:
+            yield input
+
+        async for chunk in self._atransform_stream_with_config(one(), self._atransform, config):
+            yield chunk
+
+    def _transform(self, inputs: Iterator[Any], config: RunnableConfig) -> Iterator[Any]:
+        input = next(inputs)
+        yield from iterate_sync(lambda: self._stream(input, config, _run_sync_step))
+
+    async def _atransform(self, inputs: AsyncIterator[Any], config: RunnableConfig) -> AsyncIterator[Any]:
+        async for chunk in self._stream(await anext(inputs), config, _run_async_step):
+            yield chunk
+
+    async def _stream(self, input: Any, config: RunnableConfig, on_client: Any) -> AsyncIterator[Any]:
+        """The chain's output for ``input``, streamed, in a session of its own (or the
+        enclosing one) that is closed when the stream ends or is closed."""
+        settings = self._settings
+        async with open_run(settings.client_config(), share_inputs=True) as run:
+            criteria = settings.criteria_for(config.get("metadata"))
+            chain = ChainRun(run, config, criteria, settings.wait_timeout, on_client)
+            async for chunk in chain.stream_output(self._plan.root, input):
+                yield chunk
 
     def _invoke(self, input: Any, config: RunnableConfig) -> Any:
         return _raise_or_return(self._batch([input], [config])[0])

@@ -1,7 +1,8 @@
 """Streamed deltas of the SDK (:class:`parrot.sdk.CompletionDelta`) as LangChain chunks.
 
-Streams run on the ServeCore's OpenAI-compatible routes (semantic variables cannot be
-streamed yet): one call per stream, latency-critical, with the same sampling as a call.
+A model's own ``stream`` runs on the ServeCore's OpenAI-compatible routes: one call per
+stream, latency-critical, with the same sampling as a call. (A compiled chain streams its
+final semantic variable instead: :meth:`ChainRun.stream_output`.)
 """
 
 from __future__ import annotations

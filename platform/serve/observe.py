@@ -91,6 +91,7 @@ class DagVar:
     consumers: list[str]  # call ids
     truncated: bool = False
     format: OutputFormat | None = None  # a typed variable's format
+    partial: str | None = None  # while its producer generates: the text so far (its end)
 
 
 @dataclass(frozen=True)
@@ -215,7 +216,12 @@ def dag_var(var: SemanticVariable) -> DagVar:
     state = "failed" if var.error else "ready" if var.ready else "empty"
     consumers = sorted({c.request.call_id for c in var.consumers})
     producer = var.producer.request.call_id if var.producer is not None else None
-    return DagVar(var.var_id, var.name, state, value, var.error, producer, consumers, cut, var.format)
+    partial = var.partial
+    if partial is not None and len(partial) > VALUE_PREVIEW:
+        partial = "…" + partial[-VALUE_PREVIEW:]  # the end is what is new
+    return DagVar(
+        var.var_id, var.name, state, value, var.error, producer, consumers, cut, var.format, partial
+    )
 
 
 def session_dag(

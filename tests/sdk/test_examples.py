@@ -121,8 +121,27 @@ def test_tool_agent(parrot_url):
     assert result["messages"][2]["tool_calls"][0]["id"] == result["messages"][3]["tool_call_id"]
 
 
+def test_streaming_chat(parrot_url, capsys):
+    """Each answer is printed as it streams, with its time to the first token; its call was
+    on the server before the notes existed and started once they were done."""
+    result = example("streaming_chat").main(parrot_url)
+    printed = capsys.readouterr().out
+    turns = result["turns"]
+    assert [t["question"] for t in turns] == list(example("streaming_chat").QUESTIONS)
+    assert turns[0]["answer"].strip() and turns[0]["notes"].strip()
+    assert printed.count("first token after") == len(turns)
+    for turn in turns:
+        assert f"bot: {turn['answer']}\n" in printed
+        assert 0 < turn["first_token_s"] <= turn["answer_s"]
+        notes, answer = turn["calls"]["notes"], turn["calls"]["answer"]
+        assert notes["state"] == answer["state"] == "done"
+        assert answer["submitted_s"] <= notes["finished_s"] <= answer["started_s"]
+        assert answer["started_s"] <= answer["finished_s"]
+
+
 @pytest.mark.parametrize(
-    ("name", "about"), [("extraction_pipeline", "typed outputs"), ("tool_agent", "tools")]
+    ("name", "about"),
+    [("extraction_pipeline", "typed outputs"), ("tool_agent", "tools"), ("streaming_chat", "stream()")],
 )
 def test_typed_examples_run_as_scripts(name, about):
     out = subprocess.run(

@@ -4,6 +4,11 @@ The model computes q/k/v for all tokens of a step (``[num_tokens, heads, head_di
 backend stores the new k/v into their slots of the paged cache and attends every query to
 the keys its sequence may see. Everything a backend needs about the batch is precomputed
 once per step in :class:`AttentionBatch` and shared by all layers.
+
+A sliding-window layer gets the same batch with its masks narrowed to the window and the
+window itself recorded (:func:`~parrot.engines.builtin.attention.window.windowed`): the
+torch backend reads the masks, the Triton kernels, which bound keys by lengths, the
+window. A layer's own score scale travels in :class:`LayerAttention`.
 """
 
 from __future__ import annotations
@@ -54,6 +59,11 @@ class SharedPrefixGroup:
     prefix_blocks: torch.Tensor  # [prefix_len // block_size] the shared (full) blocks
     block_size: int
     num_seqs: int
+    # With a sliding window: [num_group_tokens, prefix_len] bool, False where a query may not
+    # see a key; the queries' positions; the position of the prefix's first key.
+    key_mask: torch.Tensor | None = None
+    positions: torch.Tensor | None = None
+    prefix_start: int = 0
 
 
 @dataclass(frozen=True)
@@ -64,10 +74,21 @@ class AttentionBatch:
     decode: DecodeGroup | None
     prefills: tuple[PrefillSeq, ...]
     shared_groups: tuple[SharedPrefixGroup, ...]
+    window: int | None = None  # sliding: a query sees the keys less than this many positions back
 
     @property
     def uses_shared_prefix(self) -> bool:
         return bool(self.shared_groups)
+
+
+@dataclass(frozen=True)
+class LayerAttention:
+    """How one layer scores its keys, where it differs from ``q.k / sqrt(head_dim)``."""
+
+    scale: float | None = None  # None: head_dim ** -0.5; Gemma 3: query_pre_attn_scalar ** -0.5
+
+
+PLAIN = LayerAttention()
 
 
 class AttentionBackend(ABC):
@@ -92,5 +113,6 @@ class AttentionBackend(ABC):
         k_cache: torch.Tensor,  # [num_slots, num_kv_heads, head_dim]
         v_cache: torch.Tensor,  # [num_slots, num_kv_heads, head_dim]
         batch: AttentionBatch,
+        layer: LayerAttention = PLAIN,
     ) -> torch.Tensor:  # [num_tokens, num_heads, head_dim]
         ...

@@ -1,10 +1,14 @@
-"""Attention with the Triton kernels: paged decode, paged prefill, shared prefix + merge."""
+"""Attention with the Triton kernels: paged decode, paged prefill, shared prefix + merge.
+
+The kernels bound each query's keys by lengths and positions, not by the batch's masks; a
+sliding window reaches them as ``batch.window`` (and the shared groups' positions).
+"""
 
 from __future__ import annotations
 
 import torch
 
-from parrot.engines.builtin.attention.base import AttentionBackend, AttentionBatch
+from parrot.engines.builtin.attention.base import PLAIN, AttentionBackend, AttentionBatch, LayerAttention
 from parrot.engines.builtin.kernels.merge import merge_into
 from parrot.engines.builtin.kernels.paged_decode import paged_decode_attention
 from parrot.engines.builtin.kernels.paged_prefill import paged_prefill_attention
@@ -15,7 +19,8 @@ from parrot.engines.builtin.kernels.store_kv import store_kv
 class TritonAttentionBackend(AttentionBackend):
     name = "triton"
 
-    def forward(self, q, k, v, k_cache, v_cache, batch: AttentionBatch) -> torch.Tensor:
+    def forward(self, q, k, v, k_cache, v_cache, batch: AttentionBatch, layer: LayerAttention = PLAIN):
+        scale = layer.scale or self.scale
         store_kv(k, v, k_cache, v_cache, batch.slot_mapping)
         out = q.new_empty(q.shape, dtype=torch.float32)  # [num_tokens, heads, head_dim]
         lse = q.new_empty(q.shape[:2], dtype=torch.float32)  # [num_tokens, heads]
@@ -28,7 +33,8 @@ class TritonAttentionBackend(AttentionBackend):
                 d.block_table,
                 d.kv_lens,
                 d.block_size,
-                self.scale,
+                scale,
+                window=batch.window,
             )
             out.index_copy_(0, d.token_rows, o.float())
             lse.index_copy_(0, d.token_rows, l_)
@@ -44,13 +50,22 @@ class TritonAttentionBackend(AttentionBackend):
                 p.kv_start,
                 kv_len,
                 batch.block_size,
-                self.scale,
+                scale,
+                window=batch.window,
             )
             out[rows] = o.float()
             lse[rows] = l_
         for g in batch.shared_groups:
             part = shared_prefix_attention(
-                q.index_select(0, g.token_rows), k_cache, v_cache, g.prefix_blocks, g.block_size, self.scale
+                q.index_select(0, g.token_rows),
+                k_cache,
+                v_cache,
+                g.prefix_blocks,
+                g.block_size,
+                scale,
+                window=batch.window,
+                positions=g.positions,
+                prefix_start=g.prefix_start,
             )
             merge_into(out, lse, g.token_rows, *part)
         return out.to(q.dtype)

@@ -3,6 +3,8 @@
 GQA aware: one program handles all query heads that share a KV head, so each K/V block is
 loaded once for the whole group. Long contexts are split across programs (split-KV); a
 second kernel reduces the splits with their log-sum-exps. Returns output and log-sum-exp.
+A sliding ``window`` keeps the keys less than ``window`` positions behind the query (the
+blocks wholly before it are not read).
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ def _paged_decode_kernel(
     part_out_ptr,  # [num_seqs, num_heads, num_splits, head_dim] float32
     part_lse_ptr,  # [num_seqs, num_heads, num_splits] float32
     scale,
+    window,  # > 0: attend only the last ``window`` keys
     stride_qs,
     stride_qh,
     stride_cs,
@@ -51,6 +54,7 @@ def _paged_decode_kernel(
     kv_head = tl.program_id(1)
     split = tl.program_id(2)
     seq_len = tl.load(lens_ptr + seq)
+    first_visible = tl.where(window > 0, tl.maximum(seq_len - window, 0), 0)
     g = tl.arange(0, GROUP_PAD)
     heads = kv_head * GROUP + g
     head_mask = g < GROUP
@@ -66,9 +70,9 @@ def _paged_decode_kernel(
     for i in range(BLOCKS_PER_SPLIT):
         block_index = split * BLOCKS_PER_SPLIT + i
         first_token = block_index * BLOCK_SIZE
-        if first_token < seq_len:
+        if (first_token < seq_len) & (first_token + BLOCK_SIZE > first_visible):
             block = tl.load(table_ptr + seq * stride_ts + block_index).to(tl.int64)
-            token_mask = first_token + t < seq_len
+            token_mask = (first_token + t < seq_len) & (first_token + t >= first_visible)
             slots = block * BLOCK_SIZE + t
             offsets = slots[:, None] * stride_cs + kv_head * stride_ch + d[None, :]
             k = tl.load(k_cache_ptr + offsets, mask=token_mask[:, None], other=0.0).to(tl.float32)
@@ -130,7 +134,9 @@ def paged_decode_attention(
     block_size: int,
     scale: float,
     num_splits: int | None = None,
+    window: int | None = None,  # a sliding window: keys less than this many positions back
 ) -> tuple[torch.Tensor, torch.Tensor]:  # out [num_seqs, num_heads, head_dim], lse [num_seqs, num_heads]
+    check(window is None or window >= 1, "a window must be positive")
     group, num_blocks = check_attention_inputs(q, k_cache, v_cache, block_size)
     num_seqs, num_heads, head_dim = q.shape
     check(
@@ -169,6 +175,7 @@ def paged_decode_attention(
         part_out,
         part_lse,
         scale,
+        window or 0,
         q.stride(0),
         q.stride(1),
         k_cache.stride(0),

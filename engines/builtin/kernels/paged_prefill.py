@@ -1,5 +1,6 @@
 """Prefill attention over paged KV: many query tokens of one sequence, causal among the new
-tokens and full over the cached prefix (what a Fill into a forked context needs)."""
+tokens and full over the cached prefix (what a Fill into a forked context needs), or within
+a sliding ``window`` (keys less than ``window`` positions behind each query)."""
 
 from __future__ import annotations
 
@@ -24,6 +25,7 @@ def _paged_prefill_kernel(
     kv_start,  # position of the first key (the table's first block)
     kv_len,  # keys from kv_start
     scale,
+    window,  # > 0: a query sees only the keys less than this many positions behind it
     stride_qt,
     stride_qh,
     stride_cs,
@@ -66,6 +68,7 @@ def _paged_prefill_kernel(
         v = tl.load(v_cache_ptr + offsets, mask=key_mask[:, None], other=0.0).to(tl.float32)
         s = tile_dot(q, tl.trans(k), HEAD_DIM, BLOCK_SIZE, EXACT) * scale  # [BLOCK_M, BLOCK_SIZE]
         allowed = key_mask[None, :] & (k_pos[None, :] <= q_pos[:, None])
+        allowed = allowed & ((q_pos[:, None] - k_pos[None, :] < window) | (window <= 0))
         s = tl.where(allowed, s, float("-inf"))
         m_i, l_i, acc = online_softmax_step(s, v, m_i, l_i, acc, BLOCK_SIZE, HEAD_DIM, EXACT)
     out, lse = finish(m_i, l_i, acc)
@@ -87,7 +90,9 @@ def paged_prefill_attention(
     kv_len: int,
     block_size: int,
     scale: float,
+    window: int | None = None,  # a sliding window: keys less than this many positions back
 ) -> tuple[torch.Tensor, torch.Tensor]:  # out [num_tokens, num_heads, head_dim], lse [num_tokens, num_heads]
+    check(window is None or window >= 1, "a window must be positive")
     group, num_blocks = check_attention_inputs(q, k_cache, v_cache, block_size)
     num_tokens, num_heads, head_dim = q.shape
     check(block_table.dim() == 1, "block_table must be one sequence's [num_blocks]")
@@ -115,6 +120,7 @@ def paged_prefill_attention(
         kv_start,
         kv_len,
         scale,
+        window or 0,
         q.stride(0),
         q.stride(1),
         k_cache.stride(0),

@@ -115,13 +115,16 @@ def load_gguf_linears(model: LlamaForCausalLM, gguf: GGUFWeights, dense_rows: in
         weight = torch.cat([gguf.dequantized(n) for n in names])
         return packed_int8(weight, bias, dense_rows)
 
+    fused = model.config.architecture == "phi3"  # attn_qkv; ffn_up holds gate and up
     with torch.no_grad():
         for i, layer in enumerate(model.layers):
             blk = f"blk.{i}."
             attn, mlp = layer.self_attn, layer.mlp
-            attn.qkv_proj = linear([f"{blk}attn_{p}.weight" for p in "qkv"], attn.qkv_proj)
+            qkv = [f"{blk}attn_qkv.weight"] if fused else [f"{blk}attn_{p}.weight" for p in "qkv"]
+            gate_up = [f"{blk}ffn_up.weight"] if fused else [f"{blk}ffn_gate.weight", f"{blk}ffn_up.weight"]
+            attn.qkv_proj = linear(qkv, attn.qkv_proj)
             attn.o_proj = linear([f"{blk}attn_output.weight"], attn.o_proj)
-            mlp.gate_up_proj = linear([f"{blk}ffn_gate.weight", f"{blk}ffn_up.weight"], mlp.gate_up_proj)
+            mlp.gate_up_proj = linear(gate_up, mlp.gate_up_proj)
             mlp.down_proj = linear([f"{blk}ffn_down.weight"], mlp.down_proj)
         head = "output.weight" if "output.weight" in gguf else "token_embd.weight"
         model.set_head(linear([head], None))

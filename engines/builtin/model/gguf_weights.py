@@ -4,9 +4,11 @@ Q4_0 and Q4_1 blocks (32 weights, a float16 scale and, for Q4_1, a float16 minim
 unpacked into :class:`Int4Codes` with group size 32, which the int4 kernel runs exactly.
 Other types are de-quantized (by the ``gguf`` package) and left to the caller.
 
-llama.cpp stores the q and k projections with their rows permuted for its interleaved
-rotary layout; transformers (and so this engine's float weights) un-permute them. The same
-row permutation is applied to the codes, which is exact since blocks run along rows.
+llama.cpp stores a Llama-architecture file's q and k projections with their rows permuted
+for its interleaved rotary layout; transformers (and so this engine's float weights)
+un-permute them. The same row permutation is applied to the codes, which is exact since
+blocks run along rows. Other architectures (qwen2, qwen3, phi3, gemma3) are stored as they
+are. Phi-3 files hold q/k/v as one ``attn_qkv`` and gate/up as one ``ffn_up`` tensor.
 """
 
 from __future__ import annotations
@@ -33,6 +35,8 @@ class GGUFWeights:
         except (OSError, ValueError) as error:
             raise ModelLoadError(f"cannot read the GGUF file {path}: {error}") from error
         self.tensors = {t.name: t for t in reader.tensors}
+        field = reader.fields.get("general.architecture")
+        self.architecture = "" if field is None else bytes(field.parts[field.data[0]]).decode()
         self.num_heads = num_heads
         self.num_kv_heads = num_kv_heads
 
@@ -69,7 +73,7 @@ class GGUFWeights:
 
         tensor = self._tensor(name)
         values = dequantize(tensor.data, tensor.tensor_type)
-        weight = torch.from_numpy(np.ascontiguousarray(values, dtype=np.float32))
+        weight = torch.from_numpy(np.array(values, dtype=np.float32))  # a copy: F32 data is the read-only map
         weight = weight.view(-1, int(tensor.shape[0]))
         order = self._row_order(name, weight.shape[0])
         return weight if order is None else weight[order]
@@ -81,6 +85,8 @@ class GGUFWeights:
 
     def _row_order(self, name: str, rows: int) -> torch.Tensor | None:
         """transformers' un-permutation of llama.cpp's q/k rows, as a row index."""
+        if self.architecture != "llama":
+            return None
         if name.endswith("attn_q.weight"):
             heads = self.num_heads
         elif name.endswith("attn_k.weight"):

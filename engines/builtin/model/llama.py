@@ -1,8 +1,11 @@
-"""LLaMA-family decoder (Llama, Mistral, Qwen2) over a paged KV cache.
+"""The decoder of every supported family over a paged KV cache.
 
-One module covers the family: GQA, RoPE with scaling, RMSNorm, SwiGLU, optional q/k/v
-(and o) biases, tied embeddings. q/k/v and gate/up projections are fused into one matrix
-each at load time, so a layer is a handful of large matmuls.
+Llama, Mistral, Qwen2 and the families that vary it: Qwen3 (per-head q/k RMSNorm), Gemma 3
+(scaled embeddings, (1 + weight) norms around both blocks, GeGLU, sliding-window layers
+with their own rope, a query scale of its own, optional final soft-capping) and Phi-3 /
+Phi-4-mini (partial rotary, long-rope). GQA, RoPE with scaling, tied embeddings. q/k/v
+and gate/up projections are fused into one matrix each at load time, so a layer is a
+handful of large matmuls. What a family changes is read from :class:`ModelConfig`.
 """
 
 from __future__ import annotations
@@ -11,25 +14,15 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from parrot.engines.builtin.attention.base import AttentionBackend, AttentionBatch
+from parrot.engines.builtin.attention.base import AttentionBackend, AttentionBatch, LayerAttention
+from parrot.engines.builtin.attention.window import windowed
 from parrot.engines.builtin.model.blas_linear import MatmulRoute
+from parrot.engines.builtin.model.hf_weights import load_hf_weights
+from parrot.engines.builtin.model.layers import MLP, RMSNorm
 from parrot.engines.builtin.model.model_config import ModelConfig
 from parrot.engines.builtin.model.rope import RotaryEmbedding
-from parrot.engines.protocol.errors import ModelLoadError
 
-
-class RMSNorm(nn.Module):
-    def __init__(self, dim: int, eps: float) -> None:
-        super().__init__()
-        self.weight = nn.Parameter(torch.ones(dim))
-        self.eps = eps
-        self.shape = (dim,)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if x.dtype == torch.float32:  # the casts below would be no-ops, each still an op call
-            return F.rms_norm(x, self.shape, self.weight, self.eps)
-        # Normalize in float32 like transformers, then cast back.
-        return F.rms_norm(x.float(), self.shape, self.weight.float(), self.eps).to(x.dtype)
+Rotary = tuple[torch.Tensor, torch.Tensor]  # cos, signed sin [num_tokens, 1, rotary dims]
 
 
 class Attention(nn.Module):
@@ -46,38 +39,34 @@ class Attention(nn.Module):
         self.sizes = (q_size, kv_size, kv_size)
         self.qkv_proj = nn.Linear(config.hidden_size, q_size + 2 * kv_size, bias=config.qkv_bias)
         self.o_proj = nn.Linear(q_size, config.hidden_size, bias=config.o_bias)
+        if config.qk_norm:
+            self.q_norm = RMSNorm(self.head_dim, config.rms_norm_eps)
+            self.k_norm = RMSNorm(self.head_dim, config.rms_norm_eps)
+        self.qk_norm = config.qk_norm
         self.rope = rope
         self.backend = backend
+        self.scoring = LayerAttention(scale=config.attn_scale)
 
     def forward(
         self,
         x: torch.Tensor,  # [num_tokens, hidden]
-        rotary: tuple[torch.Tensor, torch.Tensor],  # cos, sin [num_tokens, 1, head_dim]
+        rotary: Rotary,
         batch: AttentionBatch,
         k_cache: torch.Tensor,  # [num_slots, num_kv_heads, head_dim]
         v_cache: torch.Tensor,
     ) -> torch.Tensor:
         n = x.shape[0]
         qkv = self.qkv_proj(x)  # [n, (heads + 2 * kv_heads) * head_dim]
-        # Queries and keys sit side by side in qkv: rotate them in one pass.
         qk_size = self.sizes[0] + self.sizes[1]
-        qk = self.rope(rotary, qkv[:, :qk_size].view(n, -1, self.head_dim))
-        q, k = qk.split((self.num_heads, self.num_kv_heads), dim=1)
+        qk = qkv[:, :qk_size].view(n, -1, self.head_dim)
+        if self.qk_norm:
+            q, k = qk.split((self.num_heads, self.num_kv_heads), dim=1)
+            qk = torch.cat([self.q_norm(q), self.k_norm(k)], dim=1)
+        # Queries and keys sit side by side: rotate them in one pass.
+        q, k = self.rope(rotary, qk).split((self.num_heads, self.num_kv_heads), dim=1)
         v = qkv[:, qk_size:].view(n, self.num_kv_heads, self.head_dim)
-        out = self.backend.forward(q, k, v, k_cache, v_cache, batch)  # [n, heads, head_dim]
+        out = self.backend.forward(q, k, v, k_cache, v_cache, batch, self.scoring)  # [n, heads, head_dim]
         return self.o_proj(out.reshape(n, -1))
-
-
-class MLP(nn.Module):
-    def __init__(self, config: ModelConfig) -> None:
-        super().__init__()
-        self.intermediate = config.intermediate_size
-        self.gate_up_proj = nn.Linear(config.hidden_size, 2 * config.intermediate_size, bias=config.mlp_bias)
-        self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=config.mlp_bias)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = self.gate_up_proj(x).split(self.intermediate, dim=-1)
-        return self.down_proj(F.silu(gate) * up)
 
 
 class DecoderLayer(nn.Module):
@@ -87,22 +76,46 @@ class DecoderLayer(nn.Module):
         super().__init__()
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.self_attn = Attention(config, layer, rope, backend)
+        # Llama layout: the MLP's input norm is called post_attention_layernorm. Gemma norms
+        # the attention output with it, and has a norm before and after the MLP.
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.gemma_norms = config.gemma_norms
+        if config.gemma_norms:
+            self.pre_feedforward_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+            self.post_feedforward_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.mlp = MLP(config)
 
     def forward(self, x, rotary, batch, k_cache, v_cache) -> torch.Tensor:
-        x = x + self.self_attn(self.input_layernorm(x), rotary, batch, k_cache, v_cache)
-        return x + self.mlp(self.post_attention_layernorm(x))
+        attn = self.self_attn(self.input_layernorm(x), rotary, batch, k_cache, v_cache)
+        if not self.gemma_norms:
+            x = x + attn
+            return x + self.mlp(self.post_attention_layernorm(x))
+        x = x + self.post_attention_layernorm(attn)
+        return x + self.post_feedforward_layernorm(self.mlp(self.pre_feedforward_layernorm(x)))
 
 
 class LlamaForCausalLM(nn.Module):
     def __init__(self, config: ModelConfig, backend: AttentionBackend) -> None:
         super().__init__()
         self.config = config
+        self.layer_windows = [config.window(i) for i in range(config.num_layers)]
+        self.windows = set(self.layer_windows) - {None}
+        rotary_dim = config.rotary_dim or config.head_dim
         self.rope = RotaryEmbedding(
-            config.head_dim, config.max_position_embeddings, config.rope_theta, config.rope_scaling
+            rotary_dim, config.max_position_embeddings, config.rope_theta, config.rope_scaling
+        )
+        # Gemma 3: sliding layers rotate by their own theta
+        self.local_rope = (
+            RotaryEmbedding(
+                rotary_dim, config.max_position_embeddings, config.local_rope_theta, config.local_rope_scaling
+            )
+            if config.has_local_rope
+            else None
         )
         self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        # a buffer, so that it takes the model's dtype like transformers' (Gemma)
+        scale = torch.tensor(config.embed_scale or 1.0)
+        self.register_buffer("embed_scale", scale if config.embed_scale else None, persistent=False)
         self.layers = nn.ModuleList(
             DecoderLayer(config, i, self.rope, backend) for i in range(config.num_layers)
         )
@@ -127,9 +140,15 @@ class LlamaForCausalLM(nn.Module):
         kv_cache: torch.Tensor,  # [num_layers, 2, num_slots, num_kv_heads, head_dim]
     ) -> torch.Tensor:  # [num_tokens, hidden] final-normed hidden states
         x = self.embed_tokens(input_ids)
+        if self.embed_scale is not None:
+            x = x * self.embed_scale
         rotary = self.rope.lookup(positions)
-        for layer, (k_cache, v_cache) in zip(self.layers, self._layer_caches(kv_cache), strict=True):
-            x = layer(x, rotary, batch, k_cache, v_cache)
+        local = rotary if self.local_rope is None else self.local_rope.lookup(positions)
+        # one narrowed batch per window size, shared by the layers of that window
+        batches = {None: batch} | {w: windowed(batch, positions, w) for w in self.windows}
+        caches = self._layer_caches(kv_cache)
+        for layer, window, (k_cache, v_cache) in zip(self.layers, self.layer_windows, caches, strict=True):
+            x = layer(x, rotary if window is None else local, batches[window], k_cache, v_cache)
         return self.norm(x)
 
     def _layer_caches(self, kv_cache: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
@@ -142,8 +161,11 @@ class LlamaForCausalLM(nn.Module):
     @torch.inference_mode()
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:  # [n, hidden] -> [n, vocab] fp32
         if self.packed_head is not None:
-            return self.packed_head(hidden).float()
-        return F.linear(hidden, self.head_weight()).float()
+            logits = self.packed_head(hidden).float()
+        else:
+            logits = F.linear(hidden, self.head_weight()).float()
+        cap = self.config.final_softcap
+        return logits if cap is None else torch.tanh(logits / cap) * cap
 
     def head_weight(self) -> torch.Tensor:  # [vocab, hidden]
         return self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
@@ -154,60 +176,4 @@ class LlamaForCausalLM(nn.Module):
 
     def load_hf_state_dict(self, state: dict[str, torch.Tensor]) -> None:
         """Load transformers-named weights, fusing q/k/v and gate/up projections."""
-        own = self.state_dict()
-        done: set[str] = set()
-
-        def take(name: str) -> torch.Tensor:
-            if name not in state:
-                raise ModelLoadError(f"weight {name!r} is missing from the checkpoint")
-            done.add(name)
-            return state[name]
-
-        def put(name: str, tensor: torch.Tensor) -> None:
-            if own[name].shape != tensor.shape:
-                raise ModelLoadError(
-                    f"weight {name!r} has shape {tuple(tensor.shape)}, expected {tuple(own[name].shape)}"
-                )
-            own[name].copy_(tensor)
-
-        with torch.no_grad():
-            put("embed_tokens.weight", take("model.embed_tokens.weight"))
-            put("norm.weight", take("model.norm.weight"))
-            if self.lm_head is not None:
-                head = state.get("lm_head.weight")
-                put("lm_head.weight", head if head is not None else take("model.embed_tokens.weight"))
-                done.add("lm_head.weight")
-            for i in range(self.config.num_layers):
-                src, dst = f"model.layers.{i}.", f"layers.{i}."
-                for norm in ("input_layernorm", "post_attention_layernorm"):
-                    put(f"{dst}{norm}.weight", take(f"{src}{norm}.weight"))
-                attn = f"{src}self_attn."
-                put(
-                    f"{dst}self_attn.qkv_proj.weight",
-                    torch.cat([take(f"{attn}{p}_proj.weight") for p in "qkv"]),
-                )
-                if self.config.qkv_bias:
-                    put(
-                        f"{dst}self_attn.qkv_proj.bias",
-                        torch.cat([take(f"{attn}{p}_proj.bias") for p in "qkv"]),
-                    )
-                put(f"{dst}self_attn.o_proj.weight", take(f"{attn}o_proj.weight"))
-                if self.config.o_bias:
-                    put(f"{dst}self_attn.o_proj.bias", take(f"{attn}o_proj.bias"))
-                mlp = f"{src}mlp."
-                put(
-                    f"{dst}mlp.gate_up_proj.weight",
-                    torch.cat([take(f"{mlp}gate_proj.weight"), take(f"{mlp}up_proj.weight")]),
-                )
-                put(f"{dst}mlp.down_proj.weight", take(f"{mlp}down_proj.weight"))
-                if self.config.mlp_bias:
-                    put(
-                        f"{dst}mlp.gate_up_proj.bias",
-                        torch.cat([take(f"{mlp}gate_proj.bias"), take(f"{mlp}up_proj.bias")]),
-                    )
-                    put(f"{dst}mlp.down_proj.bias", take(f"{mlp}down_proj.bias"))
-        ignored = {k for k in state if k not in done and not k.endswith("rotary_emb.inv_freq")}
-        if self.config.tie_word_embeddings:
-            ignored.discard("lm_head.weight")
-        if ignored:
-            raise ModelLoadError(f"checkpoint has weights this model does not use: {sorted(ignored)[:5]}")
+        load_hf_weights(self, state)

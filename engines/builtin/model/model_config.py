@@ -1,104 +1,46 @@
 """Model architecture settings read from a Hugging Face ``config.json``.
 
-Both layouts of the rotary settings are accepted: transformers 4 (``rope_theta`` and
-``rope_scaling`` with ``type`` or ``rope_type``) and transformers 5 (``rope_parameters``
-holding ``rope_theta`` and ``rope_type``). Defaults for absent fields follow what
-transformers itself does with the same file, so both compute the same model.
+One decoder covers every supported family; what sets them apart is a handful of fields
+here (q/k norms, Gemma's norm layout and scaled embeddings, sliding-window layers, partial
+rotary, final soft-capping), each read from the config the way transformers' modeling file of
+that family reads it. Defaults for absent fields follow what transformers itself does with
+the same file, so both compute the same model. Rotary settings: rope_config.py.
 """
 
 from __future__ import annotations
 
 import json
-import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from parrot.engines.builtin.model.rope_config import (
+    FULL,
+    LONGROPE,
+    ROPE_KINDS,
+    SLIDING,
+    RopeScaling,
+    number,
+    rope_params_by_layer_type,
+    rope_theta,
+)
 from parrot.engines.protocol.errors import ModelLoadError
 
-SUPPORTED = ("llama", "mistral", "qwen2")
-# Exact class names only: a substring match would let e.g. Qwen2MoeForCausalLM through.
-ARCHITECTURE_CLASSES = {
-    "llamaforcausallm": "llama",
-    "mistralforcausallm": "mistral",
-    "qwen2forcausallm": "qwen2",
+__all__ = ["SUPPORTED", "ModelConfig", "RopeScaling", "read_eos_token_ids"]
+
+# model_type -> the transformers class of a checkpoint of that family (its "architectures")
+FAMILIES = {
+    "llama": "LlamaForCausalLM",
+    "mistral": "MistralForCausalLM",
+    "qwen2": "Qwen2ForCausalLM",
+    "qwen3": "Qwen3ForCausalLM",
+    "gemma3_text": "Gemma3ForCausalLM",
+    "phi3": "Phi3ForCausalLM",
 }
-ROPE_KINDS = ("default", "linear", "dynamic", "llama3", "yarn")
-
-
-@dataclass(frozen=True)
-class RopeScaling:
-    kind: str = "default"  # default | linear | dynamic | llama3 | yarn
-    factor: float = 1.0
-    low_freq_factor: float = 1.0  # llama3
-    high_freq_factor: float = 4.0  # llama3
-    # llama3 / yarn: the pretraining context; dynamic: the length past which NTK scaling starts
-    original_max_position_embeddings: int | None = None
-    beta_fast: float = 32.0  # yarn
-    beta_slow: float = 1.0  # yarn
-    attention_factor: float | None = None  # yarn (mscale); None = 0.1 * ln(factor) + 1
-    truncate: bool = True  # yarn: round the correction range to whole dimensions
-
-    @classmethod
-    def from_hf(cls, params: dict[str, Any], max_positions: int, top_level: dict[str, Any]) -> RopeScaling:
-        """Scaling from a flat rope dict (``rope_parameters`` or ``rope_scaling``).
-
-        ``top_level`` is the whole config: transformers lets a top-level
-        ``original_max_position_embeddings`` (Phi-3 style) win over the one in the dict.
-        """
-        kind = str(params.get("rope_type") or params.get("type") or "default").lower()
-        if kind not in ROPE_KINDS:
-            raise ModelLoadError(
-                f"unsupported rope scaling type {kind!r}; the builtin engine supports {list(ROPE_KINDS)}"
-            )
-        if kind == "default":
-            return cls()
-        if params.get("factor") is None and kind != "yarn":
-            raise ModelLoadError(f"rope scaling {kind!r} needs a 'factor'")
-        original = top_level.get("original_max_position_embeddings") or params.get(
-            "original_max_position_embeddings"
-        )
-        if kind == "dynamic":
-            # transformers scales dynamic NTK relative to max_position_embeddings, whatever
-            # the dict says.
-            original = max_positions
-        elif kind in ("llama3", "yarn"):
-            original = original or max_positions
-        else:
-            original = None
-        factor = params.get("factor")
-        if factor is None:  # yarn (DeepSeek style): the factor is implied by the two lengths
-            factor = max_positions / original
-        factor = _number(factor, "rope factor")
-        if factor <= 0:
-            raise ModelLoadError(f"rope scaling factor must be positive, got {factor}")
-        attention_factor = params.get("attention_factor")
-        mscale, mscale_all_dim = params.get("mscale"), params.get("mscale_all_dim")
-        if kind == "yarn" and attention_factor is None and mscale and mscale_all_dim:
-            attention_factor = _yarn_mscale(factor, mscale) / _yarn_mscale(factor, mscale_all_dim)
-        return cls(
-            kind=kind,
-            factor=factor,
-            low_freq_factor=_number(params.get("low_freq_factor", 1.0), "low_freq_factor"),
-            high_freq_factor=_number(params.get("high_freq_factor", 4.0), "high_freq_factor"),
-            original_max_position_embeddings=None if original is None else int(original),
-            # transformers treats 0 / None as "use the default" here
-            beta_fast=_number(params.get("beta_fast") or 32.0, "beta_fast"),
-            beta_slow=_number(params.get("beta_slow") or 1.0, "beta_slow"),
-            attention_factor=None if attention_factor is None else float(attention_factor),
-            truncate=bool(params.get("truncate", True)),
-        )
-
-
-def _yarn_mscale(factor: float, mscale: float = 1.0) -> float:
-    return 1.0 if factor <= 1 else 0.1 * mscale * math.log(factor) + 1.0
-
-
-def _number(value: Any, what: str) -> float:
-    try:
-        return float(value)
-    except (TypeError, ValueError):
-        raise ModelLoadError(f"{what} must be a number, got {value!r}") from None
+SUPPORTED = tuple(FAMILIES)
+# Exact class names only: a substring match would let e.g. Qwen2MoeForCausalLM through.
+ARCHITECTURE_CLASSES = {cls.lower(): model_type for model_type, cls in FAMILIES.items()}
+ACTIVATIONS = ("silu", "gelu_pytorch_tanh")
 
 
 def _architecture(d: dict[str, Any]) -> str:
@@ -109,30 +51,11 @@ def _architecture(d: dict[str, Any]) -> str:
     for cls_name in classes:
         if cls_name.lower() in ARCHITECTURE_CLASSES:
             return ARCHITECTURE_CLASSES[cls_name.lower()]
+    families = ", ".join(f"{t} ({c})" for t, c in FAMILIES.items())
     raise ModelLoadError(
         f"unsupported model type {model_type or '(none)'!r} (architectures {classes}); "
-        f"the builtin engine runs {list(SUPPORTED)}"
+        f"the builtin engine runs these model types (transformers classes): {families}"
     )
-
-
-def _rope_params(d: dict[str, Any]) -> dict[str, Any]:
-    """One flat dict of rope settings from either transformers layout."""
-    params = d.get("rope_parameters")
-    legacy = d.get("rope_scaling")
-    for key, value in (("rope_parameters", params), ("rope_scaling", legacy)):
-        if value is not None and not isinstance(value, dict):
-            raise ModelLoadError(f"{key} must be an object, got {value!r}")
-    params = params or {}
-    if params and all(isinstance(v, dict) for v in params.values()):
-        # transformers 5 nests per layer type (full_attention, sliding_attention, ...);
-        # this engine has one rope for all layers.
-        distinct = {json.dumps(v, sort_keys=True) for v in params.values()}
-        if len(distinct) > 1:
-            raise ModelLoadError("per-layer-type rope parameters differ; the builtin engine needs one rope")
-        params = next(iter(params.values()))
-    # transformers 5 keeps everything in rope_parameters; a transformers 4 file only has
-    # rope_scaling (and rope_theta at the top level).
-    return {**(legacy or {}), **params}
 
 
 def _int_ids(value: Any, what: str) -> tuple[int, ...]:
@@ -143,9 +66,41 @@ def _int_ids(value: Any, what: str) -> tuple[int, ...]:
         raise ModelLoadError(f"{what} must be an integer or a list of integers, got {value!r}") from None
 
 
+def _optional_number(d: dict[str, Any], key: str) -> float | None:
+    return None if d.get(key) is None else number(d[key], key)
+
+
+def _layer_types(arch: str, d: dict[str, Any], layers: int) -> tuple[str, ...]:
+    """Per layer ``full_attention`` or ``sliding_attention``, as transformers assigns them.
+
+    transformers 5 writes ``layer_types``; older files give Gemma 3's pattern (every
+    ``sliding_window_pattern``-th layer global) or Qwen's ``use_sliding_window`` with
+    ``max_window_layers``. Mistral and Phi-3 window every layer when they have a
+    ``sliding_window`` (Mistral 7B v0.1: 4096; Phi-3-mini-4k: 2047).
+    """
+    types = d.get("layer_types")
+    if types is None:
+        if arch == "gemma3_text":
+            pattern = int(d.get("sliding_window_pattern") or d.get("_sliding_window_pattern") or 6)
+            types = [FULL if (i + 1) % pattern == 0 else SLIDING for i in range(layers)]
+        elif arch in ("qwen2", "qwen3") and d.get("use_sliding_window"):
+            first = int(d.get("max_window_layers") or 0)
+            types = [SLIDING if i >= first else FULL for i in range(layers)]
+        elif arch in ("mistral", "phi3") and d.get("sliding_window"):
+            types = [SLIDING] * layers
+        else:
+            return ()
+    types = tuple(str(t) for t in types)
+    if len(types) != layers or not set(types) <= {FULL, SLIDING}:
+        raise ModelLoadError(f"layer_types must name {FULL!r} or {SLIDING!r} for each of {layers} layers")
+    if SLIDING in types and not d.get("sliding_window"):
+        raise ModelLoadError("sliding-attention layers need a positive 'sliding_window'")
+    return types if SLIDING in types else ()
+
+
 @dataclass(frozen=True)
 class ModelConfig:
-    architecture: str  # llama | mistral | qwen2
+    architecture: str  # a model_type of FAMILIES
     vocab_size: int
     hidden_size: int
     intermediate_size: int
@@ -158,12 +113,38 @@ class ModelConfig:
     rope_scaling: RopeScaling
     max_position_embeddings: int
     tie_word_embeddings: bool
-    qkv_bias: bool  # Qwen2 always; Llama: attention_bias
-    o_bias: bool  # Llama's attention_bias covers o_proj too; never for Qwen2 / Mistral
+    qkv_bias: bool  # Qwen2 always; Llama, Qwen3, Gemma 3: attention_bias
+    o_bias: bool  # attention_bias covers o_proj too (Llama, Qwen3, Gemma 3); never for Qwen2 / Mistral
     mlp_bias: bool  # Llama only
     bos_token_id: int | None
     eos_token_ids: tuple[int, ...] = field(default=())
     name: str = "model"  # short display name: folder name or GGUF file stem
+    hidden_act: str = "silu"  # the gate's activation: silu (SwiGLU) | gelu_pytorch_tanh (GeGLU)
+    qk_norm: bool = False  # Qwen3, Gemma 3: RMSNorm over each head of q and k before the rotation
+    # Gemma: norms scale by (1 + weight); each layer also norms the attention and MLP outputs
+    # (post_attention_layernorm, post_feedforward_layernorm) and the MLP input has its own norm.
+    gemma_norms: bool = False
+    embed_scale: float | None = None  # Gemma: embeddings times sqrt(hidden_size)
+    attn_scale: float | None = None  # None: head_dim ** -0.5; Gemma: query_pre_attn_scalar ** -0.5
+    # Gemma: logits -> cap * tanh(logits / cap). (Gemma 3 has no attention soft-capping: its
+    # attn_logit_softcapping is ignored by transformers' Gemma 3 too, q/k norms replaced it.)
+    final_softcap: float | None = None
+    rotary_dim: int | None = None  # partial rotary: the leading dims of each head rotated; None: all
+    # Per layer full_attention | sliding_attention; () when every layer attends in full.
+    layer_types: tuple[str, ...] = ()
+    sliding_window: int | None = None  # a sliding layer's query sees the keys less than this behind it
+    local_rope_theta: float | None = None  # sliding layers' rope, where it differs (Gemma 3)
+    local_rope_scaling: RopeScaling = field(default_factory=RopeScaling)
+
+    def window(self, layer: int) -> int | None:
+        """How far back the layer attends (None: everything)."""
+        if self.layer_types and self.layer_types[layer] == SLIDING:
+            return self.sliding_window
+        return None
+
+    @property
+    def has_local_rope(self) -> bool:
+        return self.local_rope_theta is not None
 
     @classmethod
     def from_hf_dict(cls, d: dict[str, Any], name: str) -> ModelConfig:
@@ -201,14 +182,19 @@ class ModelConfig:
         if head_dim % 2:
             raise ModelLoadError(f"head_dim must be even for rotary embeddings, got {head_dim}")
 
-        rope = _rope_params(d)
-        partial = rope.get("partial_rotary_factor", d.get("partial_rotary_factor"))
-        if partial is not None and float(partial) != 1.0:
+        ropes = rope_params_by_layer_type(d)
+        rope = ropes[FULL]
+        rotary_dim = _rotary_dim(arch, rope, d, head_dim)
+        kinds = (*ROPE_KINDS, LONGROPE) if arch == "phi3" else ROPE_KINDS
+        layer_types = _layer_types(arch, d, layers)
+        local = ropes[SLIDING] if arch == "gemma3_text" and SLIDING in layer_types else None
+        act = str(d.get("hidden_activation") or d.get("hidden_act") or "silu")
+        if act not in ACTIVATIONS:
             raise ModelLoadError(
-                f"partial rotary embeddings (partial_rotary_factor={partial}) are not supported"
+                f"unsupported activation {act!r}; the builtin engine runs {list(ACTIVATIONS)}"
             )
-        theta = _number(rope.get("rope_theta") or d.get("rope_theta") or 10000.0, "rope_theta")
         attention_bias = bool(d.get("attention_bias", False))
+        gemma = arch == "gemma3_text"
         return cls(
             architecture=arch,
             vocab_size=vocab,
@@ -218,18 +204,31 @@ class ModelConfig:
             num_heads=heads,
             num_kv_heads=kv_heads,
             head_dim=head_dim,
-            rms_norm_eps=_number(d.get("rms_norm_eps", 1e-6), "rms_norm_eps"),
-            rope_theta=theta,
-            rope_scaling=RopeScaling.from_hf(rope, max_pos, d),
+            rms_norm_eps=number(d.get("rms_norm_eps", 1e-6), "rms_norm_eps"),
+            rope_theta=rope_theta(rope, d),
+            rope_scaling=RopeScaling.from_hf(rope, max_pos, d, kinds),
             max_position_embeddings=max_pos,
-            tie_word_embeddings=bool(d.get("tie_word_embeddings", False)),
+            tie_word_embeddings=bool(d.get("tie_word_embeddings", gemma)),
             # Bias layout as in transformers' modeling files of each family.
-            qkv_bias={"llama": attention_bias, "mistral": False, "qwen2": True}[arch],
-            o_bias=attention_bias if arch == "llama" else False,
+            qkv_bias=attention_bias if arch in ("llama", "qwen3", "gemma3_text") else arch == "qwen2",
+            o_bias=attention_bias if arch in ("llama", "qwen3", "gemma3_text") else False,
             mlp_bias=bool(d.get("mlp_bias", False)) if arch == "llama" else False,
             bos_token_id=None if d.get("bos_token_id") is None else int(d["bos_token_id"]),
             eos_token_ids=_int_ids(d.get("eos_token_id"), "eos_token_id"),
             name=name,
+            hidden_act=act,
+            qk_norm=arch in ("qwen3", "gemma3_text"),
+            gemma_norms=gemma,
+            embed_scale=hidden**0.5 if gemma else None,
+            attn_scale=number(d.get("query_pre_attn_scalar", 256), "query_pre_attn_scalar") ** -0.5
+            if gemma
+            else None,
+            final_softcap=_optional_number(d, "final_logit_softcapping") if gemma else None,
+            rotary_dim=rotary_dim,
+            layer_types=layer_types,
+            sliding_window=int(d["sliding_window"]) if layer_types else None,
+            local_rope_theta=None if local is None else rope_theta(local, {}),
+            local_rope_scaling=RopeScaling() if local is None else RopeScaling.from_hf(local, max_pos, d),
         )
 
     @classmethod
@@ -266,3 +265,20 @@ def _read_json(path: Path, required: bool) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise ModelLoadError(f"{path} does not hold a JSON object")
     return data
+
+
+def _rotary_dim(arch: str, rope: dict[str, Any], d: dict[str, Any], head_dim: int) -> int | None:
+    """Rotated dims per head for a partial rotary factor (Phi-3 style), None for all."""
+    partial = rope.get("partial_rotary_factor", d.get("partial_rotary_factor"))
+    if partial is None or float(partial) == 1.0:
+        return None
+    if arch != "phi3":
+        raise ModelLoadError(
+            f"partial rotary embeddings (partial_rotary_factor={partial}) are not supported for {arch!r}"
+        )
+    dim = int(head_dim * number(partial, "partial_rotary_factor"))  # transformers' rounding
+    if dim <= 0 or dim % 2:
+        raise ModelLoadError(
+            f"partial_rotary_factor={partial} leaves {dim} rotary dims; need a positive even number"
+        )
+    return dim

@@ -4,6 +4,13 @@ HF Llama / Mistral / Qwen2 checkpoints, and transformers' GGUF loader (which un-
 llama.cpp's interleaved q/k weights), all use the rotate-half layout: dimension ``i`` pairs
 with ``i + head_dim // 2``.
 
+Partial rotary (Phi-3 style): the tables cover the leading ``rotary_dim`` dims of each
+head and the rest pass through. Long-rope (Phi-3 / Phi-4-mini) uses its short factors for
+positions below the pretraining length and its long factors from there on, as vLLM does:
+transformers switches every position of a sequence to the long factors once the whole
+sequence is longer, which a paged cache (keys rotated once, when stored) cannot follow, so
+the two agree exactly while a sequence stays within the pretraining length.
+
 The frequencies of every rope type are computed with the same float32 operations, in the
 same order, as ``transformers.modeling_rope_utils``, so in float32 the rotated q/k equal
 transformers' bit for bit. The cos/sin tables already include the attention scaling
@@ -17,7 +24,7 @@ import math
 import torch
 from torch import nn
 
-from parrot.engines.builtin.model.model_config import RopeScaling
+from parrot.engines.builtin.model.rope_config import RopeScaling
 
 
 def _base_inv_freq(head_dim: int, theta: float) -> torch.Tensor:  # [head_dim // 2]
@@ -53,6 +60,8 @@ def inv_freq_and_scale(
         return _llama3(base, s, max_positions), 1.0
     if s.kind == "yarn":
         return _yarn(head_dim, theta, s, max_positions)
+    if s.kind == "longrope":
+        return _longrope(head_dim, theta, s.short_factor), float(s.attention_factor or 1.0)
     raise ValueError(f"unknown rope type {s.kind!r}")
 
 
@@ -93,6 +102,26 @@ def _yarn(head_dim: int, theta: float, s: RopeScaling, max_positions: int) -> tu
     return interpolation * (1 - keep) + extrapolation * keep, float(scale)
 
 
+def _longrope(head_dim: int, theta: float, factors: tuple[float, ...]) -> torch.Tensor:
+    if len(factors) != head_dim // 2:
+        raise ValueError(f"longrope needs {head_dim // 2} factors, got {len(factors)}")
+    ext = torch.tensor(factors, dtype=torch.float32)
+    return 1.0 / (ext * theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim))
+
+
+def rope_angles(
+    head_dim: int, theta: float, s: RopeScaling, max_positions: int
+) -> tuple[torch.Tensor, float]:
+    """Angles [max_positions, head_dim // 2] (float32) and the attention scaling factor."""
+    inv_freq, scale = inv_freq_and_scale(head_dim, theta, s, max_positions)
+    t = torch.arange(max_positions, dtype=torch.float32)
+    freqs = torch.outer(t, inv_freq)
+    if s.kind == "longrope" and s.original_max_position_embeddings is not None:
+        start = s.original_max_position_embeddings
+        freqs[start:] = torch.outer(t[start:], _longrope(head_dim, theta, s.long_factor))
+    return freqs, scale
+
+
 class RotaryEmbedding(nn.Module):
     """cos/sin tables [max_positions, head_dim] (float32) and the rotation itself.
 
@@ -109,10 +138,9 @@ class RotaryEmbedding(nn.Module):
         device: torch.device | str | None = None,
     ) -> None:
         super().__init__()
-        inv_freq, scale = inv_freq_and_scale(head_dim, theta, scaling, max_positions)
+        freqs, scale = rope_angles(head_dim, theta, scaling, max_positions)  # [max_positions, head_dim // 2]
         self.attention_scaling = scale
-        t = torch.arange(max_positions, dtype=torch.float32)
-        freqs = torch.outer(t, inv_freq)  # [max_positions, head_dim // 2]
+        self.dim = head_dim  # rotated dims per head; a wider head passes the rest through
         emb = torch.cat([freqs, freqs], dim=-1)  # [max_positions, head_dim]
         self.half = head_dim // 2
         sin = emb.sin() * scale
@@ -134,6 +162,8 @@ class RotaryEmbedding(nn.Module):
         Queries and keys may be passed together as one tensor (heads = q heads + kv heads).
         Computed in float32, returned in x's dtype.
         """
+        if x.shape[-1] != self.dim:  # partial rotary
+            return torch.cat([self(rotary, x[..., : self.dim]), x[..., self.dim :]], dim=-1)
         cos, signed_sin = rotary  # [num_tokens, 1, head_dim] each
         if x.dtype == torch.float32:  # no casts (each would still be an op call)
             return x * cos + x.roll(self.half, dims=-1) * signed_sin

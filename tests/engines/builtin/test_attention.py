@@ -7,6 +7,7 @@ import torch
 import torch.nn.functional as F
 
 from parrot.engines.builtin.attention import create_backend
+from parrot.engines.builtin.attention.window import windowed
 from parrot.engines.builtin.batch import SharedPrefixPolicy, StepItem, build_step
 from parrot.engines.builtin.block_manager import BlockManager
 from parrot.engines.builtin.context_pool import Context, ContextPool
@@ -31,8 +32,10 @@ def new_context(pool: ContextPool, cid: int, length: int, parent: Context | None
     return ctx
 
 
-def reference(pool: ContextPool, items: list[StepItem], q, k, v, num_heads: int) -> torch.Tensor:
-    """Dense causal attention per sequence over its whole gathered KV."""
+def reference(
+    pool: ContextPool, items: list[StepItem], q, k, v, num_heads: int, window: int | None = None
+) -> torch.Tensor:
+    """Dense causal attention per sequence over its whole gathered KV (within ``window``)."""
     bs = pool.block_size
     kc, vc = pool.kv_cache[0, 0], pool.kv_cache[0, 1]
     outs, row = [], 0
@@ -43,6 +46,8 @@ def reference(pool: ContextPool, items: list[StepItem], q, k, v, num_heads: int)
         keys, vals = kc[slots].clone(), vc[slots].clone()
         keys[item.start :], vals[item.start :] = k[row : row + n], v[row : row + n]
         mask = torch.arange(end)[None, :] <= torch.arange(item.start, end)[:, None]
+        if window is not None:
+            mask &= torch.arange(item.start, end)[:, None] - torch.arange(end)[None, :] < window
         o = F.scaled_dot_product_attention(
             q[row : row + n].transpose(0, 1),
             keys.transpose(0, 1),
@@ -100,6 +105,40 @@ def test_shared_prefix_equals_plain_and_reference(block_size, num_heads, kv_head
     torch.testing.assert_close(plain, ref, atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(shared, ref, atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(shared, plain, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("backend", ["torch", "triton"])
+@pytest.mark.parametrize("window", [3, 8, 20])
+@pytest.mark.parametrize("shared", [True, False], ids=["shared-prefix", "plain"])
+def test_sliding_window_on_forks_decodes_and_fills(backend, window, shared):
+    """A windowed batch: forks of forks (nested shared groups), fills and decodes, some queries
+    past the whole shared prefix; equal to dense attention masked to the window."""
+    torch.manual_seed(2)
+    num_heads, kv_heads, bs = 6, 2, 4
+    pool = make_pool(bs, kv_heads)
+    root = new_context(pool, 1, 17)
+    mids = [new_context(pool, 2 + i, 12, parent=root) for i in range(2)]
+    leaves = [new_context(pool, 10 + i, 3 + i, parent=mids[i % 2]) for i in range(4)]
+    items = []
+    for i, ctx in enumerate([*leaves, mids[0]]):
+        n = 6 if i % 2 else 1
+        ctx.token_ids.extend([7] * n)
+        assert pool.ensure_blocks(ctx, len(ctx.token_ids))
+        items.append(StepItem(ctx, ctx.num_computed, n, sample=True))
+    total = sum(i.num_tokens for i in items)
+    q = torch.randn(total, num_heads, HEAD_DIM)
+    k = torch.randn(total, kv_heads, HEAD_DIM)
+    v = torch.randn(total, kv_heads, HEAD_DIM)
+    policy = SharedPrefixPolicy(min_prefix_tokens=1, min_saved_tokens=0, enabled=shared)
+    step = build_step(items, bs, policy, torch.device("cpu"))
+    assert step.attention.uses_shared_prefix == shared
+    batch = windowed(step.attention, step.positions, window)
+    cache = pool.kv_cache.clone()
+    out = create_backend("torch", num_heads, kv_heads, HEAD_DIM).forward(
+        q, k, v, cache[0, 0], cache[0, 1], batch
+    )
+    expected = reference(pool, items, q, k, v, num_heads, window)
+    torch.testing.assert_close(out, expected, atol=1e-5, rtol=1e-5)
 
 
 @pytest.mark.parametrize("backend", ["torch", "triton"])

@@ -50,9 +50,9 @@ CONFIGS = {
 }
 
 
-def load_ours(folder, block_size=4, num_blocks=64):
+def load_ours(folder, block_size=4, num_blocks=64, backend="torch"):
     config = ModelConfig.from_folder(folder)
-    backend = create_backend("torch", config.num_heads, config.num_kv_heads, config.head_dim)
+    backend = create_backend(backend, config.num_heads, config.num_kv_heads, config.head_dim)
     model = LlamaForCausalLM(config, backend)
     model.load_hf_state_dict(load_state_dict(folder, "cpu", torch.float32))
     cache = allocate_kv_cache(config, num_blocks, block_size, torch.float32, torch.device("cpu"))

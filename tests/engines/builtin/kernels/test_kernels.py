@@ -84,6 +84,34 @@ def test_paged_decode(dtype, num_heads, kv_heads, batch, block_size, lengths, nu
         torch.testing.assert_close(lse[i], ref_lse[0], **tol(dtype))
 
 
+@pytest.mark.parametrize("window", [1, 5, 16, 40])
+@pytest.mark.parametrize("num_splits", [1, 3])
+def test_paged_decode_with_a_sliding_window(window, num_splits):
+    """Only the last ``window`` keys; blocks (and whole splits) before them are skipped."""
+    g = torch.Generator().manual_seed(window)
+    block_size, lens = 4, [1, 9, 33]
+    k_cache, v_cache = make_cache(2, block_size, torch.float32)
+    tables = torch.stack([random_table(9, g) for _ in lens])
+    q = torch.randn(len(lens), 6, HEAD_DIM, device=DEVICE)
+    out, lse = paged_decode_attention(
+        q,
+        k_cache,
+        v_cache,
+        tables,
+        torch.tensor(lens, device=DEVICE),
+        block_size,
+        HEAD_DIM**-0.5,
+        num_splits,
+        window,
+    )
+    for i, n in enumerate(lens):
+        mask = (torch.arange(n, device=DEVICE) >= n - window)[None, :]
+        keys, vals = gather(k_cache, tables[i], n, block_size), gather(v_cache, tables[i], n, block_size)
+        ref_out, ref_lse = reference(q[i : i + 1], keys, vals, mask)
+        torch.testing.assert_close(out[i], ref_out[0], **tol(torch.float32))
+        torch.testing.assert_close(lse[i], ref_lse[0], **tol(torch.float32))
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize(("num_heads", "kv_heads"), [(2, 2), (3, 1), (8, 1)])
 @pytest.mark.parametrize(

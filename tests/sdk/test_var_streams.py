@@ -1,0 +1,130 @@
+"""Streamed semantic variables in the SDK (issue 22), against a real ``parrot serve``:
+``for piece in var.stream()`` / ``async for piece in var.astream()`` hand out the text as it
+is generated, the pieces join to the value, the value is kept for ``get()``; late
+streams, semantic functions' outputs, and the stream's errors as :class:`ParrotError`."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from parrot.sdk import (
+    AsyncClient,
+    ForbiddenError,
+    Input,
+    NotFoundError,
+    Output,
+    ProducerFailedError,
+    Var,
+    semantic_function,
+)
+
+PROMPT = "<|im_start|>user\n{q}<|im_end|>\n<|im_start|>assistant\n"
+LONG = {"max_tokens": 40, "temperature": 0, "ignore_eos": True}
+
+
+def ask(session, question: str, **sampling) -> Var:
+    call = session.submit(PROMPT.format(q=question) + "{{a}}", outputs={"a": Output(**(LONG | sampling))})
+    return call.outputs["a"]
+
+
+def test_stream_hands_out_the_value_piece_by_piece(parrot):
+    with parrot.session() as session:
+        var = ask(session, "Write a short poem about the sea.")
+        pieces = list(var.stream())
+        assert len(pieces) >= 2 and all(pieces)  # streamed, not sent at the end
+        assert var.value == "".join(pieces) and var.finish_reason == "length"
+        assert var.get() == var.value  # kept: no second wait
+        # What another handle of the same variable gets from the server.
+        assert Var(session, var.var_id, "a").get() == "".join(pieces)
+
+
+def test_late_and_very_late_streams(parrot):
+    with parrot.session() as session:
+        var = ask(session, "Tell me a long story about a dragon.", max_tokens=64)
+        first = next(var.stream())  # the producer is running: it has written something
+        assert first
+        late = Var(session, var.var_id, "a")  # starts with what exists, then the rest
+        pieces = list(late.stream())
+        assert "".join(pieces) == late.value and late.value.startswith(first)
+        very_late = Var(session, var.var_id, "a")  # after the value: the value, whole
+        assert list(very_late.stream()) == [late.value]
+        assert very_late.finish_reason == "length"
+        assert list(late.stream()) == [late.value]  # a handle that has the value asks nothing
+
+
+def test_a_set_value_streams_whole(parrot):
+    with parrot.session() as session:
+        given = session.var("given")
+        streamed: list[str] = []
+        follower = threading.Thread(target=lambda: streamed.extend(Var(session, given.var_id, "g").stream()))
+        follower.start()
+        time.sleep(0.3)
+        given.set("hello")
+        follower.join(30)
+        assert streamed == ["hello"]
+
+
+def test_outputs_of_semantic_functions_stream(parrot):
+    @semantic_function()
+    def story(topic: Input, text: Output(**LONG)):
+        """<|im_start|>user
+        Tell a story about {{topic}}.<|im_end|>
+        <|im_start|>assistant
+        {{text}}"""
+
+    with parrot.session():
+        out = story("a lighthouse")
+        pieces = list(out.stream())
+        assert len(pieces) >= 2 and "".join(pieces) == out.get() == out.value
+
+
+def failing_output(session) -> Var:
+    """An output whose producer fails: it reads a field of a text that is not JSON."""
+    broken = session.transform(["not json"], [{"type": "json_field", "path": "x"}])
+    call = session.submit(
+        PROMPT.format(q="Repeat: {{x}}") + "{{a}}", {"x": broken}, {"a": Output(max_tokens=8)}
+    )
+    return call.outputs["a"]
+
+
+def test_stream_errors_are_parrot_errors(parrot):
+    with parrot.session() as session:
+        with pytest.raises(ProducerFailedError, match="failed") as failed:
+            list(failing_output(session).stream())
+        assert failed.value.status == 424 and failed.value.code == "producer_failed"
+        with pytest.raises(NotFoundError):
+            list(Var(session, "var-nope", "x").stream())
+        var = ask(session, "Hi.", max_tokens=4)
+        with pytest.raises(ForbiddenError):
+            list(Var(parrot.attach(session.session_id, "wrong"), var.var_id, "a").stream())
+
+
+def test_deleting_the_session_ends_its_streams(parrot):
+    session = parrot.session()
+    var = ask(session, "Tell me a very long story about a castle.", max_tokens=200)
+    stream = var.stream()
+    assert next(stream)  # it is being written
+    session.delete()
+    with pytest.raises(NotFoundError) as closed:
+        list(stream)
+    assert closed.value.code == "session_closed" and var.value is None
+
+
+async def test_astream(parrot_url):
+    async with AsyncClient(parrot_url, timeout=120) as client, client.session() as session:
+        call = await session.submit(
+            PROMPT.format(q="Describe a forest.") + "{{a}}", outputs={"a": Output(**LONG)}
+        )
+        var = call.outputs["a"]
+        pieces = [piece async for piece in var.astream()]
+        assert len(pieces) >= 2 and "".join(pieces) == var.value == await var.get()
+        assert [p async for p in var.astream()] == [var.value]
+        broken = await session.transform(["not json"], [{"type": "json_field", "path": "x"}])
+        failing = await session.submit(
+            PROMPT.format(q="Repeat: {{x}}") + "{{a}}", {"x": broken}, {"a": Output(max_tokens=8)}
+        )
+        with pytest.raises(ProducerFailedError):
+            [p async for p in failing.outputs["a"].astream()]
