@@ -22,12 +22,10 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import httpx
-import msgspec
 from httpx_sse import aconnect_sse
 
 from parrot.sdk import AsyncClient, AsyncVar, Output
 from parrot.sdk.http import AsyncTransport, Op, StreamOp
-from parrot.wire.var_stream import DELTA, ERROR, VALUE, VarDelta, VarValue
 
 T = TypeVar("T")
 TIMEOUT_S = 1800.0
@@ -64,48 +62,19 @@ class DelayedTransport(AsyncTransport):
 
 
 class ParrotClient(AsyncClient):
-    """The SDK's ``AsyncClient`` with a simulated round trip before every request, and the
-    stream of a semantic variable (``GET /v1/semantic_var/{id}/stream``)."""
+    """The SDK's ``AsyncClient`` with a simulated round trip before every request (a
+    variable's stream pays it once, before its first event)."""
 
     def __init__(self, base_url: str, rtt_s: float) -> None:
         self.transport_class = functools.partial(DelayedTransport, rtt_s=rtt_s)
         super().__init__(base_url, timeout=TIMEOUT_S)
-        self.rtt_s = rtt_s
-        self._http = httpx.AsyncClient(base_url=base_url, timeout=TIMEOUT_S)
 
     async def stream_var(
         self, var: AsyncVar, tokens: int, start: float, criteria: str = "latency"
     ) -> Streamed:
-        """``var``'s value as it is generated, timed from ``start`` (``perf_counter``)."""
-        return await timed_stream(self._deltas(var, criteria), tokens, start)
-
-    async def _deltas(self, var: AsyncVar, criteria: str) -> AsyncIterator[str]:
-        if self.rtt_s:
-            await asyncio.sleep(self.rtt_s)
-        key = var.session.key
-        route = f"/v1/semantic_var/{var.var_id}/stream"
-        params = {"session_id": key.session_id, "criteria": criteria}
-        headers = {"Authorization": f"Bearer {key.session_auth}"}
-        text = []
-        async with aconnect_sse(self._http, "GET", route, params=params, headers=headers) as source:
-            source.response.raise_for_status()
-            async for event in source.aiter_sse():
-                if event.event == DELTA:
-                    delta = msgspec.json.decode(event.data, type=VarDelta).delta
-                    text.append(delta)
-                    yield delta
-                elif event.event == VALUE:
-                    value = msgspec.json.decode(event.data, type=VarValue).value
-                    if value != "".join(text):
-                        raise RuntimeError(f"the deltas of {var.var_id} are not its value {value!r}")
-                    return
-                elif event.event == ERROR:
-                    raise RuntimeError(f"streaming {var.var_id} failed: {event.data}")
-        raise RuntimeError(f"the stream of {var.var_id} ended without its value")
-
-    async def close(self) -> None:
-        await self._http.aclose()
-        await super().close()
+        """``var``'s value as it is generated (the SDK's ``astream``: the server's
+        ``GET /v1/semantic_var/{id}/stream``), timed from ``start`` (``perf_counter``)."""
+        return await timed_stream(var.astream(criteria, timeout=WAIT_S), tokens, start)
 
 
 @dataclass(frozen=True)
