@@ -10,7 +10,9 @@ maps as one group and the reduce when they are done; only the moral is read back
 chats are rendered with the model's own template on the server, so the system message
 that every call shares is one prefix on the engine.
 
-It prints both morals, the seconds each run took, and the server's timings of every call.
+Each way runs 3 times, alternating with the other, after a warm-up run. It prints both
+morals, the median seconds of each way and their spread (and says when the spreads overlap,
+so the ratio means nothing), and the server's timings of every call of the last run.
 
     python examples/langchain_map_reduce.py --server http://127.0.0.1:9000
 """
@@ -23,7 +25,7 @@ from pathlib import Path
 from langchain_core.output_parsers import StrOutputParser
 from langchain_core.prompts import ChatPromptTemplate
 from langchain_core.runnables import Runnable, RunnableParallel
-from timed_session import run_in_session  # examples/ (the script's folder) is on sys.path
+from timed_session import compare, verdict  # examples/ (the script's folder) is on sys.path
 
 from parrot.adapters.langchain import ParrotChatModel, compile_chain
 from parrot.sdk import Client
@@ -51,11 +53,12 @@ def main(server_url: str, max_parts: int | None = None, max_tokens: int = 32) ->
     chain = build_chain(chat, len(parts))
     inputs = {f"part{i}": part for i, part in enumerate(parts)}
     with Client(server_url) as client:
-        step_by_step = run_in_session(client, chain, inputs)
-        compiled = run_in_session(client, compile_chain(chain), inputs)
-    print(f"step by step: {step_by_step['seconds']:.2f} s, compiled: {compiled['seconds']:.2f} s")
-    return {"parts": len(parts), "step_by_step": step_by_step, "compiled": compiled}
+        runs = compare(client, {"step by step": chain, "compiled": compile_chain(chain)}, inputs)
+    print(verdict(runs))
+    return {"parts": len(parts), "step_by_step": runs["step by step"], "compiled": runs["compiled"]}
 
 
 if __name__ == "__main__":
-    app_main(main)
+    from durations import with_durations  # examples/ (the script's folder) is on sys.path
+
+    app_main(with_durations(main))

@@ -9,7 +9,9 @@ ways, each in an SDK session so its calls can be looked at afterwards:
 - compiled with ``compile_chain``: both calls are submitted at once, the slogan call
   reading the name's semantic variable on the server, and only the slogan is read back.
 
-It prints both outputs, the seconds each run took, and the server's timings of every call
+Each way runs 3 times, alternating with the other, after a warm-up run. It prints both
+outputs, the median seconds of each way and their spread (and says when the spreads overlap,
+so the ratio means nothing), and the server's timings of every call of the last run
 (the compiled slogan call was submitted before the name existed).
 
     python examples/langchain_two_step.py --server http://127.0.0.1:9000
@@ -20,7 +22,7 @@ from __future__ import annotations
 from langchain_core.output_parsers import StrOutputParser
 from langchain_core.prompts import PromptTemplate
 from langchain_core.runnables import Runnable
-from timed_session import run_in_session  # examples/ (the script's folder) is on sys.path
+from timed_session import compare, verdict  # examples/ (the script's folder) is on sys.path
 
 from parrot.adapters.langchain import ParrotLLM, compile_chain
 from parrot.sdk import Client
@@ -40,11 +42,12 @@ def main(server_url: str, thing: str = "seaside bakery", max_tokens: int = 24) -
     llm = ParrotLLM(base_url=server_url, max_tokens=max_tokens, temperature=0)
     chain = build_chain(llm)
     with Client(server_url) as client:
-        step_by_step = run_in_session(client, chain, {"thing": thing})
-        compiled = run_in_session(client, compile_chain(chain), {"thing": thing})
-    print(f"step by step: {step_by_step['seconds']:.2f} s, compiled: {compiled['seconds']:.2f} s")
-    return {"step_by_step": step_by_step, "compiled": compiled}
+        runs = compare(client, {"step by step": chain, "compiled": compile_chain(chain)}, {"thing": thing})
+    print(verdict(runs))
+    return {"step_by_step": runs["step by step"], "compiled": runs["compiled"]}
 
 
 if __name__ == "__main__":
-    app_main(main)
+    from durations import with_durations  # examples/ (the script's folder) is on sys.path
+
+    app_main(with_durations(main))

@@ -58,4 +58,6 @@ def main(server_url: str, max_parts: int | None = None) -> dict:
 
 
 if __name__ == "__main__":
-    app_main(main)
+    from durations import with_durations  # examples/ (the script's folder) is on sys.path
+
+    app_main(with_durations(main))

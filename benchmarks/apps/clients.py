@@ -22,9 +22,9 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import httpx
-from httpx_sse import EventSource
+from httpx_sse import aconnect_sse
 
-from parrot.sdk import AsyncClient, Output
+from parrot.sdk import AsyncClient, AsyncVar, Output
 from parrot.sdk.http import AsyncTransport, Op, StreamOp
 
 T = TypeVar("T")
@@ -62,11 +62,19 @@ class DelayedTransport(AsyncTransport):
 
 
 class ParrotClient(AsyncClient):
-    """The SDK's ``AsyncClient`` with a simulated round trip before every request."""
+    """The SDK's ``AsyncClient`` with a simulated round trip before every request (a
+    variable's stream pays it once, before its first event)."""
 
     def __init__(self, base_url: str, rtt_s: float) -> None:
         self.transport_class = functools.partial(DelayedTransport, rtt_s=rtt_s)
         super().__init__(base_url, timeout=TIMEOUT_S)
+
+    async def stream_var(
+        self, var: AsyncVar, tokens: int, start: float, criteria: str = "latency"
+    ) -> Streamed:
+        """``var``'s value as it is generated (the SDK's ``astream``: the server's
+        ``GET /v1/semantic_var/{id}/stream``), timed from ``start`` (``perf_counter``)."""
+        return await timed_stream(var.astream(criteria, timeout=WAIT_S), tokens, start)
 
 
 @dataclass(frozen=True)
@@ -79,10 +87,11 @@ class Streamed:
     total_s: float  # from the request to the last token: what the reader waits for the answer
 
 
-async def timed_stream(texts: AsyncIterator[str], tokens: int) -> Streamed:
-    """Read a stream of text pieces of ``tokens`` tokens, timed from this call on (before
-    the request's round trip, which the stream pays on its first read)."""
-    start = time.perf_counter()
+async def timed_stream(texts: AsyncIterator[str], tokens: int, start: float | None = None) -> Streamed:
+    """Read a stream of text pieces of ``tokens`` tokens, timed from ``start``
+    (``perf_counter``; by default this call, before the request's round trip, which the
+    stream pays on its first read)."""
+    start = time.perf_counter() if start is None else start
     first = last = None
     parts = []
     async for text in texts:
@@ -117,6 +126,10 @@ class RequestClient:
         answer = await self._post("/completions", {"prompt": prompt, **sampling(tokens)})
         return answer["choices"][0]["text"]
 
+    async def complete_stream(self, prompt: str, tokens: int, start: float | None = None) -> Streamed:
+        """``/v1/completions`` of ``prompt`` streamed (``stream: true``), timed from ``start``."""
+        return await timed_stream(self._pieces("/completions", {"prompt": prompt}, tokens), tokens, start)
+
     async def chat(self, messages: list[dict[str, str]], tokens: int) -> str:
         """``/v1/chat/completions``: the assistant's answer."""
         answer = await self._post("/chat/completions", {"messages": messages, **sampling(tokens)})
@@ -124,19 +137,20 @@ class RequestClient:
 
     async def chat_stream(self, messages: list[dict[str, str]], tokens: int) -> Streamed:
         """``/v1/chat/completions`` streamed."""
-        return await timed_stream(self._chat_pieces(messages, tokens), tokens)
+        return await timed_stream(self._pieces("/chat/completions", {"messages": messages}, tokens), tokens)
 
-    async def _chat_pieces(self, messages: list[dict[str, str]], tokens: int) -> AsyncIterator[str]:
+    async def _pieces(self, route: str, body: dict, tokens: int) -> AsyncIterator[str]:
+        """The text of a streamed OpenAI answer (chat deltas or completion texts), piece by piece."""
         if self.rtt_s:
             await asyncio.sleep(self.rtt_s)
-        body = {"messages": messages, "stream": True, **sampling(tokens)}
-        async with self._http.stream("POST", next(self._urls) + "/chat/completions", json=body) as response:
-            response.raise_for_status()
-            async for event in EventSource(response).aiter_sse():
+        body = {**body, "stream": True, **sampling(tokens)}
+        async with aconnect_sse(self._http, "POST", next(self._urls) + route, json=body) as source:
+            source.response.raise_for_status()
+            async for event in source.aiter_sse():
                 if event.data == "[DONE]":
                     break
                 for choice in event.json().get("choices", []):
-                    yield choice.get("delta", {}).get("content") or ""
+                    yield choice.get("delta", {}).get("content") or choice.get("text") or ""
 
     async def close(self) -> None:
         await self._http.aclose()

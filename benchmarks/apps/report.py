@@ -4,7 +4,9 @@ the runs, speed-ups of Parrot over the baseline, engine token counters per side.
 
 from __future__ import annotations
 
+import importlib.util
 import statistics
+import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -12,14 +14,27 @@ from benchmarks._report import DOC, machine, write_section
 from benchmarks.apps.runner import Sample, Work
 from benchmarks.apps.suite import Results
 from benchmarks.apps.workload import Metric
+from benchmarks.spread import Spread
 
 IMAGES = DOC.parent / "img"
 SIDE_NAMES = {"baseline": "baseline", "parrot": "Parrot", "front": "OpenAI front"}
 
 
+def spread_of(samples: Sequence[Sample], key: str) -> Spread:
+    return Spread(s.metrics[key] for s in samples if key in s.metrics)
+
+
 def median_of(samples: Sequence[Sample], key: str) -> float:
-    values = [s.metrics[key] for s in samples if key in s.metrics]
-    return statistics.median(values) if values else float("nan")
+    return spread_of(samples, key).median
+
+
+def compared(metric: Metric, base: Spread, ours: Spread) -> str:
+    """Parrot's speed-up over the baseline (medians), and a mark where the two sides'
+    ranges overlap over several runs: there the ratio is within the noise."""
+    ratio = f"{metric.speedup(base.median, ours.median):.2f}x"
+    if len(base.values) > 1 and len(ours.values) > 1 and base.overlaps(ours):
+        return ratio + " (overlap)"
+    return ratio
 
 
 def median_work(samples: Sequence[Sample]) -> Work:
@@ -47,8 +62,9 @@ def group(samples: Sequence[Sample]) -> dict[tuple[str, int], dict[str, list[Sam
     return found
 
 
-def _value(metric: Metric, value: float) -> str:
-    return f"{value * metric.scale:.2f}" if value * metric.scale < 100 else f"{value * metric.scale:.0f}"
+def _value(metric: Metric, value: Spread) -> str:
+    """``median (min-max)`` over the runs, scaled as the metric says."""
+    return value.show(".2f" if value.median * metric.scale < 100 else ".0f", metric.scale)
 
 
 def _settings(results: Results, samples: Sequence[Sample]) -> str:
@@ -79,11 +95,11 @@ def main_table(results: Results) -> str:
     for (config, rtt), by_side in group(results.main).items():
         row = [config, str(rtt)]
         for m in w.metrics:
-            base = median_of(by_side.get("baseline", []), m.key)
+            base = spread_of(by_side.get("baseline", []), m.key)
             row.append(_value(m, base))
             for side in others:
-                value = median_of(by_side.get(side, []), m.key)
-                row += [_value(m, value), f"{m.speedup(base, value):.2f}x"]
+                value = spread_of(by_side.get(side, []), m.key)
+                row += [_value(m, value), compared(m, base, value)]
         works = [median_work(by_side[s]) for s in sides if s in by_side]
         same = len({x.generated for x in works}) == 1
         row.append(" / ".join(str(x.generated) for x in works) + ("" if same else " (differ!)"))
@@ -93,8 +109,10 @@ def main_table(results: Results) -> str:
         rows.append(row)
     legend = (
         f"Sides: {', '.join(SIDE_NAMES[s] for s in sides)} (token counters, engine steps and CPU "
-        "seconds of the run in that order). Speed-up: baseline time / Parrot time (or Parrot rate / "
-        "baseline rate): above 1, Parrot is faster."
+        "seconds of the run in that order). Times and rates: median (min-max) over the runs. Speed-up: "
+        "baseline time / Parrot time (or Parrot rate / baseline rate), of the medians: above 1, Parrot "
+        "is faster; (overlap): the two sides' ranges overlap, so the speed-up is within the noise of "
+        "this machine and says nothing either way."
     )
     return "\n".join([_settings(results, results.main), "", legend, "", *_markdown(head, rows)])
 
@@ -111,8 +129,8 @@ def ablation_table(results: Results) -> str:
         for side, samples in by_side.items():
             row = [config, "all policies on" if side == "parrot" else f"`--{side.replace(' ', '-')}`"]
             for m in w.metrics:
-                value = median_of(samples, m.key)
-                buys = "" if side == "parrot" else f"{m.speedup(value, median_of(on, m.key)):.2f}x"
+                value = spread_of(samples, m.key)
+                buys = "" if side == "parrot" else compared(m, value, spread_of(on, m.key))
                 row += [_value(m, value), buys]
             rows.append(row)
     legend = (
@@ -199,19 +217,31 @@ def plot_ablations(results: Results, path: Path) -> None:
     _bar_panels(f"{w.title}: each scheduling policy off", w.metrics, configs, policies, buys, axis, path)
 
 
+def can_plot() -> bool:
+    """Plots need matplotlib (the ``bench`` extra): without it the tables are written alone."""
+    if importlib.util.find_spec("matplotlib") is None:
+        print("no matplotlib (pip install -e '.[bench]'): tables only, no plots", file=sys.stderr)
+        return False
+    return True
+
+
 def report(results: Results, write: bool) -> str:
     """The tables as markdown (returned); with ``write``, also into docs/benchmarks.md
     and the plots into docs/img/."""
     w = results.workload
-    name = f"apps-{w.name}"
-    text = f"### {w.title} (`parrot bench {w.name}`)\n\n{w.about}\n\n{main_table(results)}"
-    if write:
+    size = results.options.size
+    # Each size has sections of its own: a --quick --docs run does not replace a full run's.
+    name = f"apps-{w.name}" if size == "full" else f"apps-{w.name}-{size}"
+    title = f"{w.title} (`parrot bench {w.name}{'' if size == 'full' else f' --{size}'}`)"
+    text = f"### {title}\n\n{w.about}\n\n{main_table(results)}"
+    plots = write and can_plot()
+    if plots:
         plot_main(results, IMAGES / f"{name}.png")
         text += f"\n\n![{w.title}: speed-ups](img/{name}.png)"
     parts = [text]
     if results.ablations:
         ablations = f"#### {w.title}: ablations\n\n{ablation_table(results)}"
-        if write:
+        if plots:
             plot_ablations(results, IMAGES / f"{name}-ablations.png")
             ablations += f"\n\n![{w.title}: ablations](img/{name}-ablations.png)"
         parts.append(ablations)
@@ -235,19 +265,21 @@ def summary(everything: Sequence[Results], write: bool) -> str:
             for rtt in rtts:
                 by_side = grouped.get((config, rtt), {})
                 base, ours = (
-                    median_of(by_side.get("baseline", []), m.key),
-                    median_of(by_side.get("parrot", []), m.key),
+                    spread_of(by_side.get("baseline", []), m.key),
+                    spread_of(by_side.get("parrot", []), m.key),
                 )
-                row.append(f"{m.speedup(base, ours):.2f}x")
+                row.append(compared(m, base, ours))
             rows.append(row)
     text = "\n".join(
         [
             "Parrot's speed-up over the request-level baseline (headline metric of each workload, "
-            "median of the runs) at each simulated round trip; above 1, Parrot is faster.",
+            "median of the runs) at each simulated round trip; above 1, Parrot is faster; (overlap): "
+            "the sides' ranges over the runs overlap, the speed-up is within the noise.",
             "",
             *_markdown(head, rows),
         ]
     )
     if write:
-        write_section("apps-summary", "### Summary\n\n" + text)
+        size = everything[0].options.size
+        write_section("apps-summary" if size == "full" else f"apps-summary-{size}", "### Summary\n\n" + text)
     return text

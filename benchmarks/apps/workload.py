@@ -20,7 +20,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
-from benchmarks.apps.clients import ParrotClient, RequestClient
+from benchmarks.apps.clients import ParrotClient, RequestClient, Streamed
 from benchmarks.apps.text import Document
 
 Size = Literal["smoke", "quick", "full"]
@@ -43,6 +43,15 @@ class Metric:
         if baseline <= 0 or parrot <= 0:
             return float("nan")
         return parrot / baseline if self.higher_is_better else baseline / parrot
+
+
+FINAL_ANSWER = (Metric("seconds", "app s"), Metric("ttft_s", "first token s"))
+
+
+def final_answer(answer: Streamed) -> Metrics:
+    """The metrics of an application whose final answer was streamed, timed from the
+    application's start: to its last token (the whole answer) and to its first."""
+    return {"seconds": answer.total_s, "ttft_s": answer.ttft_s}
 
 
 class Config(Protocol):
