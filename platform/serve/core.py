@@ -74,11 +74,11 @@ class ServeCore:
         self.metrics = ServeMetrics()
         self.tokenizers = TokenizerManager()
         self.transforms = TransformRunner(transform_limits, self.admission.limits.max_value_chars)
-        self.memory = MemoryTrimmer()  # gives the memory of big prompts back once freed
+        self.memory = MemoryTrimmer()  # gives the memory of big prompts and values back once freed
         self.history = history or LoadHistory()
         self.activity = activity or ActivityLog()
         ledger = CallLedger(self.journal, self.admission, self.activity)
-        variables = Variables(ledger, self.metrics)
+        variables = Variables(ledger, self.metrics, self.admission.values)
         health = health or HealthSettings()
         # The engine slots: the scheduler adds and removes them, the context manager owns
         # the contexts they hold.
@@ -141,7 +141,9 @@ class ServeCore:
             self.calls.restore(snapshot.calls, self.sessions)
         self.sessions.start()
         self.views.start()
-        self._trimmer = asyncio.create_task(self.memory.watch(self.tokenizers, self.history.interval_s))
+        self._trimmer = asyncio.create_task(
+            self.memory.watch([self.tokenizers, self.admission.values], self.history.interval_s)
+        )
 
     async def stop(self) -> None:
         self.sessions.stop()
