@@ -249,15 +249,17 @@ def create_app(
     admin_token: str | None = None,
     openai_api_keys: tuple[str, ...] = (),
     dashboard: DashboardConfig | None = None,
+    own_engine: str | None = None,
 ) -> Litestar:
     """The API app; on start it starts the core (restoring what its store holds) and
-    registers the given engines. The dashboard's pages (``parrot.web``) are served by it
-    too, unless ``dashboard.enabled`` is False."""
+    registers the given engines (``own_engine``: the one among them that ``parrot serve``
+    started itself). The dashboard's pages (``parrot.web``) are served by it too, unless
+    ``dashboard.enabled`` is False."""
     dashboard = dashboard or DashboardConfig()
     pages = dashboard_routes(dashboard) if dashboard.enabled else []
 
     async def start() -> None:
-        await core.start(engine_urls)
+        await core.start(engine_urls, own_engine)
 
     async def stop() -> None:
         await core.stop()

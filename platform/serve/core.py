@@ -123,8 +123,9 @@ class ServeCore:
     def limits(self) -> Limits:
         return self.admission.limits
 
-    async def start(self, engine_urls: tuple[str, ...] = ()) -> None:
-        """Bring the store to the newest schema, restore what it holds, register engines."""
+    async def start(self, engine_urls: tuple[str, ...] = (), own_engine: str | None = None) -> None:
+        """Bring the store to the newest schema, restore what it holds, register engines
+        (``own_engine``: the one of ``engine_urls`` that ``parrot serve`` started itself)."""
         store = self.journal.store
         snapshot = None
         if store is not None:
@@ -134,7 +135,7 @@ class ServeCore:
             await self.contexts.claim_region(store)
         self.journal.start()
         self.scheduler.start()
-        await self.engines.restore(snapshot.engines if snapshot else [], engine_urls)
+        await self.engines.restore(snapshot.engines if snapshot else [], engine_urls, own_engine)
         if snapshot is not None:  # sessions, variables and calls; unfinished calls run again
             self.sessions.restore(snapshot.sessions)
             self.vars.restore(snapshot.vars, self.sessions)
