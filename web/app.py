@@ -2,8 +2,10 @@
 
 Pages: ``/`` (overview), ``/sessions``, ``/sessions/{id}``, ``/contexts``, ``/engines``;
 their live parts at ``/live/...`` (SSE); ``/login``, ``/logout``; forms ``POST /engines``
-and ``POST /engines/{id}/remove``; htmx under ``/static``. Every page is complete when
-rendered (it works with JavaScript off); htmx only swaps in the live updates.
+and ``POST /engines/{id}/remove`` (after its confirmation page, ``GET`` the same path); htmx
+and the favicon under ``/static`` (``/favicon.ico`` too, where browsers look first). Every
+page is complete when rendered (it works with JavaScript off); htmx only swaps in the live
+updates.
 
 One controller per domain (pages, live parts, engine forms, sign-in), each declaring its
 path and guards once; every handler gets the ServeCore as the API's ``core`` dependency
@@ -26,7 +28,7 @@ from litestar.datastructures import State
 from litestar.enums import RequestEncodingType
 from litestar.exceptions import HTTPException
 from litestar.params import Body, FromPath, FromQuery
-from litestar.response import Redirect, ServerSentEvent
+from litestar.response import File, Redirect, ServerSentEvent
 from litestar.static_files import create_static_files_router
 
 from parrot.engines.protocol.errors import ParrotError, TooManyRequestsError
@@ -93,17 +95,27 @@ class EngineFormController(Controller):
         if form.spec is None:
             return _engines_with(request, core.views, form, 422)
         try:
-            await core.engines.register(form.spec)
+            slot = await core.engines.register(form.spec)
         except ParrotError as error:
             code = error.status_code if 400 <= error.status_code < 500 else 400
             return _engines_with(
                 request, core.views, form.with_error(forms.target_field(form), str(error)), code
             )
+        view = core.views.engine_view(slot.engine_id)
+        render.notify(request, f"Registered {view.engine_id}: {view.model or 'its model'} at {view.url}.")
         return Redirect("/engines", status_code=303)
 
+    @get("/{engine_id:str}/remove")
+    async def confirm_removal(self, request: Request, core: Core, engine_id: FromPath[str]) -> Response[str]:
+        """The confirmation step (a page: it works without JavaScript)."""
+        view = core.views.engine_view(engine_id)  # 404 when it is not there
+        others = [v for v in core.views.engine_views() if v.engine_id != engine_id]
+        return render.page("engine_remove.html", request, engine=view, others=len(others))
+
     @post("/{engine_id:str}/remove", status_code=303)
-    async def remove_engine(self, core: Core, engine_id: FromPath[str]) -> Redirect:
+    async def remove_engine(self, request: Request, core: Core, engine_id: FromPath[str]) -> Redirect:
         await core.engines.remove(engine_id)
+        render.notify(request, f"Removed {engine_id}.")
         return Redirect("/engines", status_code=303)
 
 
@@ -236,4 +248,10 @@ def dashboard_routes(config: DashboardConfig) -> list[Router]:
         include_in_schema=False,
     )
     static = create_static_files_router(path="/static", directories=[STATIC], name="dashboard-static")
-    return [pages, static]
+    return [pages, static, favicon]
+
+
+@get("/favicon.ico", include_in_schema=False, cache=86400)
+async def favicon() -> File:
+    """Browsers ask for ``/favicon.ico`` whatever the page links: the same small SVG."""
+    return File(STATIC / "favicon.svg", media_type="image/svg+xml", content_disposition_type="inline")

@@ -1,6 +1,9 @@
 """The dashboard's Jinja environment (templates from ``web/templates``, autoescaped) and the
-two ways a handler renders one: a whole page (with the sign-in state and the CSRF token
-its forms need) or a fragment (a live part)."""
+two ways a handler renders one: a whole page (with the sign-in state, the CSRF token its
+forms need and a notice left for it) or a fragment (a live part).
+
+A notice ("Registered engine-2 ...") is what a form's action says after its redirect: kept
+in the admin's cookie session by :func:`notify` and shown once, by the next page."""
 
 from __future__ import annotations
 
@@ -15,6 +18,7 @@ from jinja2 import Environment, FileSystemLoader, StrictUndefined, select_autoes
 from litestar import MediaType, Request, Response
 
 from parrot.web import auth
+from parrot.web.words import plural
 
 TEMPLATES = Path(__file__).parent / "templates"
 
@@ -63,9 +67,22 @@ def environment() -> Environment:
         trim_blocks=True,
         lstrip_blocks=True,
     )
-    env.filters.update(ago=ago, seconds=seconds, clock=clock, percent=percent)
+    env.filters.update(ago=ago, seconds=seconds, clock=clock, percent=percent, plural=plural)
     env.filters.update(pretty_json=pretty_json, format_kind=format_kind)
     return env
+
+
+NOTICE = "notice"  # the cookie session's key of the notice for the next page
+
+
+def notify(request: Request, message: str) -> None:
+    """Leave ``message`` for the next page this browser gets (after a form's redirect)."""
+    request.session[NOTICE] = message
+
+
+def _take_notice(request: Request) -> str | None:
+    session = request.scope.get("session")  # a dict, where the cookie session middleware runs
+    return session.pop(NOTICE, None) if isinstance(session, dict) else None
 
 
 def page(template: str, request: Request, code: int = 200, **context: Any) -> Response[str]:
@@ -75,6 +92,7 @@ def page(template: str, request: Request, code: int = 200, **context: Any) -> Re
         admin=auth.is_admin(request),
         csrf=auth.csrf_token(request),
         csrf_field=auth.CSRF_FIELD,
+        notice=_take_notice(request),
         **context,
     )
     return Response(body, media_type=MediaType.HTML, status_code=code, headers={"Cache-Control": "no-store"})

@@ -1,5 +1,6 @@
 """What each page shows, built from the ServeCore's operator views only (never the scheduler's
-parts)."""
+parts); the text of a variable being generated is read from the session's variable itself
+(:attr:`SemanticVariable.partial`), which the DAG view does not carry."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from dataclasses import dataclass, field
 from markupsafe import Markup
 
 from parrot.platform.serve.observe import (
+    VALUE_PREVIEW,
     ContextTreeView,
     DagCall,
     DagVar,
@@ -108,6 +110,7 @@ class NodeDetail:
     call: DagCall | None = None
     var: DagVar | None = None
     names: dict[str, str] = field(default_factory=dict)  # var id -> name
+    partials: dict[str, str] = field(default_factory=dict)  # var id -> its text so far (generating)
 
 
 @dataclass(frozen=True)
@@ -152,11 +155,31 @@ class SessionSnapshot:
 
     graph: SessionDag
     count_states: Callable[[], dict[DisplayState, int]] | None = None
+    partials: dict[str, str] = field(default_factory=dict)  # see partial_texts
 
 
 def session_snapshot(ops: OperatorViews, session_id: str, selected: str | None = None) -> SessionSnapshot:
     graph = ops.session_dag(session_id, latest=MAX_DRAWN_CALLS, keep=selected)
-    return SessionSnapshot(graph, ops.state_counts(session_id) if graph.live else None)
+    counts = ops.state_counts(session_id) if graph.live else None
+    return SessionSnapshot(graph, counts, partial_texts(ops, graph, selected))
+
+
+def partial_texts(ops: OperatorViews, graph: SessionDag, selected: str | None) -> dict[str, str]:
+    """The text generated so far of the selected node's variables still being generated (a
+    call's outputs, or the variable itself), by var id: what its detail shows growing live.
+    Only the selected node's, so a page's snapshot stays bounded; the latest
+    ``VALUE_PREVIEW`` characters of each (the end is what is new)."""
+    session = ops.sessions.get(graph.session_id) if selected and graph.live else None
+    if session is None:
+        return {}
+    call = next((c for c in graph.calls if c.call_id == selected), None)
+    texts = {}
+    for var_id in call.outputs if call is not None else [selected]:
+        var = session.vars.get(var_id)
+        text = var.partial if var is not None else None
+        if text:
+            texts[var_id] = text if len(text) <= VALUE_PREVIEW else "…" + text[-VALUE_PREVIEW:]
+    return texts
 
 
 def session_page(snapshot: SessionSnapshot | SessionDag, selected: str | None = None) -> SessionPage:
@@ -179,7 +202,7 @@ def session_page(snapshot: SessionSnapshot | SessionDag, selected: str | None = 
         call = next((c for c in graph.calls if c.call_id == selected), None)
         var = next((v for v in graph.vars if v.var_id == selected), None)
         if call is not None or var is not None:
-            detail = NodeDetail(call, var, names)
+            detail = NodeDetail(call, var, names, snapshot.partials)
     drawn = latest_calls(graph)
     return SessionPage(
         graph,

@@ -37,7 +37,8 @@ class VarSummary(msgspec.Struct, kw_only=True, frozen=True):
 
 class CallInfo(msgspec.Struct, kw_only=True, frozen=True):
     """A semantic call: ``state`` is pending, running, done or failed; ``timings`` has
-    ``submitted_at``, ``started_at``, ``finished_at`` (unix seconds) once they happened."""
+    ``submitted_at``, ``started_at``, ``first_token_at`` (its first generated token),
+    ``finished_at`` (unix seconds) once they happened."""
 
     call_id: str
     state: str

@@ -13,6 +13,7 @@ from litestar import Controller, Litestar, Request, delete, get, post, put
 from litestar.datastructures import State
 from litestar.logging.config import LoggingConfig
 from litestar.params import FromPath, FromQuery, JSONBody, QueryParameter
+from litestar.response import ServerSentEvent
 
 from parrot.engines.protocol.error_docs import (
     ADMIN,
@@ -32,6 +33,7 @@ from parrot.platform.api.deps import DEPENDENCIES, Core
 from parrot.platform.api.openai_front import OpenAIController
 from parrot.platform.api.schemas import CreateVar, RegisterEngine, SetVar, SubmitCall, SubmitTransform
 from parrot.platform.api.token_throttle import TokenThrottle
+from parrot.platform.api.var_stream_events import sse_messages
 from parrot.platform.serve.core import ServeCore
 from parrot.platform.serve.graph import RequestChain, SemanticVariable
 from parrot.platform.serve.metrics import CONTENT_TYPE
@@ -148,6 +150,24 @@ class VariableController(Controller):
     ) -> VarInfo:
         session = sessions(session_id)
         return _var_info(await core.vars.get(session, var_id, criteria, timeout))
+
+    @get(
+        "/{var_id:str}/stream",
+        responses=error_responses(PARAMS, SESSION, 429),
+        media_type="text/event-stream",
+    )
+    async def stream_var(
+        self,
+        var_id: FromPath[str],
+        sessions: Sessions,
+        core: Core,
+        session_id: FromQuery[str],
+        criteria: FromQuery[str] = "latency",
+    ) -> ServerSentEvent:
+        """The variable's value as it is written: ``delta`` events, then ``value`` (or
+        ``error``); see :mod:`parrot.wire.var_stream`."""
+        events = core.streams.follow(sessions(session_id), var_id, criteria)
+        return ServerSentEvent(sse_messages(events), headers={"Cache-Control": "no-store"})
 
 
 class CallController(Controller):

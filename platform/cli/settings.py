@@ -32,6 +32,8 @@ flag                              variable                     default: meaning
 ``--max-vars-per-session``        PARROT_MAX_VARS_PER_SESSION  10000 (429)
 ``--max-calls-per-session``       PARROT_MAX_CALLS_PER_SESSION 10000 (429)
 ``--max-pending-calls``           PARROT_MAX_PENDING_CALLS     10000 unfinished calls, server-wide (429)
+``--max-subscribers-per-var``     PARROT_MAX_SUBSCRIBERS_PER_VAR 64 streams of one variable (429)
+``--max-subscribers-per-session`` PARROT_MAX_SUBSCRIBERS_PER_SESSION 256 streams in one session (429)
 (no flag: a secret)               PARROT_SECRET_KEY            key file in the data folder (0600)
 ``--transform-budget``            PARROT_TRANSFORM_BUDGET      2 s of CPU one transform may take in all
 ``--transform-workers``           PARROT_TRANSFORM_WORKERS     2 transforms computed at once (threads)
@@ -319,4 +321,6 @@ _LIMIT_HELP = (
     "variables of one session",
     "calls of one session",
     "calls not finished yet, all sessions together",
+    "followers of one variable's stream at once",
+    "streams of one session's variables open at once",
 )

@@ -41,6 +41,11 @@ class CallLedger:
                 )
             )
 
+    def first_token(self, request: RequestChain) -> None:
+        """The first token of ``request`` came (journaled with its other timings when it
+        settles)."""
+        request.timings.setdefault("first_token_at", time.time())
+
     def var_settled(self, var: SemanticVariable) -> None:
         """``var`` got its value or its error (from :class:`Variables`). A value a client
         set is journaled by the set itself, before it is set (consumers start at once)."""

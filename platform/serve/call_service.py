@@ -297,7 +297,8 @@ class CallService:
         session.calls[record.call_id] = request
         if request.state.settled:
             return
-        request.timings.pop("started_at", None)  # it runs again from the start
+        for mark in ("started_at", "first_token_at"):  # it runs again from the start
+            request.timings.pop(mark, None)
         self.admission.track_call(request)
         log.info("re-queueing call %s of session %s", record.call_id, session.session_id)
         self._run(session, request, tuple(record.models), record.output_criteria or THROUGHPUT)

@@ -7,6 +7,7 @@ dashboard, the OpenAI front, the CLI, the tests) use the services it names:
 - ``sessions`` (:class:`SessionService`): create, open with the session's auth, delete,
   expire;
 - ``vars`` (:class:`VariableService`): create, set, get (waiting for a value);
+- ``streams`` (:class:`StreamService`): follow a variable's value as it is written;
 - ``calls`` (:class:`CallService`): submit a call, a transform or a prompt; look one up;
 - ``engines`` (:class:`EngineService`): register, remove, the models served;
 - ``views`` (:class:`OperatorViews`): what the dashboard, ``/metrics`` and ``/healthz``
@@ -48,6 +49,7 @@ from parrot.platform.serve.scheduler.health import HealthSettings
 from parrot.platform.serve.scheduler.policy import SchedulingPolicy
 from parrot.platform.serve.scheduler.slot import EngineSlot
 from parrot.platform.serve.session_service import SessionService
+from parrot.platform.serve.stream_service import StreamService
 from parrot.platform.serve.tokenizer_manager import TokenizerManager
 from parrot.platform.serve.transform_runner import TransformLimits, TransformRunner
 from parrot.platform.serve.variable_service import VariableService
@@ -106,6 +108,7 @@ class ServeCore:
             session_timeout_s,
         )
         self.vars = VariableService(self.journal, self.admission, variables, self.scheduler)
+        self.streams = StreamService(self.vars, self.admission.limits)
         self.calls = CallService(self.journal, self.admission, self.vars, self.scheduler)
         self.engines = EngineService(registry, self.journal, self.scheduler)
         self.views = OperatorViews(

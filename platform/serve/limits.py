@@ -31,6 +31,8 @@ class Limits:
     max_vars_per_session: int = 10_000
     max_calls_per_session: int = 10_000
     max_pending_calls: int = 10_000  # calls not finished yet, all sessions together
+    max_subscribers_per_var: int = 64  # streams of one variable followed at once
+    max_subscribers_per_session: int = 256  # streams of one session's variables at once
 
     def __post_init__(self) -> None:
         for f in fields(self):

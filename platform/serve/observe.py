@@ -74,7 +74,7 @@ class DagCall:
     outputs: list[str]
     latency_critical: bool  # a latency get (or output_criteria) waits on it
     group: str | None  # the task group it belongs to (named after the consumer call)
-    timings: dict[str, float]  # submitted_at, started_at, finished_at (unix seconds)
+    timings: dict[str, float]  # submitted_at, started_at, first_token_at, finished_at (unix s)
     error: str | None
     template: list[TemplatePart]
     sampling: dict[str, dict] = field(default_factory=dict)  # output name -> settings

@@ -10,6 +10,7 @@ replaced at each append (the readers of the old one wake once).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from dataclasses import dataclass, field
 
@@ -29,6 +30,11 @@ class ValueStream:
     def text(self) -> str:
         """Everything generated so far."""
         return "".join(self.pieces)
+
+    @property
+    def position(self) -> int:
+        """Where a reader that read everything is (a count of deltas)."""
+        return len(self.pieces)
 
     @property
     def token_count(self) -> int:
@@ -71,10 +77,8 @@ class ValueStream:
         """Wait for the next append (or restart, or close); returns at ``timeout`` anyway."""
         if self.closed:
             return
-        try:
+        with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self._changed.wait(), timeout)
-        except TimeoutError:
-            pass
 
     def _wake(self) -> None:
         self._changed.set()

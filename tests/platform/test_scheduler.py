@@ -20,7 +20,8 @@ DOCUMENT = " ".join(f"Line {i}: the keeper logged wind, tide and the lamp's oil 
 
 
 class Spy:
-    """Records the requests a ServeCore sends to a real engine client."""
+    """Records the requests a ServeCore sends to a real engine client. A generation is
+    recorded as ``generate`` whether it is streamed or not (semantic calls stream theirs)."""
 
     def __init__(self, client) -> None:
         self.client = client
@@ -30,9 +31,10 @@ class Spy:
 
     def _wrap(self, name):
         method = getattr(self.client, name)
+        recorded = "generate" if name == "generate_stream" else name
 
         def call(*args, **kwargs):
-            self.calls.append((name, {"args": args, **kwargs}))
+            self.calls.append((recorded, {"args": args, **kwargs}))
             return method(*args, **kwargs)
 
         return call
@@ -205,14 +207,15 @@ async def test_a_context_another_session_forks_from_outlives_its_session_until_t
     value = (await core.vars.get(first, a["a"], "latency", 120)).value
     engine = spy(core)
     gate, held_calls = asyncio.Event(), []
-    generate = engine.generate
+    generate = engine.generate_stream
 
     async def held(*args, **kwargs):  # B's request waits here, placed but not yet sent
         held_calls.append(args)
         await gate.wait()
-        return await generate(*args, **kwargs)
+        async for event in generate(*args, **kwargs):
+            yield event
 
-    engine.generate = held
+    engine.generate_stream = held
     second, _ = await core.sessions.create()
     asked = prompt.replace("{{q}}", "When is high water?")
     continued = asked.replace("{{a}}", value + " And low water? {{b}}")

@@ -58,6 +58,12 @@ def test_operator_registers_an_engine_and_watches_a_map_reduce_live(
     row = page.locator(f'tr[data-url="{second_engine}"]')
     expect(row).to_have_attribute("data-health", "up")
     engine_id = row.get_attribute("data-engine")
+    expect(page.locator("p.notice")).to_have_text(
+        f"Registered {engine_id}: {row.get_attribute('data-model')} at {second_engine}."
+    )
+    shoot(page, artifacts, "engines-registered")
+    page.reload()  # the notice is shown once
+    expect(page.locator("p.notice")).to_have_count(0)
     assert {e["url"] for e in httpx.get(f"{url}/v1/engines").json()} >= {second_engine}
 
     with Client(url, timeout=120) as client:
@@ -124,10 +130,16 @@ def test_operator_registers_an_engine_and_watches_a_map_reduce_live(
             session.delete()
             other.delete()
 
-    # Remove the second engine through its form.
+    # Remove the second engine through its form, after its confirmation page.
     page.goto(f"{url}/engines")
-    page.locator(f'tr[data-engine="{engine_id}"] button').click()
+    page.locator(f'tr[data-engine="{engine_id}"] a.danger').click()
+    page.wait_for_url(f"{url}/engines/{engine_id}/remove")
+    expect(page.locator("h1")).to_have_text(f"Remove {engine_id}?")
+    expect(page.locator("p.warning")).to_have_count(0)  # not the only engine
+    shoot(page, artifacts, "engine-remove")
+    page.click("form.confirm-remove button[type=submit]")
     page.wait_for_url(f"{url}/engines")
+    expect(page.locator("p.notice")).to_have_text(f"Removed {engine_id}.")
     expect(page.locator(f'tr[data-engine="{engine_id}"]')).to_have_count(0)
     assert second_engine not in {e["url"] for e in httpx.get(f"{url}/v1/engines").json()}
     context.close()

@@ -211,3 +211,23 @@ def test_gantt_puts_calls_that_ran_at_once_on_separate_rows():
     )
     rows = [float(p.split('y="')[1].split('"')[0]) for p in svg.split('class="run state-done"')[1:]]
     assert len(rows) == 3 and rows[0] != rows[1] and rows[2] == rows[0]  # c reuses a's row
+
+
+def test_the_sparklines_max_is_written_above_its_line():
+    """Issue 24: the "max" label overlapped the line's highest points."""
+    line = str(charts.sparkline([0, 3, 1, 3], "tps", width=120, height=50))
+    ET.fromstring(line)
+    ys = [float(p.split(",")[1]) for p in line.split('<polyline points="')[1].split('"')[0].split()]
+    label_baseline = float(line.split('<text x="118" y="')[1].split('"')[0])
+    assert min(ys) >= charts.LABEL_BAND > label_baseline  # 10 px text sits on its baseline, above
+
+
+def test_a_context_tree_says_what_its_numbers_are():
+    """Issue 24: "sub 354 · 23 blk" said nothing to a reader; the tree also fits its box."""
+    node = ContextNode(0, None, 31, 1, 2, 1, ["s1"], False, 354, 23)
+    view = ContextTreeView("engine-1", "m", False, 2, 354, 16, 23, 100, [node])
+    svg = str(tree.render(view))
+    ET.fromstring(svg)
+    assert "1 token from 31" in svg and "2 contexts · 1 task" in svg and "total 354 tokens · 23 blocks" in svg
+    assert "blk" not in svg and "sub " not in svg
+    assert 'style="min-width: ' in svg  # scaled down to fit, to a readable least

@@ -29,14 +29,17 @@ def load_bar(used: float | None, total: float | None, width: int = 140, height: 
     )
 
 
-def sparkline(values: Sequence[float], label: str, width: int = 260, height: int = 44) -> Markup:
-    """A line of ``values`` (oldest left), scaled to its own maximum."""
+LABEL_BAND = 14  # the strip above a sparkline's plot that holds its "max" label
+
+
+def sparkline(values: Sequence[float], label: str, width: int = 260, height: int = 58) -> Markup:
+    """A line of ``values`` (oldest left), scaled to its own maximum, which is written above
+    the plot (never over the line)."""
     top = max(values, default=0.0) or 1.0
     n = len(values)
     step = width / max(n - 1, 1)
-    points = " ".join(
-        f"{num(i * step)},{num(height - 2 - (v / top) * (height - 6))}" for i, v in enumerate(values)
-    )
+    plot = height - 2 - LABEL_BAND - 2  # the maximum sits 2 px under the label's strip
+    points = " ".join(f"{num(i * step)},{num(height - 2 - (v / top) * plot)}" for i, v in enumerate(values))
     area = f"0,{height} {points} {num((n - 1) * step)},{height}" if n > 1 else ""
     return Markup(
         f'<svg class="spark" viewBox="0 0 {width} {height}" width="{width}" height="{height}" role="img" '

@@ -2,7 +2,12 @@
 
 A node is a run of tokens some contexts hold; its children are the forks that continue it.
 A node several sessions hold (or that is constant text every session shares) is drawn
-highlighted: that is prefix sharing at work.
+highlighted: that is prefix sharing at work. Its box says, in words: its tokens and where
+they start; the contexts through it and the tasks using them; the tokens and KV blocks of it
+and all that follows it (``total``); the sessions holding it.
+
+A wide tree is scaled down to fit its box, to at most :data:`MIN_SCALE` (the text stays
+readable); wider than that, its box scrolls.
 """
 
 from __future__ import annotations
@@ -11,10 +16,12 @@ from dataclasses import dataclass
 
 from parrot.platform.serve.observe import ContextNode, ContextTreeView
 from parrot.web.svg import Markup, num, text
+from parrot.web.words import plural
 
-COL, ROW = 200.0, 62.0
-BOX_W, BOX_H = 184.0, 52.0
+COL, ROW = 198.0, 76.0
+BOX_W, BOX_H = 180.0, 66.0
 PAD = 10.0
+MIN_SCALE = 0.75  # the least a tree is scaled down to fit its box (then it scrolls)
 
 
 @dataclass(frozen=True)
@@ -50,14 +57,15 @@ def _holders(node: ContextNode, limit: int = 3) -> str:
 
 def render(view: ContextTreeView) -> Markup:
     spots = layout(view)
-    unit = "chars" if view.text else "tok"
+    unit = "character" if view.text else "token"
     levels = max((s.level for s in spots.values()), default=0)
     rows = max((s.row for s in spots.values()), default=0.0)
     width = PAD * 2 + BOX_W + COL * levels
     height = PAD * 2 + ROW * (rows + 1)
     out = [
         f'<svg class="ctx-tree" xmlns="http://www.w3.org/2000/svg" viewBox="0 0 {num(width)} {num(height)}" '
-        f'width="{num(width)}" height="{num(height)}" role="img" '
+        f'width="{num(width)}" height="{num(height)}" style="min-width: {num(width * MIN_SCALE)}px" '
+        f'role="img" '
         f'aria-label="context tree of {text(view.engine_id)}">'
     ]
 
@@ -75,21 +83,24 @@ def render(view: ContextTreeView) -> Markup:
     for node in view.nodes:
         x, y = corner(node.node_id)
         shared = " shared" if node.shared else ""
-        blocks = f" · {node.kv_blocks} blk" if node.kv_blocks is not None else ""
-        counts = f"{node.contexts} ctx · {node.refs} refs · sub {node.subtree_tokens}{blocks}"
+        blocks = f" · {plural(node.kv_blocks, 'block')}" if node.kv_blocks is not None else ""
+        own = f"{plural(node.tokens, unit)} from {node.start}"
+        users = f"{plural(node.contexts, 'context')} · {plural(node.refs, 'task')}"
+        total = f"total {plural(node.subtree_tokens, unit)}{blocks}"
         tip = (
-            f"{node.tokens} {unit} at {node.start}; {node.contexts} contexts, {node.refs} task refs; "
-            f"subtree {node.subtree_tokens} {unit}{blocks}; sessions: {', '.join(node.sessions) or 'none'}"
+            f"{plural(node.tokens, unit)} from position {node.start}; {plural(node.contexts, 'context')} "
+            f"through it, used by {plural(node.refs, 'task')} now; with all that follows it "
+            f"{plural(node.subtree_tokens, unit)}{blocks.replace('block', 'KV block')}; "
+            f"sessions: {', '.join(node.sessions) or 'none'}"
         )
         out.append(
             f'<g class="ctx-node{shared}" data-sessions="{text(" ".join(node.sessions))}" '
             f'data-contexts="{node.contexts}"><title>{text(tip)}</title>'
             f'<rect x="{num(x)}" y="{num(y)}" width="{num(BOX_W)}" height="{num(BOX_H)}" rx="5"/>'
-            f'<text x="{num(x + 6)}" y="{num(y + 15)}" class="strong">'
-            f"{text(f'{node.tokens} {unit} (from {node.start})')}</text>"
-            f'<text x="{num(x + 6)}" y="{num(y + 30)}">'
-            f"{text(counts, 34)}</text>"
-            f'<text x="{num(x + 6)}" y="{num(y + 45)}">{text(_holders(node), 32)}</text></g>'
+            f'<text x="{num(x + 6)}" y="{num(y + 15)}" class="strong">{text(own, 30)}</text>'
+            f'<text x="{num(x + 6)}" y="{num(y + 30)}">{text(users, 30)}</text>'
+            f'<text x="{num(x + 6)}" y="{num(y + 45)}" class="total">{text(total, 30)}</text>'
+            f'<text x="{num(x + 6)}" y="{num(y + 60)}">{text(_holders(node), 30)}</text></g>'
         )
     out.append("</svg>")
     return Markup("".join(out))

@@ -66,7 +66,7 @@ class GlobalScheduler:
         self.stats = SchedulerStats()
         self.health = health or HealthSettings()
         parent_wait_ms = round(1000 * self.health.parent_wait_s)
-        self.runner = TaskRunner(prompts, self.policy, self.stats, self.metrics, parent_wait_ms)
+        self.runner = TaskRunner(prompts, self.policy, self.stats, self.metrics, parent_wait_ms, calls)
         self.contexts = contexts
         self.monitor = EngineMonitor(
             self.health,
@@ -251,7 +251,7 @@ class GlobalScheduler:
         try:
             result = await self.runner.run(task, lease)
             task.chain.result = result
-            self.variables.set_value(var, result.text)
+            self.variables.set_value(var, result.text, result.finish_reason)
         except Requeue as why:
             if task.attempts >= MAX_ATTEMPTS:
                 self._fail(task, f"gave up after {task.attempts} attempts: {why}")

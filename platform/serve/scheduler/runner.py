@@ -21,6 +21,7 @@ from dataclasses import dataclass
 
 from parrot.engines.protocol.errors import ContextFreedError, EngineUnavailableError, UnknownContextError
 from parrot.engines.protocol.schemas import StreamEnd
+from parrot.platform.serve.call_ledger import CallLedger
 from parrot.platform.serve.leases import AheadLease, Lease, Result
 from parrot.platform.serve.metrics import ServeMetrics
 from parrot.platform.serve.prompt import Prompt, PromptBuilder
@@ -59,8 +60,10 @@ class TaskRunner:
         stats: SchedulerStats,
         metrics: ServeMetrics,
         parent_wait_ms: int,
+        calls: CallLedger,
     ) -> None:
         self.prompts = prompts
+        self.calls = calls  # told when a call's first token came
         self.policy = policy
         self.stats = stats
         self.metrics = metrics
@@ -78,16 +81,16 @@ class TaskRunner:
         """Run the placed task; its lease is settled or discarded whatever happens."""
         slot = lease.slot
         started = time.monotonic()
-        first_token: list[float] = []  # when a streamed task's first token came
+        first_token: list[float] = []  # when its first token came
         try:
             result = await self._until_lost(slot, self._generate(task, lease, first_token))
         except (ContextFreedError, UnknownContextError) as error:  # a context it forked from went
             lease.discard()
+            self._rerun(task, error)
             raise Requeue(str(error)) from None
         except EngineUnavailableError as error:
             lease.discard()
-            if task.streamed:  # its client saw tokens: a rerun would repeat them
-                raise
+            self._rerun(task, error)
             raise Requeue(str(error), engine_failed=slot.up) from None
         except BaseException:
             lease.discard()
@@ -99,6 +102,15 @@ class TaskRunner:
         ttft = first_token[0] - started if first_token else None
         self.metrics.observe_task(time.monotonic() - started, ttft, len(result.token_ids))
         return result
+
+    @staticmethod
+    def _rerun(task: CompletionTask, error: Exception) -> None:
+        """The task will run again, unless a client already saw some of its text (a rerun
+        would repeat it, or say something else): then ``error`` fails it."""
+        stream = task.gen.var.stream
+        if task.streamed or stream.seen:
+            raise error
+        stream.restart()
 
     async def fill(self, lease: AheadLease, latency: bool) -> None:
         """Fill a waiting chain's known prefix ahead (its lease says what to send)."""
@@ -120,14 +132,17 @@ class TaskRunner:
             "priority": self.policy.priority(task),
         }
         cid, parent_id = lease.context.context_id, lease.parent_id
-        if gen.on_token is None:
-            return await slot.client.generate(cid, gen.sampling, parent_id, **args)
+        # Always streamed from the engine: whoever follows the variable sees its text as it
+        # is written (GET /v1/semantic_var/{id}/stream), and its first token is timed.
+        stream = gen.var.stream
         async for event in slot.client.generate_stream(cid, gen.sampling, parent_id, **args):
             if isinstance(event, StreamEnd):
                 return event
             if not first_token:
                 first_token.append(time.monotonic())
-            if event.text:
+                self.calls.first_token(task.chain.request)
+            stream.append(event.text)
+            if event.text and gen.on_token is not None:
                 task.streamed = True
                 gen.on_token(event.text)
         raise EngineUnavailableError(f"engine {slot.engine_id} ended a stream without its end event")
