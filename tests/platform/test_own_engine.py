@@ -7,13 +7,15 @@ engine, reached under another URL in each run (``127.0.0.1`` and ``localhost``).
 
 from __future__ import annotations
 
+import os
+
+import httpx
 import pytest
+from conftest import free_port, parrot_process
 
 from parrot.platform.serve.core import ServeCore
 from parrot.platform.serve.engine_registry import OPENAI, EngineSpec
 from parrot.platform.store.store import Store, sqlite_url
-
-pytestmark = pytest.mark.asyncio(loop_scope="function")
 
 
 async def run(tmp_path, own: str | None, *, by_hand: EngineSpec | None = None) -> dict[str, str]:
@@ -33,6 +35,7 @@ async def run(tmp_path, own: str | None, *, by_hand: EngineSpec | None = None) -
         await core.stop()
 
 
+@pytest.mark.asyncio(loop_scope="function")
 async def test_the_engine_an_earlier_run_started_is_replaced(engine_server, engine, tmp_path):
     first = engine_server.url  # http://127.0.0.1:PORT
     second = first.replace("127.0.0.1", "localhost")  # another port, as it were
@@ -47,3 +50,31 @@ async def test_the_engine_an_earlier_run_started_is_replaced(engine_server, engi
     assert again[second] == engines[second] and set(again) == {second, first, f"{first}/v1"}
     # A run that starts no engine (``--no-engine``, ``--engine URL``) drops the stale one too.
     assert set(await run(tmp_path, None)) == {first, f"{first}/v1"}
+
+
+def test_serve_on_another_engine_port_lists_only_its_new_engine(engine, tmp_path):
+    """As ``make run`` then ``make run ENGINE_PORT=...`` on the same data folder: the second
+    run lists one engine, its own, up (before: the first run's too, down for good)."""
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    env = {
+        **os.environ,
+        "PARROT_CACHE_DIR": str(engine.model_folder.parent),
+        "PARROT_KV_CACHE_MEMORY": "256MiB",
+        "PARROT_DATA_DIR": str(tmp_path),
+        "PARROT_ADMIN_TOKEN": "own-engine-token",
+    }
+    env.pop("PARROT_DB", None)
+    admin = {"Authorization": "Bearer own-engine-token"}
+
+    def ready() -> bool:
+        return httpx.get(f"{url}/healthz", timeout=2).json().get("engines_up") == 1
+
+    for engine_port in (free_port(), free_port()):
+        with parrot_process(
+            ["serve", "--port", str(port), "--engine-port", str(engine_port)], env, ready, "serve"
+        ):
+            engines = httpx.get(f"{url}/v1/engines", headers=admin, timeout=10).json()
+            assert [(e["url"], e["up"]) for e in engines] == [(f"http://127.0.0.1:{engine_port}", True)], (
+                engines
+            )
