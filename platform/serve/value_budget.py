@@ -26,7 +26,7 @@ from parrot.engines.protocol.errors import TooManyRequestsError
 from parrot.platform.serve.errors import InsufficientStorageError
 from parrot.platform.serve.limits import Limits, MiB, describe
 
-BIG_RELEASE = 16 * MiB  # freeing this much at once is worth a malloc_trim
+BIG_RELEASE = 16 * MiB  # freeing this much (at once, or since the last time) is worth a malloc_trim
 
 
 def value_bytes(value: str) -> int:
@@ -49,10 +49,13 @@ class _Holding:
 
 
 class ValueBudget:
+    """The bytes of values held: per session, per client address, and in all (``held``)."""
+
     def __init__(self, limits: Limits) -> None:
         self.limits = limits
         self.held = 0  # bytes of every value charged
         self.big_at: float | None = None  # time.monotonic() of the last big release
+        self._freed = 0  # bytes released since the last big release
         self._sessions: dict[str, _Account] = {}
         self._vars: dict[str, _Holding] = {}  # var id -> the account it is charged to
         self._clients: dict[str, int] = {}  # client address -> bytes of its sessions' values
@@ -97,11 +100,12 @@ class ValueBudget:
             holding = self._vars.get(var_id)
             if value is not None and (holding is None or holding.bytes is None):
                 new[var_id] = value_bytes(value)
-        self.check(account, sum(new.values()), f"{len(new)} value(s) of session {session_id}")
+        more = sum(new.values())
+        self._check(account, more, f"{len(new)} value(s) of session {session_id} ({more} bytes)")
         for var_id, size in new.items():
             holding = self._vars.setdefault(var_id, _Holding(account))
             holding.bytes = size
-        self._move(account, sum(new.values()))
+        self._move(account, more)
         return list(new)
 
     def admit(self, var_id: str, value: str) -> str | None:
@@ -111,7 +115,7 @@ class ValueBudget:
             return None
         size = value_bytes(value)
         try:
-            self.check(holding.account, size, f"the value generated ({size} bytes)")
+            self._check(holding.account, size, f"the value generated ({size} bytes)")
         except (TooManyRequestsError, InsufficientStorageError) as error:
             return str(error)
         holding.bytes = size
@@ -147,7 +151,7 @@ class ValueBudget:
             self._move(holding.account, holding.bytes)
 
     # -- the checks ----------------------------------------------------------------------
-    def check(self, account: _Account, more: int, what: str) -> None:
+    def _check(self, account: _Account, more: int, what: str) -> None:
         if not more:
             return
         client, share = account.client, self.limits.max_value_bytes_per_client
@@ -175,6 +179,7 @@ class ValueBudget:
                 self._clients.pop(account.client, None)
 
     def _released(self, freed: int) -> int:
-        if freed >= BIG_RELEASE:
-            self.big_at = time.monotonic()  # its memory is worth giving back (serve.memory)
+        self._freed += freed
+        if self._freed >= BIG_RELEASE:  # its memory is worth giving back (serve.memory)
+            self.big_at, self._freed = time.monotonic(), 0
         return freed

@@ -23,6 +23,7 @@ from parrot.platform.cli.settings import ServeSettings, add_serve_arguments
 from parrot.platform.serve.core import ServeCore
 from parrot.platform.serve.errors import InsufficientStorageError, StoreError
 from parrot.platform.serve.limits import Limits
+from parrot.platform.serve.value_budget import BIG_RELEASE, ValueBudget
 from parrot.platform.store.store import Store, sqlite_url
 
 VALUE = "x" * 900
@@ -206,3 +207,18 @@ def test_the_value_memory_limits_come_from_flags_and_variables():
     s = ServeSettings.from_args(parser.parse_args(["--max-value-bytes-per-client", "3000"]))
     assert (s.limits.max_value_bytes, s.limits.max_value_bytes_per_client) == (5000, 3000)
     assert (Limits().max_value_bytes, Limits().max_value_bytes_per_client) == (2**30, 256 * 2**20)
+
+
+def test_small_releases_add_up_to_a_trim():
+    """Many small sessions deleted one by one free as much as one big one: a trim follows."""
+    budget = ValueBudget(Limits())
+    value = "z" * (BIG_RELEASE // 8)
+    for n in range(8):
+        budget.open(f"s{n}", "10.0.0.1")
+        budget.take(f"s{n}", [(f"v{n}", value)])
+    assert budget.of_client("10.0.0.1") == 8 * sys.getsizeof(value)
+    for n in range(7):
+        budget.close(f"s{n}", [f"v{n}"])
+    assert budget.big_at is None
+    budget.close("s7", ["v7"])
+    assert budget.big_at is not None and budget.held == 0 and budget.of_client("10.0.0.1") == 0
