@@ -12,13 +12,25 @@ from parrot.wire.formats import OutputFormat
 
 
 class VarInfo(msgspec.Struct, kw_only=True, frozen=True):
-    """A semantic variable as the server sees it (``value`` only from a get; ``format``
-    when it is typed: its value matches it)."""
+    """A semantic variable as the server sees it, with its value once it has one (``None``
+    only while it has none): the answer of a create, a set (``PUT``) and a get. ``format``
+    when it is typed: its value matches it."""
 
     var_id: str
     name: str
     ready: bool
     value: str | None = None
+    error: str | None = None  # why it will never get a value
+    format: OutputFormat | None = None
+
+
+class VarSummary(msgspec.Struct, kw_only=True, frozen=True):
+    """A variable in a session listing: whether it is ready, without its value (a session
+    may hold thousands of values of megabytes each); get the variable for its value."""
+
+    var_id: str
+    name: str
+    ready: bool
     error: str | None = None  # why it will never get a value
     format: OutputFormat | None = None
 
@@ -37,10 +49,11 @@ class CallInfo(msgspec.Struct, kw_only=True, frozen=True):
 
 
 class SessionInfo(msgspec.Struct, kw_only=True, frozen=True):
-    """A session's variables (without values) and calls, in the order they were made."""
+    """A session's variables (without values: :class:`VarSummary`) and calls, in the order
+    they were made."""
 
     session_id: str
-    vars: list[VarInfo]
+    vars: list[VarSummary]
     calls: list[CallInfo]
 
 

@@ -25,6 +25,7 @@ _WHY: dict[int, str] = {
     424: "The value will never come: the call that produces it (or one it needs) failed.",
     429: "A configured limit on how many (sessions, variables, calls, pending work) was reached.",
     503: "No engine can serve it now, or the database did not take the write.",
+    507: "The values the server holds reached their configured bound (--max-value-bytes).",
 }
 
 # Built once: every route shares these specs (and so one ErrorResponse component).
@@ -40,6 +41,7 @@ SESSION = (401, 403, 404)  # opens a session with its session_auth
 ADMIN = (401, 403, 429)  # needs the admin token (or an API key); 429: repeated wrong admin tokens
 CREATES = (429,)  # creates something a configured limit counts
 STORE = (503,)  # writes to the database
+VALUES = (429, 507)  # keeps a value: one client's share of value memory, the server's bound
 
 
 def error_responses(*statuses: int | tuple[int, ...]) -> dict[int, ResponseSpec]:

@@ -15,7 +15,16 @@ from litestar.logging.config import LoggingConfig
 from litestar.params import FromPath, FromQuery, JSONBody, QueryParameter
 from litestar.response import ServerSentEvent
 
-from parrot.engines.protocol.error_docs import ADMIN, BODY, CREATES, PARAMS, SESSION, STORE, error_responses
+from parrot.engines.protocol.error_docs import (
+    ADMIN,
+    BODY,
+    CREATES,
+    PARAMS,
+    SESSION,
+    STORE,
+    VALUES,
+    error_responses,
+)
 from parrot.engines.protocol.error_responses import exception_handlers
 from parrot.engines.protocol.json_body import JsonRequest
 from parrot.platform.api.adapter_routes import AdapterController
@@ -41,20 +50,22 @@ from parrot.wire.responses import (
     SessionCreated,
     SessionInfo,
     VarInfo,
+    VarSummary,
 )
 
 MAX_WAIT_S = 3600.0
 
 
-def _var_info(var: SemanticVariable, with_value: bool = True) -> VarInfo:
+def _var_info(var: SemanticVariable) -> VarInfo:
+    """The variable with its value, when it has one (a create, a set, a get)."""
     return VarInfo(
-        var_id=var.var_id,
-        name=var.name,
-        ready=var.ready,
-        value=var.value if with_value else None,
-        error=var.error,
-        format=var.format,
+        var_id=var.var_id, name=var.name, ready=var.ready, value=var.value, error=var.error, format=var.format
     )
+
+
+def _var_summary(var: SemanticVariable) -> VarSummary:
+    """The variable in a session listing: no value (get the variable)."""
+    return VarSummary(var_id=var.var_id, name=var.name, ready=var.ready, error=var.error, format=var.format)
 
 
 def _call_info(request: RequestChain) -> CallInfo:
@@ -96,7 +107,7 @@ class SessionController(Controller):
         session = sessions(session_id)
         return SessionInfo(
             session_id=session_id,
-            vars=[_var_info(v, with_value=False) for v in session.vars.values()],
+            vars=[_var_summary(v) for v in session.vars.values()],
             calls=[_call_info(c) for c in session.calls.values()],
         )
 
@@ -115,19 +126,17 @@ class SessionController(Controller):
 class VariableController(Controller):
     path = "/v1/semantic_var"
 
-    @post(status_code=201, responses=error_responses(BODY, SESSION, CREATES, STORE))
+    @post(status_code=201, responses=error_responses(BODY, SESSION, CREATES, VALUES, STORE))
     async def create_var(self, data: JSONBody[CreateVar], sessions: Sessions, core: Core) -> VarInfo:
         session = sessions(data.session_id)
-        return _var_info(
-            await core.vars.create(session, data.name, data.value, data.format), with_value=False
-        )
+        return _var_info(await core.vars.create(session, data.name, data.value, data.format))
 
-    @put("/{var_id:str}", responses=error_responses(BODY, SESSION, STORE))
+    @put("/{var_id:str}", responses=error_responses(BODY, SESSION, VALUES, STORE))
     async def set_var(
         self, var_id: FromPath[str], data: JSONBody[SetVar], sessions: Sessions, core: Core
     ) -> VarInfo:
         session = sessions(data.session_id)
-        return _var_info(await core.vars.set(session, var_id, data.value), with_value=False)
+        return _var_info(await core.vars.set(session, var_id, data.value))
 
     @get("/{var_id:str}", responses=error_responses(PARAMS, SESSION, 408, 424))
     async def get_var(
@@ -164,7 +173,11 @@ class VariableController(Controller):
 class CallController(Controller):
     path = "/v1"
 
-    @post("/semantic_call", status_code=201, responses=error_responses(BODY, SESSION, 409, CREATES, STORE))
+    @post(
+        "/semantic_call",
+        status_code=201,
+        responses=error_responses(BODY, SESSION, 409, CREATES, VALUES, STORE),
+    )
     async def submit_call(self, data: JSONBody[SubmitCall], sessions: Sessions, core: Core) -> CallSubmitted:
         session = sessions(data.session_id)
         bindings = [p.binding() for p in data.parameters]
@@ -180,7 +193,7 @@ class CallController(Controller):
     @post(
         "/semantic_transform",
         status_code=201,
-        responses=error_responses(BODY, SESSION, 409, CREATES, STORE),
+        responses=error_responses(BODY, SESSION, 409, CREATES, VALUES, STORE),
     )
     async def submit_transform(
         self, data: JSONBody[SubmitTransform], sessions: Sessions, core: Core
@@ -256,15 +269,17 @@ def create_app(
     admin_token: str | None = None,
     openai_api_keys: tuple[str, ...] = (),
     dashboard: DashboardConfig | None = None,
+    own_engine: str | None = None,
 ) -> Litestar:
     """The API app; on start it starts the core (restoring what its store holds) and
-    registers the given engines. The dashboard's pages (``parrot.web``) are served by it
-    too, unless ``dashboard.enabled`` is False."""
+    registers the given engines (``own_engine``: the one among them that ``parrot serve``
+    started itself). The dashboard's pages (``parrot.web``) are served by it too, unless
+    ``dashboard.enabled`` is False."""
     dashboard = dashboard or DashboardConfig()
     pages = dashboard_routes(dashboard) if dashboard.enabled else []
 
     async def start() -> None:
-        await core.start(engine_urls)
+        await core.start(engine_urls, own_engine)
 
     async def stop() -> None:
         await core.stop()

@@ -104,11 +104,11 @@ def run(args: argparse.Namespace) -> None:
     # SIGTERM stops the server as SIGINT does (uvicorn handles both while it runs; this
     # covers the start), so the engine child is always stopped below.
     signal.signal(signal.SIGTERM, signal.getsignal(signal.SIGINT))
-    child = None
+    child = own = None
     urls = settings.engine_urls
     if not urls and settings.start_engine:
-        child, url = start_engine(settings)
-        urls = (url,)
+        child, own = start_engine(settings)
+        urls = (own,)
     host, port = settings.host, settings.port
     try:
         # Engine secrets at rest: PARROT_SECRET_KEY, else a key file in the data folder.
@@ -134,6 +134,7 @@ def run(args: argparse.Namespace) -> None:
             admin_token=token,
             openai_api_keys=settings.openai_api_keys,
             dashboard=dashboard,
+            own_engine=own,
         )
         # Open live streams (the dashboard's SSE) must not hold a shutdown up.
         ready = (

@@ -26,6 +26,8 @@ flag                              variable                     default: meaning
 ``--max-body-bytes``              PARROT_MAX_BODY_BYTES        33554432 (32 MiB): one request body (413)
 ``--max-value-chars``             PARROT_MAX_VALUE_CHARS       8388608: one variable's value (413)
 ``--max-prompt-chars``            PARROT_MAX_PROMPT_CHARS      8388608: a template or prompt (413)
+``--max-value-bytes``             PARROT_MAX_VALUE_BYTES       1073741824 (1 GiB): all values held (507)
+``--max-value-bytes-per-client``  PARROT_MAX_VALUE_BYTES_PER_CLIENT 268435456 (256 MiB) per address (429)
 ``--max-sessions-per-client``     PARROT_MAX_SESSIONS_PER_CLIENT 4096 live sessions per address (429)
 ``--max-vars-per-session``        PARROT_MAX_VARS_PER_SESSION  10000 (429)
 ``--max-calls-per-session``       PARROT_MAX_CALLS_PER_SESSION 10000 (429)
@@ -300,7 +302,7 @@ def add_serve_arguments(p: argparse.ArgumentParser, env: Mapping[str, str] | Non
         help="... down to this share (0.75)",
     )
     add_server_arguments(p, env)
-    limits = p.add_argument_group("limits (413 when too large, 429 when too many)")
+    limits = p.add_argument_group("limits (413: too large, 429: too many, 507: values fill the server)")
     for f, what in zip(fields(Limits), _LIMIT_HELP, strict=True):
         default = e(env_name(f.name).removeprefix("PARROT_"), int, getattr(Limits(), f.name))
         limits.add_argument(flag(f.name), type=int, default=default, help=f"{what} ({f.default})")
@@ -313,6 +315,8 @@ _LIMIT_HELP = (
     "characters of one variable's value",
     "characters of a call's template or an OpenAI-front prompt",
     "characters of an output's format (a JSON schema, regex, choices, grammar)",
+    "bytes of all variable values the server holds (507 beyond)",
+    "bytes of the variable values of one client address's sessions (429 beyond)",
     "live sessions one client address may hold",
     "variables of one session",
     "calls of one session",

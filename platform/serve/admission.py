@@ -1,7 +1,8 @@
 """Admission: the ServeCore's :class:`Limits` checked before anything is created.
 
-Counts are kept here (sessions per client address, calls not finished yet) so a check is a
-dictionary lookup, not a scan of every session. A check and the count it guards change in
+Counts are kept here (sessions per client address, calls not finished yet, and in
+:attr:`Admission.values` the bytes of values held) so a check is a dictionary lookup, not a
+scan of every session. A check and the count it guards change in
 the same step of the event loop (no ``await`` between them), so concurrent requests cannot
 both slip under a limit.
 """
@@ -14,6 +15,7 @@ from typing import TYPE_CHECKING
 from parrot.engines.protocol import text
 from parrot.engines.protocol.errors import BadRequestError, PayloadTooLargeError, TooManyRequestsError
 from parrot.platform.serve.limits import Limits, describe
+from parrot.platform.serve.value_budget import ValueBudget
 
 if TYPE_CHECKING:
     from parrot.platform.serve.graph import RequestChain
@@ -25,6 +27,7 @@ class Admission:
         self._clients: dict[str, set[str]] = {}  # client address -> its live session ids
         self._client_of: dict[str, str] = {}  # session id -> client address
         self._pending: dict[str, RequestChain] = {}  # call id -> call not finished yet
+        self.values = ValueBudget(self.limits)  # the bytes of values, per session and client
 
     # -- sizes (413), and text that can be stored (400) ------------------------------------
     def check_value(self, value: str | None, what: str) -> None:
@@ -51,21 +54,26 @@ class Admission:
 
     # -- sessions per client (429) -------------------------------------------------------
     def open_session(self, session_id: str, client: str | None) -> None:
-        """Count a new session of ``client`` (None: not counted, e.g. a restored session)."""
-        if client is None:
-            return
-        live = self.sessions_of(client)
-        limit = self.limits.max_sessions_per_client
-        if live >= limit:
-            raise TooManyRequestsError(
-                f"client {client} has {live} live sessions: the limit is "
-                f"{describe('max_sessions_per_client', limit)}; delete sessions it no longer uses"
-            )
-        self._clients.setdefault(client, set()).add(session_id)
-        self._client_of[session_id] = client
+        """Count a new session of ``client`` (None: not counted, e.g. a restored session;
+        its values count for the server's bound only)."""
+        if client is not None:
+            live = self.sessions_of(client)
+            limit = self.limits.max_sessions_per_client
+            if live >= limit:
+                raise TooManyRequestsError(
+                    f"client {client} has {live} live sessions: the limit is "
+                    f"{describe('max_sessions_per_client', limit)}; delete sessions it no longer uses"
+                )
+            self._clients.setdefault(client, set()).add(session_id)
+            self._client_of[session_id] = client
+        self.values.open(session_id, client)
 
-    def close_session(self, session_id: str, calls: Iterable[str] = ()) -> None:
-        """A session is gone: it no longer counts for its client, nor do its calls."""
+    def close_session(
+        self, session_id: str, calls: Iterable[str] = (), variables: Iterable[str] = ()
+    ) -> None:
+        """A session is gone: it no longer counts for its client, nor do its calls and the
+        values of its ``variables`` (ids)."""
+        self.values.close(session_id, variables)
         client = self._client_of.pop(session_id, None)
         if client is not None:
             live = self._clients.get(client, set())

@@ -203,11 +203,18 @@ class CallService:
         self.admission.check_session_growth(
             session.session_id, len(session.vars), len(fresh), len(session.calls), 1
         )
-        self.admission.admit_call(request)
+        # Inputs given by value: charged to the session's values (429 / 507), all or none.
+        charged = self.admission.values.take(session.session_id, [(v.var_id, v.value) for v in fresh])
+        try:
+            self.admission.admit_call(request)
+        except BaseException:
+            self.admission.values.give_back(charged)
+            raise
         try:
             session.graph.add(request)
         except BaseException:
             self.admission.call_settled(request.call_id)
+            self.admission.values.give_back(charged)
             raise
         request.seq = next(self._seq)
         for param in stored:
@@ -237,8 +244,7 @@ class CallService:
             self.admission.call_settled(request.call_id)
             session.graph.unlink(request)
             session.calls.pop(request.call_id, None)
-            for var in fresh:
-                session.vars.pop(var.var_id, None)
+            self.variables.forget(session, fresh)
             for var, _ in retyped:
                 self.variables.untype(var)
             raise

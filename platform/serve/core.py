@@ -76,11 +76,11 @@ class ServeCore:
         self.metrics = ServeMetrics()
         self.tokenizers = TokenizerManager()
         self.transforms = TransformRunner(transform_limits, self.admission.limits.max_value_chars)
-        self.memory = MemoryTrimmer()  # gives the memory of big prompts back once freed
+        self.memory = MemoryTrimmer()  # gives the memory of big prompts and values back once freed
         self.history = history or LoadHistory()
         self.activity = activity or ActivityLog()
         ledger = CallLedger(self.journal, self.admission, self.activity)
-        variables = Variables(ledger, self.metrics)
+        variables = Variables(ledger, self.metrics, self.admission.values)
         health = health or HealthSettings()
         # The engine slots: the scheduler adds and removes them, the context manager owns
         # the contexts they hold.
@@ -126,8 +126,9 @@ class ServeCore:
     def limits(self) -> Limits:
         return self.admission.limits
 
-    async def start(self, engine_urls: tuple[str, ...] = ()) -> None:
-        """Bring the store to the newest schema, restore what it holds, register engines."""
+    async def start(self, engine_urls: tuple[str, ...] = (), own_engine: str | None = None) -> None:
+        """Bring the store to the newest schema, restore what it holds, register engines
+        (``own_engine``: the one of ``engine_urls`` that ``parrot serve`` started itself)."""
         store = self.journal.store
         snapshot = None
         if store is not None:
@@ -137,14 +138,16 @@ class ServeCore:
             await self.contexts.claim_region(store)
         self.journal.start()
         self.scheduler.start()
-        await self.engines.restore(snapshot.engines if snapshot else [], engine_urls)
+        await self.engines.restore(snapshot.engines if snapshot else [], engine_urls, own_engine)
         if snapshot is not None:  # sessions, variables and calls; unfinished calls run again
             self.sessions.restore(snapshot.sessions)
             self.vars.restore(snapshot.vars, self.sessions)
             self.calls.restore(snapshot.calls, self.sessions)
         self.sessions.start()
         self.views.start()
-        self._trimmer = asyncio.create_task(self.memory.watch(self.tokenizers, self.history.interval_s))
+        self._trimmer = asyncio.create_task(
+            self.memory.watch([self.tokenizers, self.admission.values], self.history.interval_s)
+        )
 
     async def stop(self) -> None:
         self.sessions.stop()

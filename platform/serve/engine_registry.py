@@ -8,6 +8,12 @@ restore is kept, marked down, until the monitor sees it answer again.
 
 An engine's secrets (an API key, credentials or a key inside its URL) are used to reach it
 and stored encrypted; everything shown (listings, messages, logs) has its public URL.
+
+The builtin engine that ``parrot serve`` starts itself (its child process, which dies with
+it) is marked so in its record (``own``). A later run on the same database replaces it:
+the record of an earlier run's own engine at another URL (``make run ENGINE_PORT=...``) is
+dropped, not kept down forever beside the new one. Engines registered by hand, or given with
+``--engine``, are never dropped this way.
 """
 
 from __future__ import annotations
@@ -46,6 +52,7 @@ class EngineSpec:
     model: str | None = None  # openai: the endpoint's model name
     api: str = "chat"  # openai: "chat" | "completions"
     api_key: str | None = field(default=None, repr=False)
+    own: bool = False  # builtin: started by this ``parrot serve`` (replaced by the next run's)
 
     @property
     def public_url(self) -> str:
@@ -56,6 +63,8 @@ class EngineSpec:
         out: dict = {} if self.capacity is None else {"capacity": self.capacity}
         if self.kind == OPENAI:
             out["api"] = self.api
+        if self.own:
+            out["own"] = True
         return out
 
 FIRST_PING_S = 10.0  # the first ping of an engine being registered
@@ -161,13 +170,20 @@ class EngineRegistry:
         await slot.client.aclose()
         return self.journal.record(lambda store: store.delete_engine(engine_id))
 
-    async def restore(self, records: list[EngineRecord], urls: tuple[str, ...]) -> None:
-        """Bring back the stored engines, then register ``urls`` not among them."""
+    async def restore(
+        self, records: list[EngineRecord], urls: tuple[str, ...], own: str | None = None
+    ) -> None:
+        """Bring back the stored engines, then register ``urls`` not among them; ``own`` (one
+        of them) is the engine this ``parrot serve`` started, which replaces an earlier run's."""
         numbers = [int(n) for r in records if (n := r.engine_id.rpartition("-")[2]).isdigit()]
         self._ids = itertools.count(max(numbers, default=0) + 1)
         # An --engine URL naming a stored builtin engine brings its current credentials.
         given = {public_url(url): url for url in urls}
+        own_url = None if own is None else public_url(own)
         for record in records:
+            if record.kind == BUILTIN and record.config.get("own") and record.url != own_url:
+                await self._drop_stale(record)
+                continue
             try:
                 secrets = self.journal.store.engine_secrets(record) if self.journal.store else {}
             except ValueError as error:  # the key is not the one they were sealed with
@@ -183,12 +199,23 @@ class EngineRegistry:
                 model=record.model if record.kind == OPENAI else None,
                 api=record.config.get("api", "chat"),
                 api_key=secrets.get("api_key"),
+                own=record.kind == BUILTIN and record.url == own_url,
             )
             await self.register(spec, engine_id=record.engine_id, stored_model=record.model)
         known = {s.public_url for s in self.specs.values()}
         for url in urls:
             if public_url(url) not in known:
-                await self.register(EngineSpec(BUILTIN, url))
+                await self.register(EngineSpec(BUILTIN, url, own=public_url(url) == own_url))
+
+    async def _drop_stale(self, record: EngineRecord) -> None:
+        """The record of an engine an earlier ``parrot serve`` started (it died with that
+        run): removed from the store, so it does not stay listed, down, for good."""
+        log.info("engine %s at %s was started by an earlier run; replaced", record.engine_id, record.url)
+        engine_id = record.engine_id
+        try:
+            await self.journal.commit(self.journal.record(lambda store: store.delete_engine(engine_id)))
+        except ParrotError as error:  # the next start tries again; this one goes on without it
+            log.warning("could not remove the record of engine %s: %s", engine_id, error)
 
     async def close(self) -> None:
         for slot in self.scheduler.engines.values():

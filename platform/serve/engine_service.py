@@ -26,9 +26,12 @@ class EngineService:
         self.journal = journal
         self.scheduler = scheduler
 
-    async def restore(self, records: Sequence[EngineRecord], urls: tuple[str, ...]) -> None:
-        """The stored engines, then ``urls`` (``--engine``) not among them."""
-        await self.registry.restore(list(records), urls)
+    async def restore(
+        self, records: Sequence[EngineRecord], urls: tuple[str, ...], own: str | None = None
+    ) -> None:
+        """The stored engines, then ``urls`` (``--engine``, or ``own``: the engine ``parrot
+        serve`` started) not among them; the engine an earlier run started is replaced."""
+        await self.registry.restore(list(records), urls, own)
 
     async def register(self, spec: EngineSpec) -> EngineSlot:
         slot, stored = await self.registry.register(spec)

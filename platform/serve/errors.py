@@ -76,3 +76,10 @@ class FormatMismatchError(BadRequestError):
     """A value a client sets does not match its variable's format."""
 
     code = "format_mismatch"
+
+
+class InsufficientStorageError(ParrotError):
+    """The values held by the whole server reached their bound (``max_value_bytes``)."""
+
+    status_code = 507
+    code = "insufficient_storage"

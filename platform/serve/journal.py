@@ -77,6 +77,9 @@ class Journal:
                         done.set_exception(StoreError(f"the database did not take the write: {error}"))
             finally:
                 self._queue.task_done()
+                # Not kept while waiting for the next one: a write's closure may hold a
+                # whole session (its values: 200 MiB stayed after a delete).
+                del write, done
 
     async def _apply(self, store: Store, write: Write) -> BaseException | None:
         for attempt, delay in enumerate((*RETRY_DELAYS_S, None)):

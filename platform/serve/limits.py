@@ -1,4 +1,5 @@
-"""What one client may ask of a ServeCore: sizes (413 beyond them) and counts (429).
+"""What one client may ask of a ServeCore: sizes (413 beyond them), counts (429) and the
+memory that variable values hold (507 for the server's bound, 429 for one client's share).
 
 The defaults are far above what a normal application or the benchmarks use; they exist so
 that one client cannot take all of the server's memory or queue. Each is a ``parrot serve``
@@ -11,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 
 MiB = 2**20
+GiB = 2**30
 
 
 @dataclass(frozen=True)
@@ -20,6 +22,10 @@ class Limits:
     max_value_chars: int = 8 * MiB  # one variable's value, set by a client or given inline
     max_prompt_chars: int = 8 * MiB  # a call's template; an OpenAI-front prompt, all pieces
     max_format_chars: int = 64 * 1024  # an output's format (its JSON: a schema, regex, choices)
+    # The memory of the values held, in bytes (1 a character of ASCII or Latin-1 text, 2 or 4
+    # in text with wider characters): 507 server-wide, 429 for one client's share.
+    max_value_bytes: int = GiB  # every session's values together
+    max_value_bytes_per_client: int = 256 * MiB  # the values of one client address's sessions
     # 429: too many
     max_sessions_per_client: int = 4096  # live sessions opened from one client address
     max_vars_per_session: int = 10_000

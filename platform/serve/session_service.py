@@ -152,15 +152,14 @@ class SessionService:
             return
         session.closed = True  # no new work while the store deletes
         if session.stored:
+            sid = session.session_id  # the write holds the id, not the session and its values
             try:
-                await self.journal.commit(
-                    self.journal.record(lambda store: store.delete_session(session.session_id))
-                )
+                await self.journal.commit(self.journal.record(lambda store: store.delete_session(sid)))
             except BaseException:
                 session.closed = False
                 raise
         self._live.pop(session.session_id, None)
-        self.admission.close_session(session.session_id, list(session.calls))
+        self.admission.close_session(session.session_id, list(session.calls), list(session.vars))
         if session.stored:
             sid, calls = session.session_id, session.calls.values()
             self.recent.append(
@@ -186,6 +185,7 @@ class SessionService:
         now_wall, now = time.time(), time.monotonic()
         for record in records:
             session = self._add(record.session_id, record.auth_hash)
+            self.admission.open_session(record.session_id, None)  # its values count server-wide
             idle = now_wall - record.last_active_at.timestamp()
             session.last_active = now - max(0.0, idle)
 

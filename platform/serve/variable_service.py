@@ -53,6 +53,7 @@ class VariableService:
         """Add ``var`` to its session; the future of its record's write (None: not stored)."""
         var.stored = session.stored
         session.vars[var.var_id] = var
+        self.admission.values.join(session.session_id, var.var_id)
         if not var.stored:
             return None
         fmt = None if var.format is None else msgspec.to_builtins(var.format)
@@ -90,13 +91,20 @@ class VariableService:
             self._check_value(fmt, name, value)
         self.admission.check_session_growth(session.session_id, len(session.vars), 1, len(session.calls), 0)
         var = SemanticVariable(new_id("var"), name, value, format=fmt)
+        self.admission.values.take(session.session_id, [(var.var_id, value)])  # 429 / 507
         stored = self.add(session, var)
         try:
             await self.journal.commit(*filter(None, [stored]))
         except ParrotError:
-            session.vars.pop(var.var_id, None)
+            self.forget(session, [var])
             raise
         return var
+
+    def forget(self, session: Session, variables: Sequence[SemanticVariable]) -> None:
+        """Undo :meth:`add` (their store write failed: they never existed)."""
+        for var in variables:
+            session.vars.pop(var.var_id, None)
+        self.admission.values.give_back(v.var_id for v in variables)
 
     def find(self, session: Session, var_id: str) -> SemanticVariable:
         var = session.vars.get(var_id)
@@ -112,8 +120,15 @@ class VariableService:
         if var.ready:
             raise BadRequestError(f"variable {var_id!r} already has a value")
         self._check_value(var.format, var.name, value)
-        if var.stored:  # stored first: consumers start the moment the value is set
-            await self.journal.commit(self.journal.record(lambda store: store.set_var_value(var_id, value)))
+        charged = self.admission.values.take(session.session_id, [(var_id, value)])  # 429 / 507
+        try:
+            if var.stored:  # stored first: consumers start the moment the value is set
+                await self.journal.commit(
+                    self.journal.record(lambda store: store.set_var_value(var_id, value))
+                )
+        except BaseException:
+            self.admission.values.uncharge(charged)
+            raise
         if var.ready:  # set by a concurrent request meanwhile
             raise BadRequestError(f"variable {var_id!r} already has a value")
         self.variables.set_value(var, value)
@@ -156,12 +171,13 @@ class VariableService:
             found += [(chain, depth) for chain, depth in session.graph.producers_of(var) if not chain.settled]
         self.scheduler.prioritize(found)
 
-    @staticmethod
-    def restore(records: Sequence[VariableRecord], sessions: SessionService) -> None:
-        """Variables from the store, with the values and errors they had."""
+    def restore(self, records: Sequence[VariableRecord], sessions: SessionService) -> None:
+        """Variables from the store, with the values and errors they had (their values
+        counted again)."""
         for record in records:
             session = sessions.get(record.session_id or "")
             if session is not None:
                 fmt = None if record.format is None else msgspec.convert(record.format, OutputFormat)
                 var = SemanticVariable(record.var_id, record.name, record.value, record.error, fmt)
                 session.vars[var.var_id] = var
+                self.admission.values.restore(session.session_id, var.var_id, var.value)

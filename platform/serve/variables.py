@@ -7,7 +7,9 @@ Every value and reason kept here is valid text (storable, encodable as JSON): a 
 value that is not (a lone surrogate) fails its variable with that reason instead, and a
 reason that quotes one gets it escaped. A typed variable's value must match its format
 (:mod:`parrot.platform.serve.typed_values`): whatever engine produced it, a value that does
-not fails the variable with what did not match, and is never stored as valid.
+not fails the variable with what did not match, and is never stored as valid. A value
+past the memory bound of values (:class:`~parrot.platform.serve.value_budget.ValueBudget`)
+fails its variable with the limit it would pass, and is not kept.
 """
 
 from __future__ import annotations
@@ -22,12 +24,14 @@ from parrot.platform.serve.errors import ProducerFailedError
 from parrot.platform.serve.graph import SemanticVariable
 from parrot.platform.serve.metrics import ServeMetrics
 from parrot.platform.serve.typed_values import mismatch
+from parrot.platform.serve.value_budget import ValueBudget
 
 
 class Variables:
-    def __init__(self, calls: CallLedger, metrics: ServeMetrics) -> None:
+    def __init__(self, calls: CallLedger, metrics: ServeMetrics, budget: ValueBudget) -> None:
         self.calls = calls  # told of every value and error (it journals them, advances calls)
         self.metrics = metrics  # seconds each get waited
+        self.budget = budget  # charged every value kept
 
     def set_value(self, var: SemanticVariable, value: str, finish_reason: str | None = None) -> None:
         """``finish_reason``: its producer's, for those who stream it."""
@@ -42,6 +46,10 @@ class Variables:
             self.fail(
                 var, f"the value produced does not match the {var.format.kind} format of {var.name!r}: {why}"
             )
+            return
+        why = self.budget.admit(var.var_id, value)  # a client's value was charged when set
+        if why is not None:
+            self.fail(var, why)
             return
         var.value = value
         self._changed(var, finish_reason)
