@@ -57,8 +57,9 @@ def nothing(_: httpx.Response) -> None:
     return None
 
 
-def _request(op: Op, timeout: float) -> dict[str, Any]:
+def _request(op: Op | StreamOp, timeout: float, accept: Mapping[str, str] | None = None) -> dict[str, Any]:
     headers = {"Authorization": f"Bearer {op.token}"} if op.token else {}
+    headers |= accept or {}
     return {
         "method": op.method,
         "url": op.path,
@@ -104,15 +105,7 @@ def _error(response: httpx.Response) -> Exception:
 
 
 def _stream_request(op: StreamOp, timeout: float) -> dict[str, Any]:
-    headers = {"Authorization": f"Bearer {op.token}", **SSE_HEADERS} if op.token else dict(SSE_HEADERS)
-    return {
-        "method": op.method,
-        "url": op.path,
-        "json": op.json,
-        "params": op.params,
-        "headers": headers,
-        "timeout": timeout + op.wait_s,
-    }
+    return _request(op, timeout, SSE_HEADERS)
 
 
 SSE_HEADERS = {"Accept": "text/event-stream", "Cache-Control": "no-store"}
