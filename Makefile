@@ -83,7 +83,7 @@ $(PEER_STAMP):
 bench-peers: $(PEER_STAMP)
 
 # The paper's workloads against a request-level baseline, with the ablations: long (see
-# docs/benchmarks.md); `parrot bench WORKLOAD --quick` runs one in about a minute.
+# docs/benchmarks.md); `parrot bench WORKLOAD --quick` runs one (3 alternating runs a side) in a few minutes.
 $(VENV)/.bench-installed: $(STAMP)
 	$(BIN)/python -m pip install -q $(CPU) -e '.[server,bench]'
 	touch $@
