@@ -43,16 +43,22 @@ class EngineMetrics:
         labels = {"model_name": model_name}
         common = {"labelnames": ["model_name"], "registry": self.registry}
         self.e2e = Histogram(
-            "parrot:e2e_request_latency_seconds", "A generation from submission to its end.",
-            buckets=LATENCY_BUCKETS, **common,
+            "parrot:e2e_request_latency_seconds",
+            "A generation from submission to its end.",
+            buckets=LATENCY_BUCKETS,
+            **common,
         ).labels(**labels)
         self.ttft = Histogram(
-            "parrot:time_to_first_token_seconds", "A generation from submission to its first token.",
-            buckets=LATENCY_BUCKETS, **common,
+            "parrot:time_to_first_token_seconds",
+            "A generation from submission to its first token.",
+            buckets=LATENCY_BUCKETS,
+            **common,
         ).labels(**labels)
         self.tpot = Histogram(
-            "parrot:time_per_output_token_seconds", "Mean time between a generation's output tokens.",
-            buckets=TOKEN_BUCKETS, **common,
+            "parrot:time_per_output_token_seconds",
+            "Mean time between a generation's output tokens.",
+            buckets=TOKEN_BUCKETS,
+            **common,
         ).labels(**labels)
         self.registry.register(_SnapshotCollector(model_name, snapshot))
 

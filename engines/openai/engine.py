@@ -34,7 +34,12 @@ from parrot.engines.openai.config import CHAT, OpenAIEngineConfig
 from parrot.engines.openai.contexts import ContextStore, TextContext
 from parrot.engines.openai.failures import Failure, classify
 from parrot.engines.openai.request import build_request, choice_text, usage_counts
-from parrot.engines.protocol.errors import BadRequestError, EngineUnavailableError, ParrotError
+from parrot.engines.protocol.errors import (
+    BadEngineAnswerError,
+    BadRequestError,
+    EngineUnavailableError,
+    ParrotError,
+)
 from parrot.engines.protocol.schemas import (
     AbortResponse,
     FillResponse,
@@ -49,6 +54,8 @@ log = logging.getLogger(__name__)
 
 PING_TIMEOUT_S: Final = 5.0
 _CLIENT_ERRORS = (openai.APIError, httpx2.TransportError)
+# The ServeCore streams every generation (its variables can be followed as they are written).
+NOT_STREAMED = "answered a streamed request without an event stream: the endpoint must support `stream: true`"
 T = TypeVar("T")
 
 
@@ -178,12 +185,16 @@ class OpenAIEngine:
             async with self._slot():
                 failure = None
                 try:
+                    chunks = 0
                     async with await self._create(request, stream=True) as stream:
                         async for chunk in stream:
+                            chunks += 1
                             delta = self._read_chunk(chunk, state)
                             if delta:
                                 pieces.append(delta)
                                 yield TokenStreamEvent(token_id=-1, text=delta)
+                    if not chunks:  # not an event stream (a JSON answer reads as none): say so
+                        failure = Failure(BadEngineAnswerError(f"{self._where} {NOT_STREAMED}"))
                 except _CLIENT_ERRORS as error:
                     failure = classify(error, self._where, self.config.timeout_s, self._redact)
                 if failure is not None:

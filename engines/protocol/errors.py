@@ -96,6 +96,14 @@ class EngineUnavailableError(ParrotError):
     code = "engine_unavailable"
 
 
+class BadEngineAnswerError(ParrotError):
+    """An engine answered in a way the protocol does not allow (an OpenAI-compatible
+    endpoint that does not stream): running the request again would answer the same."""
+
+    status_code = 502
+    code = "bad_engine_answer"
+
+
 class BadFormatError(BadRequestError):
     """An output format (issue 21) the grammar library rejects: an invalid JSON schema, an
     unsupported keyword, a regex or Lark grammar that does not compile, or a compile that

@@ -160,27 +160,38 @@ def test_an_unexpected_error_in_a_transform_fails_the_call_with_the_reason(core_
 
 class SurrogateEndpoint(BaseHTTPRequestHandler):
     """An OpenAI-compatible endpoint whose completion text holds a lone surrogate escape
-    (valid JSON that the ``json`` module decodes to a string with no UTF-8 form)."""
+    (valid JSON that the ``json`` module decodes to a string with no UTF-8 form), streamed
+    as the ServeCore asks (``streams = False``: answered as one JSON body, whatever it asks)."""
+
+    streams = True
 
     def do_GET(self) -> None:  # GET /v1/models
         self._send(b'{"object": "list", "data": [{"id": "odd-model", "object": "model", "created": 0}]}')
 
     def do_POST(self) -> None:  # POST /v1/completions
         self.rfile.read(int(self.headers["Content-Length"]))
-        self._send(
+        body = (
             b'{"id": "c1", "object": "text_completion", "created": 0, "model": "odd-model", '
             b'"choices": [{"index": 0, "text": "ok \\ud800 then", "finish_reason": "stop"}]}'
         )
+        if self.streams:
+            self._send(b"data: " + body + b"\n\ndata: [DONE]\n\n", "text/event-stream")
+        else:
+            self._send(body)
 
-    def _send(self, body: bytes) -> None:
+    def _send(self, body: bytes, content_type: str = "application/json") -> None:
         self.send_response(200)
-        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Type", content_type)
         self.send_header("Content-Length", str(len(body)))
         self.end_headers()
         self.wfile.write(body)
 
     def log_message(self, *args) -> None:
         pass
+
+
+class JsonOnlyEndpoint(SurrogateEndpoint):
+    streams = False
 
 
 def test_text_with_a_lone_surrogate_from_an_openai_endpoint_is_stored_as_valid_text(core_api):
@@ -208,6 +219,31 @@ def test_text_with_a_lone_surrogate_from_an_openai_endpoint_is_stored_as_valid_t
         assert var.status_code == 200 and var.json()["value"] == "ok \ufffd then", var.text
         info = settled(core_api, sid, auth, call["call_id"])
         assert info["state"] == "done", info
+    finally:
+        endpoint.shutdown()
+
+
+def test_an_openai_endpoint_that_does_not_stream_fails_the_call_with_the_reason(core_api):
+    """The ServeCore streams every generation; an endpoint that answers one JSON body
+    instead was read as an empty stream, and the call ended ``done`` with an empty value."""
+    endpoint = ThreadingHTTPServer(("127.0.0.1", 0), JsonOnlyEndpoint)
+    threading.Thread(target=endpoint.serve_forever, daemon=True).start()
+    try:
+        body = {
+            "kind": "openai",
+            "base_url": f"http://127.0.0.1:{endpoint.server_port}/v1",
+            "model": "odd-model",
+            "api_key": "sk-test",
+            "api": "completions",
+        }
+        r = core_api.post("/v1/engines", json=body, headers={"Authorization": "Bearer admin"})
+        assert r.status_code == 201, r.text
+        s = core_api.post("/v1/session").json()
+        sid, auth = s["session_id"], {"Authorization": f"Bearer {s['session_auth']}"}
+        body = {"session_id": sid, "template": "Say: {{a}}", "parameters": [{"name": "a", "is_output": True}]}
+        call = core_api.post("/v1/semantic_call", json=body, headers=auth).json()
+        info = settled(core_api, sid, auth, call["call_id"])
+        assert info["state"] == "failed" and "stream: true" in info["error"], info
     finally:
         endpoint.shutdown()
 

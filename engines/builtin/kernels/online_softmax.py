@@ -28,9 +28,7 @@ def tile_dot(a, b, K: tl.constexpr, N: tl.constexpr, EXACT: tl.constexpr):
 
 
 @triton.jit
-def online_softmax_step(
-    s, v, m_i, l_i, acc, KEYS: tl.constexpr, HEAD_DIM: tl.constexpr, EXACT: tl.constexpr
-):
+def online_softmax_step(s, v, m_i, l_i, acc, KEYS: tl.constexpr, HEAD_DIM: tl.constexpr, EXACT: tl.constexpr):
     """Fold one tile of scores ``s`` [rows, KEYS] (masked keys at -inf) and values ``v``
     [KEYS, HEAD_DIM] into the running max ``m_i``, sum ``l_i`` [rows] and output ``acc``."""
     m_new = tl.maximum(m_i, tl.max(s, 1))
