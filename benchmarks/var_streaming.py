@@ -45,6 +45,13 @@ from parrot.platform.serve.engine_client import HttpEngine
 from parrot.wire.sampling import SamplingParams
 
 FOLLOWERS = 16
+READING = (
+    "Where a follower's cost goes: the engine, the ServeCore (one SSE write per follower per "
+    "wake) and this script's followers (one SSE parse each) share the machine's cores, so on a "
+    "2-core box the followers' own reading counts against the generation; followers on other "
+    "machines cost the server only its writes. A slow follower gets several deltas in one "
+    "event (it holds a position, nothing is queued for it)."
+)
 PROMPT = "<|im_start|>user\nTell me a long story about {topic}.<|im_end|>\n<|im_start|>assistant\n{{{{a}}}}"
 TOPICS = ["a lighthouse", "a dragon", "the sea", "a forest", "a city", "a river", "a robot", "a cat"]
 
@@ -174,7 +181,7 @@ def main() -> None:
         f"Streamed / one answer: **{cost:.2f}x**.\n\n"
         "| followers of each run's variables | tokens/s |\n| ---: | ---: |\n"
         f"| 0 | {cell(sides[0])} |\n| {FOLLOWERS} | {cell(sides[FOLLOWERS])} |\n\n"
-        f"With {FOLLOWERS} followers / without: **{ratio:.2f}x**."
+        f"With {FOLLOWERS} followers / without: **{ratio:.2f}x**.\n\n{READING}"
     )
     print(table)
     if not args.no_docs:
