@@ -31,22 +31,28 @@ class ServeMetrics:
         self.registry = CollectorRegistry()
         reg = self.registry
         self.task_seconds = Histogram(
-            "parrot:task_seconds", "Time of a completion task on its engine (done tasks).",
-            buckets=LATENCY_BUCKETS, registry=reg,
+            "parrot:task_seconds",
+            "Time of a completion task on its engine (done tasks).",
+            buckets=LATENCY_BUCKETS,
+            registry=reg,
         )
         self.time_to_first_token = Histogram(
             "parrot:time_to_first_token_seconds",
             "From a streamed task's start on its engine to its first token.",
-            buckets=LATENCY_BUCKETS, registry=reg,
+            buckets=LATENCY_BUCKETS,
+            registry=reg,
         )
         self.time_per_output_token = Histogram(
             "parrot:time_per_output_token_seconds",
             "Mean time between the output tokens of a streamed task.",
-            buckets=TOKEN_BUCKETS, registry=reg,
+            buckets=TOKEN_BUCKETS,
+            registry=reg,
         )
         self.sv_wait = Histogram(
-            "parrot:sv_wait_seconds", "Time a get of a semantic variable waited for its value.",
-            buckets=LATENCY_BUCKETS, registry=reg,
+            "parrot:sv_wait_seconds",
+            "Time a get of a semantic variable waited for its value.",
+            buckets=LATENCY_BUCKETS,
+            registry=reg,
         )
 
     def observe_task(self, seconds: float, first_token_s: float | None, output_tokens: int) -> None:
@@ -75,6 +81,11 @@ class _StatsCollector:
         st = self.stats
         yield GaugeMetricFamily("parrot:num_sessions", "Live sessions.", value=st.sessions)
         yield GaugeMetricFamily("parrot:num_tasks_waiting", "Tasks in the global queue.", value=st.queued)
+        yield GaugeMetricFamily(
+            "parrot:value_bytes",
+            "Memory of the variable values held (--max-value-bytes).",
+            value=st.value_bytes,
+        )
         tasks = CounterMetricFamily("parrot:tasks", "Completion tasks by outcome.", labels=["state"])
         for state, n in (("done", st.done), ("failed", st.failed), ("requeued", st.requeued)):
             tasks.add_metric([state], n)
@@ -88,7 +99,8 @@ class _StatsCollector:
         prompt.add_metric(["computed"], st.prompt_tokens - st.reused_tokens)
         yield prompt
         yield CounterMetricFamily(
-            "parrot:filled_ahead_tokens", "Tokens filled before their call's inputs were all there.",
+            "parrot:filled_ahead_tokens",
+            "Tokens filled before their call's inputs were all there.",
             value=st.filled_ahead,
         )
         yield CounterMetricFamily(

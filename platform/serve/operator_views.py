@@ -68,6 +68,7 @@ class CoreStats:
     tokenizer_misses: int
     store_failures: int
     engines: list[EngineView]
+    value_bytes: int = 0  # memory of the values held (--max-value-bytes bounds it)
 
 
 class OperatorViews:
@@ -130,6 +131,7 @@ class OperatorViews:
             tokenizer_misses=self.tokenizers.misses,
             store_failures=self.journal.failures,
             engines=self.engine_views(now),
+            value_bytes=self.sessions.admission.values.held,
         )
 
     # -- load history ------------------------------------------------------------------------

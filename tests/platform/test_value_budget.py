@@ -87,6 +87,13 @@ def healthy(api: httpx.Client) -> None:
     assert api.get("/healthz").json()["status"] == "ok"
 
 
+def value_bytes(api) -> float:
+    for line in api.get("/metrics").text.splitlines():
+        if line.startswith("parrot:value_bytes "):
+            return float(line.split()[-1])
+    raise AssertionError("no parrot:value_bytes gauge")
+
+
 def test_a_clients_share_of_value_memory_is_429_and_a_refusal_stores_nothing(engine_server, tmp_path):
     limits = Limits(max_value_chars=1000, max_value_bytes_per_client=SHARE)
     with serve(engine_server, tmp_path, limits) as api:
@@ -120,7 +127,10 @@ def test_a_clients_share_of_value_memory_is_429_and_a_refusal_stores_nothing(eng
         assert listing["calls"] == []
         # Small values still fit; deleting a session gives its share back.
         assert first.put(empty, "small").status_code == 200
+        held = value_bytes(api)
+        assert held >= 2 * len(VALUE)  # /metrics shows what the values hold ("a", "b")
         second.delete()
+        assert value_bytes(api) <= held - len(VALUE)
         third = Session(api)
         assert third.var("c", VALUE).status_code == 201
         assert first.get(empty).json()["value"] == "small"
