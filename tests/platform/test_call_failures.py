@@ -4,9 +4,11 @@ restart. Over real HTTP against a real ``parrot serve`` on a real SQLite file.""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 import time
+from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import httpx
@@ -194,11 +196,11 @@ class JsonOnlyEndpoint(SurrogateEndpoint):
     streams = False
 
 
-def test_text_with_a_lone_surrogate_from_an_openai_endpoint_is_stored_as_valid_text(core_api):
-    """Before: the variable took the lone surrogate; its GET answered 500 and its store
-    write failed. Now the OpenAI engine replaces it with U+FFFD (as the builtin engine does
-    with bytes that are not UTF-8), so the value, the stream and the store agree."""
-    endpoint = ThreadingHTTPServer(("127.0.0.1", 0), SurrogateEndpoint)
+@contextlib.contextmanager
+def call_on_endpoint(core_api, handler) -> Iterator[tuple[str, dict, dict]]:
+    """``handler`` served on 127.0.0.1 and registered as an OpenAI engine; a call of one
+    output submitted to it: (session id, auth headers, the call)."""
+    endpoint = ThreadingHTTPServer(("127.0.0.1", 0), handler)
     threading.Thread(target=endpoint.serve_forever, daemon=True).start()
     try:
         body = {
@@ -213,39 +215,29 @@ def test_text_with_a_lone_surrogate_from_an_openai_endpoint_is_stored_as_valid_t
         s = core_api.post("/v1/session").json()
         sid, auth = s["session_id"], {"Authorization": f"Bearer {s['session_auth']}"}
         body = {"session_id": sid, "template": "Say: {{a}}", "parameters": [{"name": "a", "is_output": True}]}
-        call = core_api.post("/v1/semantic_call", json=body, headers=auth).json()
+        yield sid, auth, core_api.post("/v1/semantic_call", json=body, headers=auth).json()
+    finally:
+        endpoint.shutdown()
+
+
+def test_text_with_a_lone_surrogate_from_an_openai_endpoint_is_stored_as_valid_text(core_api):
+    """Before: the variable took the lone surrogate; its GET answered 500 and its store
+    write failed. Now the OpenAI engine replaces it with U+FFFD (as the builtin engine does
+    with bytes that are not UTF-8), so the value, the stream and the store agree."""
+    with call_on_endpoint(core_api, SurrogateEndpoint) as (sid, auth, call):
         params = {"session_id": sid}
         var = core_api.get(f"/v1/semantic_var/{call['outputs']['a']}", params=params, headers=auth)
         assert var.status_code == 200 and var.json()["value"] == "ok \ufffd then", var.text
         info = settled(core_api, sid, auth, call["call_id"])
         assert info["state"] == "done", info
-    finally:
-        endpoint.shutdown()
 
 
 def test_an_openai_endpoint_that_does_not_stream_fails_the_call_with_the_reason(core_api):
     """The ServeCore streams every generation; an endpoint that answers one JSON body
     instead was read as an empty stream, and the call ended ``done`` with an empty value."""
-    endpoint = ThreadingHTTPServer(("127.0.0.1", 0), JsonOnlyEndpoint)
-    threading.Thread(target=endpoint.serve_forever, daemon=True).start()
-    try:
-        body = {
-            "kind": "openai",
-            "base_url": f"http://127.0.0.1:{endpoint.server_port}/v1",
-            "model": "odd-model",
-            "api_key": "sk-test",
-            "api": "completions",
-        }
-        r = core_api.post("/v1/engines", json=body, headers={"Authorization": "Bearer admin"})
-        assert r.status_code == 201, r.text
-        s = core_api.post("/v1/session").json()
-        sid, auth = s["session_id"], {"Authorization": f"Bearer {s['session_auth']}"}
-        body = {"session_id": sid, "template": "Say: {{a}}", "parameters": [{"name": "a", "is_output": True}]}
-        call = core_api.post("/v1/semantic_call", json=body, headers=auth).json()
+    with call_on_endpoint(core_api, JsonOnlyEndpoint) as (sid, auth, call):
         info = settled(core_api, sid, auth, call["call_id"])
         assert info["state"] == "failed" and "stream: true" in info["error"], info
-    finally:
-        endpoint.shutdown()
 
 
 def test_a_task_the_dispatcher_trips_on_fails_and_the_others_still_run(engine_server, tmp_path, monkeypatch):
