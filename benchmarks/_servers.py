@@ -19,7 +19,8 @@ from pathlib import Path
 import httpx
 
 ROOT = Path(__file__).resolve().parents[1]
-LLAMA_PYTHON = ROOT / ".peers" / "llama-cpp" / "bin" / "python"  # built by `make bench-peers`
+# llama.cpp's own server, built from source by `make bench-peers`
+LLAMA_SERVER = ROOT / ".peers" / "bin" / "llama-server"
 
 
 def free_port() -> int:
@@ -90,11 +91,12 @@ def parrot_server(dtype: str, weights: str, threads: int):
     return serving(cmd, port, f"parrot engine ({dtype}/{weights})")
 
 
-def llama_server(gguf: str, threads: int):
+def llama_server(gguf: str, threads: int, slots: int = 16):
+    """llama.cpp's ``llama-server`` with ``slots`` parallel sequences, continuously batched."""
     port = free_port()
-    cmd = [str(LLAMA_PYTHON), "-m", "llama_cpp.server", "--model", gguf, "--port", str(port)]
-    cmd += ["--n_threads", str(threads), "--n_threads_batch", str(threads)]
-    cmd += ["--n_ctx", "2048", "--verbose", "False"]
+    cmd = [str(LLAMA_SERVER), "--model", gguf, "--host", "127.0.0.1", "--port", str(port)]
+    cmd += ["--threads", str(threads), "--threads-batch", str(threads), "--parallel", str(slots)]
+    cmd += ["--ctx-size", str(512 * slots), "--cont-batching", "--log-disable"]
     return serving(cmd, port, "llama.cpp server")
 
 
@@ -117,8 +119,6 @@ def completions_throughput(
                 body = {"prompt": prompt, "max_tokens": tokens, "temperature": 0, **extra}
                 if model:
                     body["model"] = model
-                if "min_tokens" in body:
-                    body["min_tokens"] = tokens
                 r = await client.post("/v1/completions", json=body)
                 r.raise_for_status()
                 return r.json()["usage"]["completion_tokens"]

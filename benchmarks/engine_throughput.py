@@ -7,8 +7,8 @@ One run measures, each side in a fresh process of its own:
   float32/exact/torch, the exact mode without numpy's BLAS for its decode steps) and of
   transformers ``generate`` (float32), prefill excluded on both sides;
 - the same batches as concurrent requests to two servers' ``/v1/completions``: ``parrot
-  engine`` in the exact and the fastest mode, and llama.cpp's server (llama-cpp-python, built
-  by ``make bench-peers`` into .peers/) on the same GGUF with the same thread count;
+  engine`` in the exact and the fastest mode, and llama.cpp's ``llama-server`` (built from
+  source by ``make bench-peers`` into .peers/, 16 parallel slots) on the same GGUF with the same thread count;
   aggregate completion tokens/s over the wall time (prefill included on both sides);
 - the batch-1 memory-bandwidth bound of the exact mode, shared-prefix decoding and
   continuous batching (exact mode; not in ``--quick``).
@@ -34,7 +34,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _report import machine, write_section
-from _servers import LLAMA_PYTHON, completions_throughput, llama_server, parrot_server
+from _servers import LLAMA_SERVER, completions_throughput, llama_server, parrot_server
 
 from parrot.engines.builtin.batch import SharedPrefixPolicy
 from parrot.engines.builtin.engine import BuiltinEngine
@@ -236,11 +236,11 @@ def server_rows(args, fastest: str) -> tuple[dict[str, dict[int, float]], list[s
             dtype, weights = mode.split("/")[:2]
             url = stack.enter_context(parrot_server(dtype, weights, args.threads))
             servers[f"Parrot {mode}"] = (url, None, {"ignore_eos": True})
-        if LLAMA_PYTHON.exists():
+        if LLAMA_SERVER.exists():
             url = stack.enter_context(llama_server(gguf, args.threads))
-            servers["llama.cpp"] = (url, gguf, {"min_tokens": 0})
+            servers["llama.cpp"] = (url, gguf, {"ignore_eos": True})
         else:
-            notes.append(f"llama.cpp column skipped: {LLAMA_PYTHON} is not built (run `make bench-peers`).")
+            notes.append(f"llama.cpp column skipped: {LLAMA_SERVER} is not built (run `make bench-peers`).")
         rounds: list[dict[str, dict[int, float]]] = []
         for _ in range(args.repeats):
             measured: dict[str, dict[int, float]] = {name: {} for name in servers}
@@ -291,8 +291,8 @@ def report(args) -> str:
         "",
         f"Through `/v1/completions` ({args.new_tokens} tokens per request, the batch sent at once; "
         "aggregate completion tokens/s over the wall time, prefill included; the servers up together "
-        f"and measured in turn, best of {args.repeats} rounds). llama-cpp-python's "
-        "server runs one request at a time (it has no parallel slots), so its batches queue.",
+        f"and measured in turn, best of {args.repeats} rounds). llama.cpp: `llama-server`, 16 "
+        "parallel slots, continuous batching.",
         "",
         "| batch | " + " | ".join(names + [f"{n} / llama.cpp" for n in ours]) + " |",
         "| ---: | " + " | ".join("---:" for _ in names + ours) + " |",

@@ -26,8 +26,10 @@ def add_parser(commands) -> None:
     p.add_argument(
         "--weights",
         default=None,
-        choices=["exact", "int8", "int4", "gguf"],
-        help="weight format: exact (default), int8, int4, or gguf (a .gguf model's own 4-bit weights)",
+        choices=["auto", "exact", "int8", "int4", "gguf"],
+        help="weight format: auto (default: on the CPU a .gguf model's own quantization, int8 for "
+        "a safetensors folder; exact on GPUs), exact (token-identical to transformers), int8, int4, "
+        "or gguf (a .gguf model's own 4-bit weights)",
     )
     p.add_argument(
         "--dense-rows",

@@ -24,7 +24,7 @@ from parrot.engines.builtin.model.model_config import ModelConfig
 
 
 def build(folder, cpu_matmul: str, blas_rows: int = 64, blas_keys: int = 8192, num_blocks: int = 128):
-    config = EngineConfig(cpu_matmul=cpu_matmul, blas_rows=blas_rows, blas_keys=blas_keys)
+    config = EngineConfig(weights="exact", cpu_matmul=cpu_matmul, blas_rows=blas_rows, blas_keys=blas_keys)
     mc = ModelConfig.from_folder(folder)
     backend = create_backend("torch", mc.num_heads, mc.num_kv_heads, mc.head_dim)
     model = build_model(config, mc, folder, backend)
@@ -155,6 +155,7 @@ def test_cli_and_environment_pass_the_choice(monkeypatch):
     args = build_parser().parse_args(["engine", "--cpu-matmul", "torch"])
     assert config_from_args(args).cpu_matmul == "torch"
     monkeypatch.setenv("PARROT_CPU_MATMUL", "blas")
+    monkeypatch.setenv("PARROT_WEIGHTS", "exact")  # BLAS multiplies float32 exact weights only
     assert config_from_args(build_parser().parse_args(["engine"])).cpu_matmul == "blas"
 
 

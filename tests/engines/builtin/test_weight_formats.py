@@ -20,7 +20,7 @@ from parrot.engines.builtin.engine_config import EngineConfig
 from parrot.engines.builtin.kv_cache import allocate_kv_cache
 from parrot.engines.builtin.model.build import build_model
 from parrot.engines.builtin.model.gguf_weights import GGUFWeights
-from parrot.engines.builtin.model.loader import default_model_path
+from parrot.engines.builtin.model.loader import default_model_path, load_state_dict
 from parrot.engines.builtin.model.model_config import ModelConfig
 from parrot.engines.builtin.model.quant import Int4Linear, Int8Linear, quantize_int4
 
@@ -123,15 +123,30 @@ def test_fast_modes_stay_close_on_the_default_model(mode, default_prompts):
 
 
 def test_gguf_codes_are_the_exact_weights(engine):
-    """The GGUF's Q4_1 codes, un-permuted like transformers does, give the exact weights."""
+    """The GGUF's Q4_1 codes, un-permuted like transformers does, give the exact weights
+    (the float32 weights that transformers' GGUF loader converted the file to)."""
     mc = engine.model_config
     gguf = GGUFWeights(default_model_path(), mc.num_heads, mc.num_kv_heads)
-    qkv = engine.model.layers[3].self_attn.qkv_proj.weight  # [q + k + v, hidden]
-    q, k, v = qkv.split([mc.num_heads * mc.head_dim, *[mc.num_kv_heads * mc.head_dim] * 2])
-    for part, expected in (("q", q), ("k", k), ("v", v)):
+    exact = load_state_dict(engine.model_folder, "cpu", torch.float32)
+    for part in ("q", "k", "v"):
         name = f"blk.3.attn_{part}.weight"
         assert gguf.type_name(name) == "Q4_1"
-        assert torch.equal(gguf.int4(name).dequantize(), expected.float())
+        expected = exact[f"model.layers.3.self_attn.{part}_proj.weight"]
+        assert torch.equal(gguf.int4(name).dequantize(), expected)
+
+
+def test_the_default_is_the_models_own_quantization_on_the_cpu(engine):
+    """auto: a GGUF (the bundled model too) runs its own 4-bit blocks on the CPU, a
+    safetensors folder int8; GPUs the checkpoint's weights; an explicit choice stays."""
+    assert EngineConfig().weights == "gguf"
+    assert EngineConfig(model="/models/qwen3-0.6b-q4_0.GGUF").weights == "gguf"
+    assert EngineConfig(model="/models/qwen3-0.6b").weights == "int8"
+    assert EngineConfig(device="cuda", model="/models/qwen3-0.6b").weights == "exact"
+    assert EngineConfig(weights="exact").weights == "exact"
+    # the session's engine, built with the defaults, runs the GGUF's own blocks
+    assert engine.config.weights == "gguf"
+    assert isinstance(engine.model.layers[0].mlp.down_proj, Int4Linear)
+    assert isinstance(engine.model.packed_head, Int8Linear)  # the GGUF's Q8_0 embedding
 
 
 def test_gguf_mode_needs_a_gguf_file():
@@ -148,25 +163,8 @@ def test_cli_passes_the_weight_format():
     args = build_parser().parse_args(["engine", "--weights", "gguf", "--dtype", "float32"])
     config = config_from_args(args)
     assert (config.weights, config.dtype) == ("gguf", "float32")
-
-
-async def test_an_engine_serves_in_gguf_mode(engine_config):
-    """The whole engine in the fast mode: built from the GGUF's blocks, it generates."""
-    import dataclasses
-
-    from parrot.engines.builtin.engine import BuiltinEngine
-    from parrot.wire.sampling import SamplingParams
-
-    fast = BuiltinEngine(dataclasses.replace(engine_config, weights="gguf", kv_cache_bytes=32 * 2**20))
-    try:
-        assert isinstance(fast.model.layers[0].mlp.down_proj, Int4Linear)
-        assert isinstance(fast.model.packed_head, Int8Linear)  # the GGUF's Q8_0 embedding
-        await fast.fill(1, fast.tokenize(PROMPTS[0]))
-        sampling = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)
-        result = await fast.generate(1, sampling)
-        assert len(result.token_ids) == 8
-    finally:
-        fast.stop()
+    exact = config_from_args(build_parser().parse_args(["engine", "--weights", "exact"]))
+    assert exact.weights == "exact"
 
 
 def test_large_steps_use_the_dense_copy_of_the_same_weights():
