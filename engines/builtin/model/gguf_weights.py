@@ -14,6 +14,7 @@ are. Phi-3 files hold q/k/v as one ``attn_qkv`` and gate/up as one ``ffn_up`` te
 from __future__ import annotations
 
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -22,21 +23,49 @@ from parrot.engines.builtin.model.quant import Int4Codes
 from parrot.engines.protocol.errors import ModelLoadError
 
 BLOCK = 32  # weights per Q4_0 / Q4_1 / Q8_0 block
+# In a converted folder (loader.py): the file's tensors as stored; not part of the float weights.
+RAW_TENSORS_FILE = "gguf_tensors.safetensors"
+ARCH_KEY = "general.architecture"
+
+
+class RawTensor(NamedTuple):
+    kind: str  # llama.cpp's type name: Q4_1, Q8_0, F32, ...
+    data: np.ndarray  # [rows, bytes per row] uint8, as stored in the file
+    row_len: int  # weights per row
 
 
 class GGUFWeights:
-    """The tensors of one GGUF file by their llama.cpp names (``blk.3.attn_q.weight``)."""
+    """The tensors of one GGUF file by their llama.cpp names (``blk.3.attn_q.weight``).
+
+    Read from the file itself (``GGUFReader`` parses every metadata field, the tokenizer's
+    49,152 tokens too: 4 s for the bundled model), or from the copy of its tensors that the
+    converter saves next to the float weights (:meth:`cached`: 0.1 s).
+    """
 
     def __init__(self, path: str | Path, num_heads: int, num_kv_heads: int) -> None:
-        from gguf import GGUFReader  # imported here: only the gguf weight format needs it
+        architecture, tensors = read_raw_tensors(path)
+        self._init(tensors, architecture, num_heads, num_kv_heads)
 
-        try:
-            reader = GGUFReader(str(path))
-        except (OSError, ValueError) as error:
-            raise ModelLoadError(f"cannot read the GGUF file {path}: {error}") from error
-        self.tensors = {t.name: t for t in reader.tensors}
-        field = reader.fields.get("general.architecture")
-        self.architecture = "" if field is None else bytes(field.parts[field.data[0]]).decode()
+    @classmethod
+    def cached(cls, folder: Path, num_heads: int, num_kv_heads: int) -> GGUFWeights:
+        """The tensors saved by :func:`save_raw_tensors` into a converted folder."""
+        from safetensors import safe_open
+
+        weights = cls.__new__(cls)
+        with safe_open(str(Path(folder) / RAW_TENSORS_FILE), framework="np") as f:
+            meta = f.metadata()
+            tensors = {}
+            for name in f.keys():  # noqa: SIM118 - no __iter__
+                kind, row_len = meta[name].split(":")
+                tensors[name] = RawTensor(kind, f.get_tensor(name), int(row_len))
+        weights._init(tensors, meta[ARCH_KEY], num_heads, num_kv_heads)
+        return weights
+
+    def _init(
+        self, tensors: dict[str, RawTensor], architecture: str, num_heads: int, num_kv_heads: int
+    ) -> None:
+        self.tensors = tensors
+        self.architecture = architecture
         self.num_heads = num_heads
         self.num_kv_heads = num_kv_heads
 
@@ -44,12 +73,12 @@ class GGUFWeights:
         return name in self.tensors
 
     def type_name(self, name: str) -> str:
-        return self._tensor(name).tensor_type.name
+        return self._tensor(name).kind
 
     def int4(self, name: str) -> Int4Codes | None:
         """The tensor's 4-bit codes (rows as transformers orders them), None if not Q4_0/Q4_1."""
         tensor = self._tensor(name)
-        kind = tensor.tensor_type.name
+        kind = tensor.kind
         if kind not in ("Q4_0", "Q4_1"):
             return None
         raw = torch.from_numpy(np.array(tensor.data))  # [out, in // 32 * block bytes] uint8
@@ -69,16 +98,16 @@ class GGUFWeights:
         return result if order is None else result.rows(order)
 
     def dequantized(self, name: str) -> torch.Tensor:  # [out, in] float32
-        from gguf import dequantize
+        from gguf import GGMLQuantizationType, dequantize
 
         tensor = self._tensor(name)
-        values = dequantize(tensor.data, tensor.tensor_type)
+        values = dequantize(tensor.data, GGMLQuantizationType[tensor.kind])
         weight = torch.from_numpy(np.array(values, dtype=np.float32))  # a copy: F32 data is the read-only map
-        weight = weight.view(-1, int(tensor.shape[0]))
+        weight = weight.view(-1, tensor.row_len)
         order = self._row_order(name, weight.shape[0])
         return weight if order is None else weight[order]
 
-    def _tensor(self, name: str):
+    def _tensor(self, name: str) -> RawTensor:
         if name not in self.tensors:
             raise ModelLoadError(f"the GGUF file has no tensor {name!r}")
         return self.tensors[name]
@@ -96,3 +125,36 @@ class GGUFWeights:
         half = rows // heads // 2
         # transformers: w.reshape(heads, half, 2, ...).swapaxes(1, 2).reshape(w.shape)
         return torch.arange(rows).view(heads, half, 2).transpose(1, 2).reshape(-1)
+
+
+def read_raw_tensors(path: str | Path) -> tuple[str, dict[str, RawTensor]]:
+    """The architecture and the tensors of a GGUF file, as stored (no de-quantization)."""
+    from gguf import GGUFReader  # imported here: only the gguf weight format needs it
+
+    try:
+        reader = GGUFReader(str(path))
+    except (OSError, ValueError) as error:
+        raise ModelLoadError(f"cannot read the GGUF file {path}: {error}") from error
+    field = reader.fields.get(ARCH_KEY)
+    architecture = "" if field is None else bytes(field.parts[field.data[0]]).decode()
+    tensors = {}
+    for t in reader.tensors:
+        row_len = int(t.shape[0])  # shape is innermost first: a row's weights
+        rows = int(np.prod(t.shape[1:])) if len(t.shape) > 1 else 1
+        tensors[t.name] = RawTensor(
+            t.tensor_type.name, np.asarray(t.data).view(np.uint8).reshape(rows, -1), row_len
+        )
+    return architecture, tensors
+
+
+def save_raw_tensors(path: Path, folder: Path) -> None:
+    """Save the GGUF file's tensors as stored into ``folder`` (read back by :meth:`GGUFWeights.cached`)."""
+    from safetensors.numpy import save_file
+
+    architecture, tensors = read_raw_tensors(path)
+    meta = {name: f"{t.kind}:{t.row_len}" for name, t in tensors.items()} | {ARCH_KEY: architecture}
+    save_file(
+        {name: np.ascontiguousarray(t.data) for name, t in tensors.items()},
+        str(folder / RAW_TENSORS_FILE),
+        meta,
+    )

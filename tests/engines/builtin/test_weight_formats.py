@@ -135,6 +135,22 @@ def test_gguf_codes_are_the_exact_weights(engine):
         assert torch.equal(gguf.int4(name).dequantize(), expected)
 
 
+def test_the_converted_folder_keeps_the_files_tensors_as_stored(engine):
+    """--weights gguf reads the blocks that the converter saved (no parse of the file's
+    metadata at each start); they are the file's own, and not loaded as float weights."""
+    mc = engine.model_config
+    from_file = GGUFWeights(default_model_path(), mc.num_heads, mc.num_kv_heads)
+    cached = GGUFWeights.cached(engine.model_folder, mc.num_heads, mc.num_kv_heads)
+    assert cached.architecture == from_file.architecture == "llama"
+    assert cached.tensors.keys() == from_file.tensors.keys()
+    for name in ("blk.0.attn_q.weight", "blk.7.attn_k.weight", "blk.29.ffn_down.weight"):
+        a, b = from_file.int4(name), cached.int4(name)
+        assert torch.equal(a.codes, b.codes) and torch.equal(a.scale, b.scale) and torch.equal(a.zero, b.zero)
+    for name in ("token_embd.weight", "blk.0.attn_norm.weight"):  # Q8_0, F32
+        assert torch.equal(from_file.dequantized(name), cached.dequantized(name))
+    assert "token_embd.weight" not in load_state_dict(engine.model_folder, "cpu", torch.float32)
+
+
 def test_the_default_is_the_models_own_quantization_on_the_cpu(engine):
     """auto: a GGUF (the bundled model too) runs its own 4-bit blocks on the CPU, a
     safetensors folder int8; GPUs the checkpoint's weights; an explicit choice stays."""
