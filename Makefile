@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run stop example test install lint bench bench-apps bench-peers clean chromium postgresql
+.PHONY: run stop example test install lint bench bench-apps bench-cpu bench-peers clean chromium postgresql
 
 # torch is pinned to the CPU build on local disk by constraints/cpu.txt, which every pip call
 # here that could pull torch passes (-c): an unpinned torch pulls a CUDA build, and the
@@ -93,6 +93,11 @@ bench-peers: $(PEER_STAMP)
 $(VENV)/.bench-installed: $(STAMP)
 	$(BIN)/python -m pip install -q $(CPU) -e '.[server,bench]'
 	touch $@
+
+# The CPU engine against llama-server (batch 1/4/16), and the options for its decode step.
+bench-cpu: $(VENV)/.bench-installed $(PEER_STAMP)
+	$(BIN)/python benchmarks/cpu_peer.py
+	$(BIN)/python benchmarks/cpu_options.py
 
 bench-apps: $(VENV)/.bench-installed
 	$(BIN)/parrot bench all --ablations

@@ -153,7 +153,13 @@ def engine_config(model_cache_dir):
     from parrot.engines.builtin.engine_config import EngineConfig
     from parrot.engines.builtin.local_scheduler import SchedulerConfig
 
+    # The shared engine runs the exact weights: their greedy output is token-identical to
+    # transformers and the same whatever else is in the batch or how a prompt was chunked or
+    # forked, which many tests compare. The default (the GGUF's own 4-bit blocks, whose
+    # kernels sum in another order at other row counts) is tested in test_default_mode.py,
+    # test_weight_formats.py, and by every `parrot serve`/`parrot engine` a test starts.
     return EngineConfig(
+        weights="exact",
         cache_dir=str(model_cache_dir),
         kv_cache_bytes=256 * 2**20,  # 5,824 tokens: below the model's 8,192
         scheduler=SchedulerConfig(max_batched_tokens=512, max_running=32),

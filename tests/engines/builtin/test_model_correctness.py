@@ -1,13 +1,10 @@
 """Our model code against transformers: logits on random Llama/Mistral/Qwen2 configs, greedy
 generation on the real default model through /generate and /v1/completions (in the exact
-weight mode: the default on the CPU runs the GGUF's own quantization, which is close to
-transformers, not identical; tests/engines/builtin/test_weight_formats.py bounds it)."""
+weight mode, which the tests' shared engine runs: the default on the CPU, the GGUF's own
+quantization, is close to transformers, not identical; test_weight_formats.py bounds it)."""
 
 from __future__ import annotations
 
-import dataclasses
-
-import httpx
 import pytest
 import torch
 import transformers
@@ -101,31 +98,9 @@ def test_logits_match_transformers(name, tmp_path):
 
 
 @pytest.fixture(scope="module")
-def exact_engine(engine_config):
-    from parrot.engines.builtin.engine import BuiltinEngine
-
-    engine = BuiltinEngine(dataclasses.replace(engine_config, weights="exact"))
-    engine.start()
-    yield engine
-    engine.stop()
-
-
-@pytest.fixture(scope="module")
-def exact_client(exact_engine):
-    from conftest import ServerThread
-
-    from parrot.engines.builtin.server.app import create_app
-
-    server = ServerThread(create_app(exact_engine, manage_engine=False))
-    with server, httpx.Client(base_url=server.url, timeout=120) as client:
-        yield client
-
-
-@pytest.fixture(scope="module")
-def hf_default(exact_engine):
-    folder = exact_engine.model_folder
-    model = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
-    tokenizer = transformers.AutoTokenizer.from_pretrained(folder)
+def hf_default(engine):
+    model = transformers.AutoModelForCausalLM.from_pretrained(engine.model_folder, dtype=torch.float32).eval()
+    tokenizer = transformers.AutoTokenizer.from_pretrained(engine.model_folder)
     return model, tokenizer
 
 
@@ -148,12 +123,11 @@ def hf_greedy(model, tokenizer, prompt: str, n: int, eos: set[int]) -> list[int]
 
 
 @pytest.mark.parametrize("prompt", PROMPTS)
-def test_greedy_generation_matches_transformers(prompt, hf_default, exact_client, ids, exact_engine):
+def test_greedy_generation_matches_transformers(prompt, hf_default, client, ids, engine):
     """Acceptance 1: /generate and /v1/completions are token-for-token transformers' greedy."""
     model, tokenizer = hf_default
-    client = exact_client
-    assert exact_engine.config.weights == "exact"
-    expected = hf_greedy(model, tokenizer, prompt, 32, set(exact_engine.core.eos_token_ids))
+    assert engine.config.weights == "exact"
+    expected = hf_greedy(model, tokenizer, prompt, 32, set(engine.core.eos_token_ids))
     cid = next(ids)
     client.post("/fill", json={"context_id": cid, "text": prompt})
     r = client.post("/generate", json={"context_id": cid, "sampling": {"max_tokens": 32, "temperature": 0}})
