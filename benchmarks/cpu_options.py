@@ -124,7 +124,9 @@ def main() -> None:
     args = parser.parse_args()
     if DEFAULT not in args.options:
         args.options.insert(0, DEFAULT)
-    body = table(args, measure(args))
+    results = measure(args)
+    torch.set_num_threads(args.threads)  # as the machine line reports it
+    body = table(args, results)
     print(body)
     if not args.no_docs:
         write_section("cpu-options", body)
