@@ -347,7 +347,7 @@ class BuiltinEngine:
 
     async def stats(self) -> dict:
         """Engine statistics, read on the engine thread between steps (so they are exact)."""
-        return {"model": self.model_name, **await self._call(self.core.snapshot)}
+        return {**self._served(), **await self._call(self.core.snapshot)}
 
     async def check_integrity(self, idle_wait_s: float = 30.0) -> None:
         """Raise :class:`IntegrityError` if the engine's bookkeeping contradicts itself (see
@@ -364,7 +364,12 @@ class BuiltinEngine:
         if self._thread is None or not self._thread.is_alive():
             raise EngineShutdownError("the engine is not running")
         at, snapshot = self._snapshot
-        return {"model": self.model_name, **snapshot, "heartbeat_age_s": round(time.monotonic() - at, 3)}
+        return {**self._served(), **snapshot, "heartbeat_age_s": round(time.monotonic() - at, 3)}
+
+    def _served(self) -> dict:
+        """The model it serves, and the weight format and dtype it runs in."""
+        dtype = str(self.dtype).removeprefix("torch.")
+        return {"model": self.model_name, "weights": self.config.weights, "dtype": dtype}
 
 
 def _settle(future: asyncio.Future, result: Any, error: BaseException | None) -> None:

@@ -103,6 +103,14 @@ def test_forks_decode_on_the_shared_prefix_path(default_engine):
     assert shared_steps > 0
 
 
+def test_ping_says_what_it_serves(default_client, client):
+    assert {k: default_client.get("/ping").json()[k] for k in ("weights", "dtype")} == {
+        "weights": "gguf",
+        "dtype": "float32",
+    }
+    assert client.get("/ping").json()["weights"] == "exact"  # the tests' shared engine
+
+
 def test_the_openai_routes(default_client):
     r = default_client.post("/v1/completions", json={"prompt": PROMPT, "max_tokens": 8, "temperature": 0})
     assert r.status_code == 200, r.text

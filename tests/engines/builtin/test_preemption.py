@@ -21,6 +21,7 @@ def small_engine(engine, engine_config):
     per_block = bytes_per_block(config, 16, engine.dtype)
     eng = BuiltinEngine(
         EngineConfig(
+            weights=engine_config.weights,  # as the engine it is compared with
             cache_dir=engine_config.cache_dir,
             kv_cache_bytes=24 * per_block,
             scheduler=SchedulerConfig(max_batched_tokens=256, max_running=16),

@@ -44,6 +44,7 @@ def run(folder, backend: str) -> list[list[int]]:
     engine = BuiltinEngine(
         EngineConfig(
             model=str(folder),
+            weights="exact",  # the backends compared on the same float32 products
             attention_backend=backend,
             kv_cache_bytes=8 * 2**20,
             scheduler=SchedulerConfig(max_batched_tokens=24, max_running=8),
