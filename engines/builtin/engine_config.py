@@ -120,7 +120,7 @@ class EngineConfig:
 
         On the CPU, a GGUF model (the bundled one too) runs its own quantization, as llama.cpp
         does; a safetensors model runs int8 (one scale per output row: logits within a few
-        percent of exact, 2-3x its batch-1 decode). GPUs run the checkpoint's weights. Only
+        percent of exact, 1.7x its batch-1 decode here). GPUs run the checkpoint's weights. Only
         ``exact`` is token-identical to transformers: pin it where that matters.
         """
         if self.torch_device().type != "cpu":
