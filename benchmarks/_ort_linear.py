@@ -94,18 +94,20 @@ def q8_0(gguf: GGUFWeights, name: str) -> tuple[torch.Tensor, torch.Tensor]:
 
 def swap_to_onnxruntime(model, gguf: GGUFWeights, threads: int, dense_rows: int) -> None:
     """Replace a gguf-mode model's int4 linears and Q8_0 head by ONNX Runtime ones."""
-    fused = {"qkv_proj": "qkv", "o_proj": "output", "gate_up_proj": "gate_up", "down_proj": "down"}
+    parts = {
+        "qkv_proj": ["attn_q", "attn_k", "attn_v"],
+        "o_proj": ["attn_output"],
+        "gate_up_proj": ["ffn_gate", "ffn_up"],
+        "down_proj": ["ffn_down"],
+    }
     for i, layer in enumerate(model.layers):
         for parent in (layer.self_attn, layer.mlp):
-            for attr, part in fused.items():
-                if not hasattr(parent, attr):
-                    continue
-                names = {"qkv": ["attn_q", "attn_k", "attn_v"], "output": ["attn_output"]}.get(part)
-                names = names or {"gate_up": ["ffn_gate", "ffn_up"], "down": ["ffn_down"]}[part]
-                codes = Int4Codes.cat([gguf.int4(f"blk.{i}.{n}.weight") for n in names])
-                new = OrtBlockLinear(codes.codes, codes.scale, codes.zero, 4, 32, threads)
-                new.keep_dense_copy(codes.dequantize(), dense_rows)
-                setattr(parent, attr, new)
+            for attr, names in parts.items():
+                if hasattr(parent, attr):
+                    codes = Int4Codes.cat([gguf.int4(f"blk.{i}.{n}.weight") for n in names])
+                    new = OrtBlockLinear(codes.codes, codes.scale, codes.zero, 4, 32, threads)
+                    new.keep_dense_copy(codes.dequantize(), dense_rows)
+                    setattr(parent, attr, new)
     codes, scale = q8_0(gguf, "token_embd.weight")
     head = OrtBlockLinear(codes.to(torch.int16) + 128, scale, None, 8, 32, threads)
     model.set_head(head)

@@ -26,7 +26,10 @@ FIGURE = re.compile(r"\| parrot: [a-z ]+? ([0-9.]+) \|")  # "s per call 1.1", "a
 def run_once(parrot: str, workload: str) -> float:
     out = subprocess.run(
         [parrot, "bench", workload, "--quick", "--runs", "1", "--no-docs"],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, check=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        check=True,
     ).stdout  # fmt: skip  (the per-run lines go to stderr)
     found = [float(x) for x in FIGURE.findall(out)]
     if not found:

@@ -73,9 +73,10 @@ def run_workload(workload: Workload, options: Options) -> Results:
     results = Results(workload, options)
     configs = workload.configs(options.size)
     by_engines = itertools.groupby(sorted(configs, key=lambda c: c.engines), key=lambda c: c.engines)
-    with tempfile.TemporaryDirectory(prefix="parrot-bench-") as tmp, Stack(
-        options.logs or Path(tmp), "debug" if options.logs else "warning"
-    ) as stack:
+    with (
+        tempfile.TemporaryDirectory(prefix="parrot-bench-") as tmp,
+        Stack(options.logs or Path(tmp), "debug" if options.logs else "warning") as stack,
+    ):
         for count, group in by_engines:
             if options.engine_urls and len(options.engine_urls) < count:
                 print(

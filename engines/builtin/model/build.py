@@ -19,7 +19,7 @@ from torch import nn
 from parrot.engines.builtin.attention.base import AttentionBackend
 from parrot.engines.builtin.engine_config import EngineConfig
 from parrot.engines.builtin.model.blas_linear import AUTO_MIN_SPEEDUP, BlasLinear, MatmulRoute, blas_speedup
-from parrot.engines.builtin.model.gguf_weights import RAW_TENSORS_FILE, GGUFWeights
+from parrot.engines.builtin.model.gguf_weights import GGUFWeights
 from parrot.engines.builtin.model.llama import LlamaForCausalLM
 from parrot.engines.builtin.model.loader import default_model_path, load_state_dict
 from parrot.engines.builtin.model.model_config import ModelConfig
@@ -47,9 +47,7 @@ def build_model(
         quantize_linears(model, config.weights, config.dense_rows)
     elif config.weights == "gguf":
         gguf_path = Path(config.model).expanduser() if config.model else default_model_path()
-        heads = (model_config.num_heads, model_config.num_kv_heads)
-        cached = (folder / RAW_TENSORS_FILE).is_file()
-        gguf = GGUFWeights.cached(folder, *heads) if cached else GGUFWeights(gguf_path, *heads)
+        gguf = GGUFWeights(gguf_path, model_config.num_heads, model_config.num_kv_heads, folder)
         load_gguf_linears(model, gguf, config.dense_rows)
     if config.uses_cpu_matmul_choice():
         threads = config.num_threads or torch.get_num_threads()

@@ -37,35 +37,19 @@ class RawTensor(NamedTuple):
 class GGUFWeights:
     """The tensors of one GGUF file by their llama.cpp names (``blk.3.attn_q.weight``).
 
-    Read from the file itself (``GGUFReader`` parses every metadata field, the tokenizer's
-    49,152 tokens too: 4 s for the bundled model), or from the copy of its tensors that the
-    converter saves next to the float weights (:meth:`cached`: 0.1 s).
+    Read from the copy of its tensors that the converter saved into ``folder`` when there is
+    one (0.1 s), else from the file itself (``GGUFReader`` parses every metadata field, the
+    tokenizer's 49,152 tokens too: 4 s for the bundled model).
     """
 
-    def __init__(self, path: str | Path, num_heads: int, num_kv_heads: int) -> None:
-        architecture, tensors = read_raw_tensors(path)
-        self._init(tensors, architecture, num_heads, num_kv_heads)
-
-    @classmethod
-    def cached(cls, folder: Path, num_heads: int, num_kv_heads: int) -> GGUFWeights:
-        """The tensors saved by :func:`save_raw_tensors` into a converted folder."""
-        from safetensors import safe_open
-
-        weights = cls.__new__(cls)
-        with safe_open(str(Path(folder) / RAW_TENSORS_FILE), framework="np") as f:
-            meta = f.metadata()
-            tensors = {}
-            for name in f.keys():  # noqa: SIM118 - no __iter__
-                kind, row_len = meta[name].split(":")
-                tensors[name] = RawTensor(kind, f.get_tensor(name), int(row_len))
-        weights._init(tensors, meta[ARCH_KEY], num_heads, num_kv_heads)
-        return weights
-
-    def _init(
-        self, tensors: dict[str, RawTensor], architecture: str, num_heads: int, num_kv_heads: int
+    def __init__(
+        self, path: str | Path, num_heads: int, num_kv_heads: int, folder: Path | None = None
     ) -> None:
-        self.tensors = tensors
-        self.architecture = architecture
+        saved = None if folder is None else Path(folder) / RAW_TENSORS_FILE
+        if saved is not None and saved.is_file():
+            self.architecture, self.tensors = load_raw_tensors(saved)
+        else:
+            self.architecture, self.tensors = read_raw_tensors(path)
         self.num_heads = num_heads
         self.num_kv_heads = num_kv_heads
 
@@ -147,8 +131,21 @@ def read_raw_tensors(path: str | Path) -> tuple[str, dict[str, RawTensor]]:
     return architecture, tensors
 
 
+def load_raw_tensors(saved: Path) -> tuple[str, dict[str, RawTensor]]:
+    """What :func:`save_raw_tensors` saved."""
+    from safetensors import safe_open
+
+    with safe_open(str(saved), framework="np") as f:
+        meta = f.metadata()
+        tensors = {}
+        for name in f.keys():  # noqa: SIM118 - no __iter__
+            kind, row_len = meta[name].split(":")
+            tensors[name] = RawTensor(kind, f.get_tensor(name), int(row_len))
+    return meta[ARCH_KEY], tensors
+
+
 def save_raw_tensors(path: Path, folder: Path) -> None:
-    """Save the GGUF file's tensors as stored into ``folder`` (read back by :meth:`GGUFWeights.cached`)."""
+    """Save the GGUF file's tensors as stored into ``folder`` (read back by :class:`GGUFWeights`)."""
     from safetensors.numpy import save_file
 
     architecture, tensors = read_raw_tensors(path)

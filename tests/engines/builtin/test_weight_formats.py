@@ -19,7 +19,7 @@ from parrot.engines.builtin.context_pool import Context, ContextPool
 from parrot.engines.builtin.engine_config import EngineConfig
 from parrot.engines.builtin.kv_cache import allocate_kv_cache
 from parrot.engines.builtin.model.build import build_model
-from parrot.engines.builtin.model.gguf_weights import GGUFWeights
+from parrot.engines.builtin.model.gguf_weights import RAW_TENSORS_FILE, GGUFWeights
 from parrot.engines.builtin.model.loader import default_model_path, load_state_dict
 from parrot.engines.builtin.model.model_config import ModelConfig
 from parrot.engines.builtin.model.quant import Int4Linear, Int8Linear, quantize_int4
@@ -140,7 +140,8 @@ def test_the_converted_folder_keeps_the_files_tensors_as_stored(engine):
     metadata at each start); they are the file's own, and not loaded as float weights."""
     mc = engine.model_config
     from_file = GGUFWeights(default_model_path(), mc.num_heads, mc.num_kv_heads)
-    cached = GGUFWeights.cached(engine.model_folder, mc.num_heads, mc.num_kv_heads)
+    assert (engine.model_folder / RAW_TENSORS_FILE).is_file()
+    cached = GGUFWeights(default_model_path(), mc.num_heads, mc.num_kv_heads, engine.model_folder)
     assert cached.architecture == from_file.architecture == "llama"
     assert cached.tensors.keys() == from_file.tensors.keys()
     for name in ("blk.0.attn_q.weight", "blk.7.attn_k.weight", "blk.29.ffn_down.weight"):
