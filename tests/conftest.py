@@ -126,6 +126,29 @@ class ParrotProcess:
         return output
 
 
+def serve_env(engine, data_dir: Path, admin_token: str | None) -> dict:
+    """The environment of a ``parrot serve`` that starts its own builtin engine: the model
+    cache the tests share, a small KV cache, its own data folder and SQLite store, and the
+    admin token (none: no fixed token, one is printed)."""
+    env = {
+        **os.environ,
+        "PARROT_CACHE_DIR": str(engine.model_folder.parent),
+        "PARROT_KV_CACHE_MEMORY": "256MiB",
+        "PARROT_DATA_DIR": str(data_dir),
+    }
+    env.pop("PARROT_DB", None)
+    env.pop("PARROT_ADMIN_TOKEN", None)
+    if admin_token is not None:
+        env["PARROT_ADMIN_TOKEN"] = admin_token
+    return env
+
+
+def rss_mib(pid: int) -> float:
+    """The resident memory of process ``pid``, in MiB."""
+    with open(f"/proc/{pid}/statm") as statm:
+        return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+
+
 @contextmanager
 def parrot_process(args: list[str], env: dict, ready: Callable[[], bool], what: str) -> Iterator[list[str]]:
     """Run ``parrot ARGS`` until ``ready()``; SIGINT it afterwards.

@@ -7,7 +7,7 @@ import os
 import re
 
 import httpx
-from conftest import REPO_ROOT, free_port, parrot_process
+from conftest import REPO_ROOT, free_port, parrot_process, serve_env
 
 
 def readme_curl_bodies() -> list[tuple[str, dict]]:
@@ -33,14 +33,7 @@ def test_engine_command_serves_the_readme_examples(engine):
 def test_serve_command_starts_an_engine_and_runs_a_call(engine, tmp_path):
     port, engine_port = free_port(), free_port()
     url = f"http://127.0.0.1:{port}"
-    env = {
-        **os.environ,
-        "PARROT_CACHE_DIR": str(engine.model_folder.parent),
-        "PARROT_KV_CACHE_MEMORY": "256MiB",
-        "PARROT_DATA_DIR": str(tmp_path),
-    }
-    env.pop("PARROT_ADMIN_TOKEN", None)
-    env.pop("PARROT_DB", None)
+    env = serve_env(engine, tmp_path, None)
     args = ["serve", "--port", str(port), "--engine-port", str(engine_port)]
 
     def ready() -> bool:

@@ -9,7 +9,7 @@ import time
 
 import httpx
 import pytest
-from conftest import ParrotProcess, free_port, parrot_process
+from conftest import ParrotProcess, free_port, parrot_process, serve_env
 
 from parrot.platform.cli.serve_cmd import port_in_use
 
@@ -63,14 +63,7 @@ def test_a_bound_port_is_in_use():
 def test_serve_restarts_at_once_with_the_same_ports(engine, tmp_path, stop):
     port, engine_port = free_port(), free_port()
     url = f"http://127.0.0.1:{port}"
-    env = {
-        **os.environ,
-        "PARROT_CACHE_DIR": str(engine.model_folder.parent),
-        "PARROT_KV_CACHE_MEMORY": "256MiB",
-        "PARROT_DATA_DIR": str(tmp_path),
-        "PARROT_ADMIN_TOKEN": "restart-test-token",
-    }
-    env.pop("PARROT_DB", None)
+    env = serve_env(engine, tmp_path, "restart-test-token")
     args = ["serve", "--port", str(port), "--engine-port", str(engine_port)]
 
     def ready() -> bool:
@@ -124,14 +117,7 @@ def test_a_held_api_port_is_refused_before_anything_is_announced(engine, tmp_pat
 
 def test_the_api_line_comes_after_the_socket_is_bound(engine, tmp_path):
     port, engine_port = free_port(), free_port()
-    env = {
-        **os.environ,
-        "PARROT_CACHE_DIR": str(engine.model_folder.parent),
-        "PARROT_KV_CACHE_MEMORY": "256MiB",
-        "PARROT_DATA_DIR": str(tmp_path),
-        "PARROT_ADMIN_TOKEN": "port-test-token",
-    }
-    env.pop("PARROT_DB", None)
+    env = serve_env(engine, tmp_path, "port-test-token")
     proc = ParrotProcess(["serve", "--port", str(port), "--engine-port", str(engine_port)], env)
     try:
         deadline = time.monotonic() + 180

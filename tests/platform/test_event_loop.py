@@ -13,7 +13,7 @@ from contextlib import contextmanager, suppress
 
 import httpx
 import pytest
-from conftest import ParrotProcess, free_port
+from conftest import ParrotProcess, free_port, rss_mib
 
 from parrot.platform.serve.memory import malloc_trim
 
@@ -150,11 +150,6 @@ def test_the_engine_answers_pings_while_it_tokenizes_a_big_prompt(engine_server,
         assert answer.status_code == 400 and answer.json()["error"]["code"] == "prompt_too_long", answer.text
     p99 = percentile(latencies, 0.99)
     assert p99 < STALL_S, f"/ping p99 {p99 * 1000:.0f} ms while {route} tokenized ({len(latencies)} probes)"
-
-
-def rss_mib(pid: int) -> float:
-    with open(f"/proc/{pid}/statm") as statm:
-        return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
 
 
 @pytest.mark.skipif(malloc_trim() is None, reason="glibc's malloc_trim is what gives memory back")

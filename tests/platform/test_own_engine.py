@@ -7,11 +7,9 @@ engine, reached under another URL in each run (``127.0.0.1`` and ``localhost``).
 
 from __future__ import annotations
 
-import os
-
 import httpx
 import pytest
-from conftest import free_port, parrot_process
+from conftest import free_port, parrot_process, serve_env
 
 from parrot.platform.serve.core import ServeCore
 from parrot.platform.serve.engine_registry import OPENAI, EngineSpec
@@ -57,14 +55,7 @@ def test_serve_on_another_engine_port_lists_only_its_new_engine(engine, tmp_path
     run lists one engine, its own, up (before: the first run's too, down for good)."""
     port = free_port()
     url = f"http://127.0.0.1:{port}"
-    env = {
-        **os.environ,
-        "PARROT_CACHE_DIR": str(engine.model_folder.parent),
-        "PARROT_KV_CACHE_MEMORY": "256MiB",
-        "PARROT_DATA_DIR": str(tmp_path),
-        "PARROT_ADMIN_TOKEN": "own-engine-token",
-    }
-    env.pop("PARROT_DB", None)
+    env = serve_env(engine, tmp_path, "own-engine-token")
     admin = {"Authorization": "Bearer own-engine-token"}
 
     def ready() -> bool:

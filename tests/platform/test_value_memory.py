@@ -8,17 +8,12 @@ import time
 
 import httpx
 import pytest
-from conftest import ParrotProcess, free_port
+from conftest import ParrotProcess, free_port, rss_mib
 
 from parrot.platform.serve.memory import malloc_trim
 
 VALUE_CHARS = 8 * 2**20  # the default --max-value-chars
 VALUES = 25  # 200 MiB in all
-
-
-def rss_mib(pid: int) -> float:
-    with open(f"/proc/{pid}/statm") as statm:
-        return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
 
 
 @pytest.mark.skipif(malloc_trim() is None, reason="glibc's malloc_trim is what gives memory back")
