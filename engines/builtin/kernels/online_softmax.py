@@ -24,7 +24,7 @@ def softmax_tile(q, k, v, allowed, m_i, l_i, acc, qk_scale, EXACT: tl.constexpr)
     otherwise round float32 operands to TF32 (errors of ~1e-3 on an H200). Tiles must be at
     least 16 wide on every axis (``tl.dot`` on a GPU).
     """
-    if EXACT:
+    if EXACT:  # noqa: SIM108 (a branch on a constexpr: one of the two is compiled)
         s = tl.dot(q, tl.trans(k), input_precision="ieee")
     else:
         s = tl.dot(q, tl.trans(k))
@@ -33,7 +33,7 @@ def softmax_tile(q, k, v, allowed, m_i, l_i, acc, qk_scale, EXACT: tl.constexpr)
     m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # a row that saw no key yet
     p = tl.math.exp2(s - m_safe[:, None])
     alpha = tl.math.exp2(m_i - m_safe)
-    if EXACT:
+    if EXACT:  # noqa: SIM108
         pv = tl.dot(p, v, input_precision="ieee")
     else:
         pv = tl.dot(p.to(v.dtype), v)

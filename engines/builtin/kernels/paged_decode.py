@@ -29,6 +29,7 @@ from parrot.engines.builtin.kernels.online_softmax import LOG2E, finish_base2, s
 
 TILE_N = 64  # keys per tile: four 16-key blocks, a multiple of the tensor cores' 16
 MIN_KEYS_PER_SPLIT = 256  # a split shorter than this costs more to reduce than it saves
+NUM_WARPS, NUM_STAGES = 4, 2  # on a GPU (benchmarks/gpu_kernels.py --sweep)
 
 
 @triton.jit
@@ -251,8 +252,8 @@ def paged_decode_attention(
         TILE_N=TILE_N,
         EXACT=k_cache.dtype == torch.float32,
         SINGLE=single,
-        num_warps=4,
-        num_stages=2,
+        num_warps=NUM_WARPS,
+        num_stages=NUM_STAGES,
     )
     if not single:
         reduce_splits(target_out, target_lse, out, lse)

@@ -18,6 +18,8 @@ from parrot.engines.builtin.kernels.checks import check, check_attention_inputs,
 from parrot.engines.builtin.kernels.online_softmax import LOG2E, finish_base2, softmax_tile
 
 TILE_N = 64
+BLOCK_M = 128  # queries per program on a GPU (16 on the CPU, 64 for short prefills)
+NUM_WARPS, NUM_STAGES = 8, 3  # on a GPU, half precision (benchmarks/gpu_kernels.py --sweep)
 
 
 @triton.jit
@@ -136,7 +138,11 @@ def paged_prefill_attention(
     if num_tokens == 0:
         return out, lse
     on_gpu = q.is_cuda
-    block_m = 128 if on_gpu and num_tokens > 64 else (64 if on_gpu else 16)
+    block_m = 16
+    if on_gpu:
+        # Smaller query tiles when the large ones would leave multiprocessors idle.
+        sms = torch.cuda.get_device_properties(q.device).multi_processor_count
+        block_m = BLOCK_M if triton.cdiv(num_tokens, BLOCK_M) * num_heads >= sms else 64
     _paged_prefill_kernel[(triton.cdiv(num_tokens, block_m), num_heads)](
         q,
         k_cache,
@@ -164,7 +170,7 @@ def paged_prefill_attention(
         HEAD_DIM=head_dim,
         TILE_N=TILE_N,
         EXACT=k_cache.dtype == torch.float32,
-        num_warps=8 if block_m == 128 else 4,
-        num_stages=3 if on_gpu and k_cache.dtype != torch.float32 else 2,
+        num_warps=NUM_WARPS if block_m == BLOCK_M else 4,
+        num_stages=NUM_STAGES if on_gpu and k_cache.dtype != torch.float32 else 2,
     )
     return out, lse
