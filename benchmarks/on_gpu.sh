@@ -26,12 +26,12 @@ run_stage() {
     env) stage env 60 bash -c 'nvidia-smi -L; python3 -c "import torch, triton, transformers;
 print(torch.__version__, triton.__version__, transformers.__version__, torch.cuda.get_device_name(0),
 torch.cuda.get_device_properties(0).multi_processor_count)"' ;;
-    tests) TAIL=8 stage tests 240 python3 -m pytest --noconftest -q -n 8 -p no:cacheprovider \
+    tests) TAIL=8 stage tests 150 python3 -m pytest --noconftest -q -n 8 -p no:cacheprovider \
       tests/engines/builtin/kernels/test_kernels.py ;;
-    kernels) TAIL=60 stage kernels 300 python3 benchmarks/gpu_kernels.py \
+    kernels) TAIL=60 stage kernels ${KERNELS_LIMIT:-300} python3 benchmarks/gpu_kernels.py \
       ${GPU_KERNEL_ARGS:-} $( [ -d .gpu_before ] && echo --before .gpu_before ) ;;
-    sweep) TAIL=12 stage sweep 200 python3 benchmarks/gpu_kernels.py --sweep ;;
-    shared) TAIL=30 stage shared 200 bash -c 'python3 benchmarks/attention_kernels.py --prefixes 1024 4096 16384 &&
+    sweep) TAIL=12 stage sweep 110 python3 benchmarks/gpu_kernels.py --sweep ;;
+    shared) TAIL=30 stage shared 100 bash -c 'python3 benchmarks/attention_kernels.py --prefixes 1024 4096 16384 &&
       python3 benchmarks/attention_kernels.py --prefixes 128 256 512 1024 --seqs 2 4 8 --section thresholds' ;;
     decode) TAIL=30 stage decode 200 python3 benchmarks/gpu_decode_step.py ;;
     apps) TAIL=30 stage apps 300 bash benchmarks/gpu_apps.sh ;;
