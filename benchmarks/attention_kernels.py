@@ -131,7 +131,7 @@ def main() -> None:
         for seqs in args.seqs:
             s, p, d = case(prefix, seqs, args.repeats, device, dtype, backend)
             lines.append(
-                f"| {prefix} | {seqs} | {s * 1e3:.2f} | {p * 1e3:.2f} | {d * 1e3:.2f} "
+                f"| {prefix} | {seqs} | {s * 1e3:.3f} | {p * 1e3:.3f} | {d * 1e3:.3f} "
                 f"| {p / s:.2f}x | {p / d:.2f}x |"
             )
             print(lines[-1], flush=True)

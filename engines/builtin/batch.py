@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -19,16 +19,27 @@ from parrot.engines.builtin.context_pool import Context
 class SharedPrefixPolicy:
     """When the shared-prefix attention path is worth taking.
 
-    The path pays once enough KV reads are saved: ``(seqs - 1) * prefix_tokens``. On the CPU
-    torch backend the break-even measured by ``benchmarks/attention_kernels.py`` lies near
-    3,000 saved tokens per layer (1.06x at 4 x 1,024 and 8 x 512; 0.8x at 8 x 256 and 4 x 512;
-    see docs/benchmarks.md), hence the default; GPUs differ, so it is configurable.
+    The path pays once enough KV reads are saved: ``(seqs - 1) * prefix_tokens``. The
+    break-even measured by ``benchmarks/attention_kernels.py`` (docs/benchmarks.md) is the
+    default per device: on the CPU torch backend near 3,000 saved tokens per layer (1.06x at
+    4 x 1,024 and 8 x 512; 0.8x at 8 x 256 and 4 x 512); on an H200 with the Triton kernels
+    between 32k and 115k (0.90-0.97x at 8 x 4,096 and 32 x 1,024, 1.31-1.63x at 128 x 1,024,
+    32 x 4,096 and 8 x 16,384), where the path's two extra launches weigh against reads
+    that mostly hit the L2 cache.
     """
 
     enabled: bool = True
     min_seqs: int = 2
     min_prefix_tokens: int = 16
-    min_saved_tokens: int = 3072
+    min_saved_tokens: int | None = None  # None: the device's break-even, MIN_SAVED_TOKENS
+
+    def for_device(self, device: torch.device) -> SharedPrefixPolicy:
+        if self.min_saved_tokens is not None:
+            return self
+        return replace(self, min_saved_tokens=MIN_SAVED_TOKENS.get(device.type, MIN_SAVED_TOKENS["cpu"]))
+
+
+MIN_SAVED_TOKENS = {"cpu": 3072, "cuda": 65536}
 
 
 @dataclass
@@ -73,7 +84,7 @@ def build_step(
 
     computed = [i for i, item in enumerate(items) if item.num_tokens]
     kv_start = dict.fromkeys(computed, 0)
-    groups = _shared_groups(items, computed, block_size, policy, kv_start)
+    groups = _shared_groups(items, computed, block_size, policy.for_device(device), kv_start)
 
     decode_idx = [i for i in computed if items[i].num_tokens == 1]
     decode = (

@@ -19,7 +19,7 @@ from parrot.engines.builtin.kernels.online_softmax import LOG2E, finish_base2, s
 
 TILE_N = 64
 BLOCK_M = 128  # queries per program on a GPU (16 on the CPU, 64 for short prefills)
-NUM_WARPS, NUM_STAGES = 8, 3  # on a GPU, half precision (benchmarks/gpu_kernels.py --sweep)
+NUM_WARPS, NUM_STAGES = 4, 3  # on a GPU, half precision: the best of gpu_kernels.py --sweep on an H200
 
 
 @triton.jit

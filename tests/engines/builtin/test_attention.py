@@ -204,3 +204,12 @@ def test_block_manager_prefix_cache_reuses_and_evicts_lru():
     blocks.release(got[0])
     with pytest.raises(RuntimeError, match="released more often"):
         blocks.release(got[0])
+
+
+def test_the_shared_prefix_break_even_is_the_devices_unless_set():
+    """Measured by benchmarks/attention_kernels.py: near 3k saved tokens on the CPU, tens of
+    thousands on an H200 (docs/benchmarks.md); a value given by the operator is kept."""
+    cpu, cuda = torch.device("cpu"), torch.device("cuda")
+    assert SharedPrefixPolicy().for_device(cpu).min_saved_tokens == 3072
+    assert SharedPrefixPolicy().for_device(cuda).min_saved_tokens == 65536
+    assert SharedPrefixPolicy(min_saved_tokens=10).for_device(cuda).min_saved_tokens == 10
