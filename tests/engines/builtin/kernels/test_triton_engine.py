@@ -1,10 +1,15 @@
 """The whole engine on the Triton backend (interpreted, tiny random model) generates the same
-greedy tokens as on the torch backend, through decode, prefill and shared-prefix steps."""
+greedy tokens as on the torch backend, through decode, prefill and shared-prefix steps.
+
+On a GPU machine without the bundled model (benchmarks/on_gpu.sh), ``PARROT_TOKENIZER_DIR``
+names a folder with its tokenizer files, which is all the tiny model takes from it."""
 
 from __future__ import annotations
 
 import asyncio
+import os
 import shutil
+from pathlib import Path
 
 import pytest
 import torch
@@ -18,12 +23,18 @@ from parrot.wire.sampling import SamplingParams
 
 
 @pytest.fixture(scope="module")
-def tiny_model(engine, tmp_path_factory):
+def tiny_model(request, tmp_path_factory):
     """A random 2-layer Llama with the default model's tokenizer."""
+    if os.environ.get("PARROT_TOKENIZER_DIR"):
+        tokenizer_dir = Path(os.environ["PARROT_TOKENIZER_DIR"])
+        vocab_size = 49152  # the bundled model's
+    else:
+        engine = request.getfixturevalue("engine")
+        tokenizer_dir, vocab_size = engine.model_folder, engine.model_config.vocab_size
     folder = tmp_path_factory.mktemp("tiny-llama")
     torch.manual_seed(0)
     config = transformers.LlamaConfig(
-        vocab_size=engine.model_config.vocab_size,
+        vocab_size=vocab_size,
         hidden_size=96,
         intermediate_size=128,
         num_hidden_layers=2,
@@ -36,7 +47,7 @@ def tiny_model(engine, tmp_path_factory):
     )
     transformers.AutoModelForCausalLM.from_config(config).save_pretrained(folder)
     for name in ("tokenizer.json", "tokenizer_config.json"):
-        shutil.copy(engine.model_folder / name, folder / name)
+        shutil.copy(tokenizer_dir / name, folder / name)
     return folder
 
 
@@ -45,6 +56,7 @@ def run(folder, backend: str) -> list[list[int]]:
         EngineConfig(
             model=str(folder),
             weights="exact",  # the backends compared on the same float32 products
+            dtype="float32",  # also on a GPU (bfloat16 by default there)
             attention_backend=backend,
             kv_cache_bytes=8 * 2**20,
             scheduler=SchedulerConfig(max_batched_tokens=24, max_running=8),
