@@ -17,7 +17,8 @@
 #
 # Settings (environment): GPU_APPS_DEVICE (cuda), GPU_APPS_MODEL (1b | tiny), GPU_APPS_SIZES
 # ("quick full"), GPU_APPS_RUNS (3), GPU_APPS_KV (KV cache, 16GiB), GPU_APPS_LABEL (cuda),
-# GPU_APPS_WORKLOADS ("chatbot map-reduce"), GPU_APPS_BUDGET (180). On a CPU, to check the
+# GPU_APPS_WORKLOADS ("chatbot map-reduce"), GPU_APPS_BUDGET (180), GPU_APPS_ENGINE_ARGS (more
+# engine flags, space-separated, e.g. --attention-backend=torch). On a CPU, to check the
 # script itself:
 #   GPU_APPS_DEVICE=cpu GPU_APPS_MODEL=tiny GPU_APPS_KV=1GiB GPU_APPS_LABEL=cpu-check \
 #     GPU_APPS_RUNS=1 GPU_APPS_SIZES=quick bash benchmarks/gpu_apps.sh
@@ -68,27 +69,52 @@ rm -rf "$model"
 stage model 180 "$py" benchmarks/random_llama.py "$model" --tokenizer .gpu_assets --size "$model_size" \
     --device "$device"
 
+# More engine flags: GPU_APPS_ENGINE_ARGS="--attention-backend=torch ..." (each one word).
+engine_args=(--engine-arg=--device="$device" --engine-arg=--model="$model")
+for flag in ${GPU_APPS_ENGINE_ARGS:-}; do engine_args+=(--engine-arg="$flag"); done
+# The Triton attention kernels (the default on CUDA) are the least tried part: if the first
+# workload fails with them, the rest runs once more on torch's attention, labelled so.
+fallback=0
+[ "$device" = cuda ] && [[ "${GPU_APPS_ENGINE_ARGS:-}" != *--attention-backend* ]] && fallback=1
+run_label=$label
+
 failed=() cut=() skipped=()
 for size in $sizes; do
     quick=()
     [ "$size" = quick ] && quick=(--quick)
     for w in $workloads; do
-        left=$((budget - (SECONDS - start)))
-        if [ "$left" -lt 45 ] || [[ " ${failed[*]} ${cut[*]} " == *" $w/"* ]]; then
-            skipped+=("$w/$size")
-            continue
-        fi
-        stage "bench-$w-$size" "$left" "$py" -m parrot.platform.cli.main bench "$w" "${quick[@]}" \
-            --docs --label "$label" --runs "$runs" --rtt-ms 0 --kv-cache-memory "$kv" \
-            --engine-arg=--device="$device" --engine-arg=--model="$model" || rc=$?
-        if [ "${rc:-0}" = 124 ]; then cut+=("$w/$size"); elif [ "${rc:-0}" != 0 ]; then failed+=("$w/$size"); fi
-        rc=0
+        for try in 1 2; do
+            left=$((budget - (SECONDS - start)))
+            if [ "$left" -lt 45 ] || [[ " ${failed[*]} ${cut[*]} " == *" $w/"* ]]; then
+                skipped+=("$w/$size")
+                break
+            fi
+            rc=0
+            stage "bench-$w-$size-$run_label" "$left" "$py" -m parrot.platform.cli.main bench "$w" \
+                "${quick[@]}" --docs --label "$run_label" --runs "$runs" --rtt-ms 0 \
+                --kv-cache-memory "$kv" "${engine_args[@]}" || rc=$?
+            if [ "$rc" = 0 ]; then
+                fallback=0  # the engine works as it is
+                break
+            elif [ "$rc" = 124 ]; then
+                cut+=("$w/$size")
+                break
+            elif [ "$fallback" = 1 ]; then
+                fallback=0
+                engine_args+=(--engine-arg=--attention-backend=torch)
+                run_label="$label-torch-attention"
+                echo "== $w/$size failed: again with --attention-backend=torch, label $run_label"
+            else
+                failed+=("$w/$size")
+                break
+            fi
+        done
     done
 done
 
 mkdir -p "$out/docs/img"
 cp docs/benchmarks.md "$out/docs/"
-cp docs/img/apps-*"$label"*.png "$out/docs/img/" 2>/dev/null || true
+cp docs/img/apps-*-"$label"*.png "$out/docs/img/" 2>/dev/null || true
 echo "== done after $((SECONDS - start)) s; failed: ${failed[*]:-none}; cut at the budget: ${cut[*]:-none};" \
     "skipped: ${skipped[*]:-none}"
 [ ${#failed[@]} -eq 0 ]
