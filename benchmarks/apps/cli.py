@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import re
 import time
 import traceback
 from collections.abc import Sequence
@@ -37,6 +38,12 @@ def _positive(text: str) -> int:
     if value < 1:
         raise argparse.ArgumentTypeError("must be at least 1")
     return value
+
+
+def _label(text: str) -> str:
+    if not re.fullmatch(r"[a-z0-9][a-z0-9-]*", text):
+        raise argparse.ArgumentTypeError(f"a label is lower-case letters, digits and -, got {text!r}")
+    return text
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -90,6 +97,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="keep the servers' logs in DIR at debug level (the engines trace every step)",
     )
     parser.add_argument(
+        "--label",
+        type=_label,
+        default=None,
+        help="docs sections of their own for this run, named with LABEL (e.g. cuda for a GPU host)",
+    )
+    parser.add_argument(
         "--docs",
         action=argparse.BooleanOptionalAction,
         default=None,
@@ -112,6 +125,7 @@ def run(args: argparse.Namespace) -> None:
         capacity=args.engine_capacity,
         engine_args=tuple(args.engine_arg),
         logs=args.logs,
+        label=args.label or "",
     )
     write = not args.quick if args.docs is None else args.docs
     names = list(WORKLOADS) if args.workload == "all" else [args.workload]

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from benchmarks._report import DOC, machine, write_section
 from benchmarks.apps.runner import Sample, Work
-from benchmarks.apps.suite import Results
+from benchmarks.apps.suite import Options, Results
 from benchmarks.apps.workload import Metric
 from benchmarks.spread import Spread
 
@@ -225,14 +225,27 @@ def can_plot() -> bool:
     return True
 
 
+def section_name(base: str, options: Options) -> str:
+    """The docs section (and plot file) of a run: each size and ``--label`` has sections of
+    its own (``apps-chatbot``, ``apps-chatbot-quick``, ``apps-chatbot-quick-cuda``), so a
+    ``--quick --docs`` run or one on another machine does not replace a full run's."""
+    size = "" if options.size == "full" else options.size
+    return "-".join(part for part in (base, size, options.label) if part)
+
+
+def command_of(workload: str, options: Options) -> str:
+    """The ``parrot bench`` command line that names a run's size and label."""
+    size = "" if options.size == "full" else f" --{options.size}"
+    label = f" --label {options.label}" if options.label else ""
+    return f"parrot bench {workload}{size}{label}"
+
+
 def report(results: Results, write: bool) -> str:
     """The tables as markdown (returned); with ``write``, also into docs/benchmarks.md
     and the plots into docs/img/."""
     w = results.workload
-    size = results.options.size
-    # Each size has sections of its own: a --quick --docs run does not replace a full run's.
-    name = f"apps-{w.name}" if size == "full" else f"apps-{w.name}-{size}"
-    title = f"{w.title} (`parrot bench {w.name}{'' if size == 'full' else f' --{size}'}`)"
+    name = section_name(f"apps-{w.name}", results.options)
+    title = f"{w.title} (`{command_of(w.name, results.options)}`)"
     text = f"### {title}\n\n{w.about}\n\n{main_table(results)}"
     plots = write and can_plot()
     if plots:
@@ -280,6 +293,5 @@ def summary(everything: Sequence[Results], write: bool) -> str:
         ]
     )
     if write:
-        size = everything[0].options.size
-        write_section("apps-summary" if size == "full" else f"apps-summary-{size}", "### Summary\n\n" + text)
+        write_section(section_name("apps-summary", everything[0].options), "### Summary\n\n" + text)
     return text

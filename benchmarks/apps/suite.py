@@ -37,6 +37,7 @@ class Options:
     warm_up: bool = True  # run the smallest scenario on every side first (one-time costs)
     engine_args: tuple[str, ...] = ()  # more flags for every engine started
     logs: Path | None = None  # keep the servers' debug logs (engine step traces) here
+    label: str = ""  # names the run's docs sections beside the others' (e.g. cuda)
 
 
 @dataclass
