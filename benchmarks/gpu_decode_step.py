@@ -112,6 +112,8 @@ class Side:
                 items.append(StepItem(ctx, 0, prompts.shape[1], sample=False))
                 self.contexts.append(ctx)
             self.eager.run(items)
+            for item in items:
+                item.context.num_computed = item.num_tokens
 
     def decode_items(self, batch: int) -> list[StepItem]:
         """The first ``batch`` contexts decode their appended token (rewriting the same slot)."""

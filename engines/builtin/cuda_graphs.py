@@ -130,8 +130,8 @@ class DecodeGraphs:
         """The items' final-normed hidden rows [len(items), hidden], a copy (contexts keep views)."""
         n = len(items)
         size = self.bucket(n)
-        if self._copied is not None:
-            self._copied.synchronize()  # the last step's copies have left the staging buffers
+        if self._copied is not None and not self._copied.query():
+            self._copied.synchronize()  # the last step's copies must leave the staging buffers
         self._stage(items)
         self._pad(n, size)
         self.vectors.copy_(self._staged_vectors, non_blocking=True)
