@@ -107,8 +107,23 @@ def test_graphs_are_captured_on_cuda_with_the_triton_backend_only(side):
     assert EngineConfig().cuda_graph_batch_sizes == (1, 2, 4, 8, 16, 32, 64)
     with pytest.raises(ValueError, match="positive"):
         EngineConfig(cuda_graph_batch_sizes=(0, 4))
+    on_gpu = EngineConfig(device="cuda")  # nothing touches the device here
+    assert (on_gpu.weights, on_gpu.torch_dtype()) == ("exact", torch.bfloat16)
     with pytest.raises(ValueError, match="graph batch sizes"):
         DecodeGraphs(side.model, side.pool, 256, (), side.policy, capture=False)
+
+
+def test_the_cli_flag_sets_the_sizes():
+    pytest.importorskip("llguidance")
+    from parrot.platform.cli.engine_cmd import config_from_args
+    from parrot.platform.cli.main import build_parser
+
+    def sizes(*flags: str) -> tuple[int, ...]:
+        return config_from_args(build_parser().parse_args(["engine", *flags])).cuda_graph_batch_sizes
+
+    assert sizes() == (1, 2, 4, 8, 16, 32, 64)
+    assert sizes("--cuda-graphs", "1,8,64") == (1, 8, 64)
+    assert sizes("--cuda-graphs", "off") == ()
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a CUDA GPU")
