@@ -2,6 +2,10 @@
 
 The kernels bound each query's keys by lengths and positions, not by the batch's masks; a
 sliding window reaches them as ``batch.window`` (and the shared groups' positions).
+
+The step's tables were built by the engine itself, so the wrappers skip the checks that
+read tensor values (``check_values=False``): on a GPU each would be a host sync, and a step
+that a CUDA graph replays must have none.
 """
 
 from __future__ import annotations
@@ -21,7 +25,7 @@ class TritonAttentionBackend(AttentionBackend):
 
     def forward(self, q, k, v, k_cache, v_cache, batch: AttentionBatch, layer: LayerAttention = PLAIN):
         scale = layer.scale or self.scale
-        store_kv(k, v, k_cache, v_cache, batch.slot_mapping)
+        store_kv(k, v, k_cache, v_cache, batch.slot_mapping, check_values=False)
         out = q.new_empty(q.shape, dtype=torch.float32)  # [num_tokens, heads, head_dim]
         lse = q.new_empty(q.shape[:2], dtype=torch.float32)  # [num_tokens, heads]
         if batch.decode is not None:
@@ -35,6 +39,7 @@ class TritonAttentionBackend(AttentionBackend):
                 d.block_size,
                 scale,
                 window=batch.window,
+                check_values=False,
             )
             out.index_copy_(0, d.token_rows, o.float())
             lse.index_copy_(0, d.token_rows, l_)
@@ -52,6 +57,7 @@ class TritonAttentionBackend(AttentionBackend):
                 batch.block_size,
                 scale,
                 window=batch.window,
+                check_values=False,
             )
             out[rows] = o.float()
             lse[rows] = l_
@@ -66,6 +72,8 @@ class TritonAttentionBackend(AttentionBackend):
                 window=batch.window,
                 positions=g.positions,
                 prefix_start=g.prefix_start,
+                partial=True,  # its splits are folded in by the merge
+                check_values=False,
             )
-            merge_into(out, lse, g.token_rows, *part)
+            merge_into(out, lse, g.token_rows, *part, check_values=False)
         return out.to(q.dtype)

@@ -1,48 +1,50 @@
-"""The online-softmax step every attention kernel here shares (device functions)."""
+"""The online-softmax step every attention kernel here shares (device functions).
+
+Scores are kept in base 2 (``exp2`` is the hardware's instruction; the caller folds
+``log2(e)`` into the score scale) and turned back into a natural log-sum-exp at the end,
+which is what the merges and the callers read.
+"""
 
 from __future__ import annotations
 
 import triton
 import triton.language as tl
 
+LOG2E = 1.4426950408889634  # multiplies a natural-log score into base 2
+
 
 @triton.jit
-def tile_dot(a, b, K: tl.constexpr, N: tl.constexpr, EXACT: tl.constexpr):
-    """``a`` [M, K] @ ``b`` [K, N], float32 operands and result.
+def softmax_tile(q, k, v, allowed, m_i, l_i, acc, qk_scale, EXACT: tl.constexpr):
+    """Fold one tile of keys ``k`` / values ``v`` [TILE_N, head_dim] into the running max
+    ``m_i``, sum ``l_i`` [rows] (base 2) and output ``acc`` [rows, head_dim] (float32) of the
+    queries ``q`` [rows, head_dim]; ``allowed`` [rows or 1, TILE_N] masks keys out.
 
-    On a GPU ``tl.dot`` needs K >= 16 (it failed to compile for blocks of 4 or 8 keys), so
-    narrower tiles take a broadcast sum (N < 16 too, to be safe on small blocks). ``EXACT``
-    (a float32 cache) asks for IEEE float32 products: by default ``tl.dot`` rounds float32
-    operands to TF32 on tensor cores, which put errors of ~1e-3 into float32 attention on
-    an H200.
+    The products run in the cache's dtype on the tensor cores with float32 accumulation;
+    ``EXACT`` (a float32 cache) asks for IEEE float32 products, since ``tl.dot`` would
+    otherwise round float32 operands to TF32 (errors of ~1e-3 on an H200). Tiles must be at
+    least 16 wide on every axis (``tl.dot`` on a GPU).
     """
-    if K < 16 or N < 16:
-        # Reduced over the last axis: on an H200 (Triton 3.6) the same sum over the middle
-        # axis of a[:, :, None] * b[None, :, :] came out wrong for K = 4 or 8.
-        out = tl.sum(a[:, None, :] * tl.trans(b)[None, :, :], axis=2)
-    elif EXACT:
-        out = tl.dot(a, b, input_precision="ieee")
+    if EXACT:  # noqa: SIM108 (a branch on a constexpr: one of the two is compiled)
+        s = tl.dot(q, tl.trans(k), input_precision="ieee")
     else:
-        out = tl.dot(a, b)
-    return out
-
-
-@triton.jit
-def online_softmax_step(s, v, m_i, l_i, acc, KEYS: tl.constexpr, HEAD_DIM: tl.constexpr, EXACT: tl.constexpr):
-    """Fold one tile of scores ``s`` [rows, KEYS] (masked keys at -inf) and values ``v``
-    [KEYS, HEAD_DIM] into the running max ``m_i``, sum ``l_i`` [rows] and output ``acc``."""
+        s = tl.dot(q, tl.trans(k))
+    s = tl.where(allowed, s * qk_scale, float("-inf"))  # [rows, TILE_N]
     m_new = tl.maximum(m_i, tl.max(s, 1))
     m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # a row that saw no key yet
-    p = tl.exp(s - m_safe[:, None])
-    alpha = tl.exp(m_i - m_safe)
-    return m_new, l_i * alpha + tl.sum(p, 1), acc * alpha[:, None] + tile_dot(p, v, KEYS, HEAD_DIM, EXACT)
+    p = tl.math.exp2(s - m_safe[:, None])
+    alpha = tl.math.exp2(m_i - m_safe)
+    if EXACT:  # noqa: SIM108
+        pv = tl.dot(p, v, input_precision="ieee")
+    else:
+        pv = tl.dot(p.to(v.dtype), v)
+    return m_new, l_i * alpha + tl.sum(p, 1), acc * alpha[:, None] + pv
 
 
 @triton.jit
-def finish(m_i, l_i, acc):
-    """Normalized output [rows, head_dim] and log-sum-exp [rows]; rows that saw no key
-    give 0 and -inf (they weigh nothing in a later merge)."""
+def finish_base2(m_i, l_i, acc):
+    """Normalized output [rows, head_dim] and natural log-sum-exp [rows]; rows that saw no
+    key give 0 and -inf (they weigh nothing in a later merge)."""
     empty = l_i == 0.0
     out = acc / tl.where(empty, 1.0, l_i)[:, None]
-    lse = tl.where(empty, float("-inf"), m_i + tl.log(tl.where(empty, 1.0, l_i)))
+    lse = tl.where(empty, float("-inf"), (m_i + tl.math.log2(tl.where(empty, 1.0, l_i))) * 0.6931471805599453)
     return out, lse

@@ -1,6 +1,12 @@
 """Prefill attention over paged KV: many query tokens of one sequence, causal among the new
 tokens and full over the cached prefix (what a Fill into a forked context needs), or within
-a sliding ``window`` (keys less than ``window`` positions behind each query)."""
+a sliding ``window`` (keys less than ``window`` positions behind each query).
+
+A program takes ``BLOCK_M`` queries of one head and walks their keys in tiles of ``TILE_N``
+keys that span several cache blocks: first the tiles every query of the program sees whole
+(no causal mask), then the tiles along the diagonal, masked; tiles past the last query are
+not read. Products run in the cache's dtype on the tensor cores (see ``softmax_tile``).
+"""
 
 from __future__ import annotations
 
@@ -9,7 +15,24 @@ import triton
 import triton.language as tl
 
 from parrot.engines.builtin.kernels.checks import check, check_attention_inputs, check_block_table
-from parrot.engines.builtin.kernels.online_softmax import finish, online_softmax_step, tile_dot
+from parrot.engines.builtin.kernels.online_softmax import LOG2E, finish_base2, softmax_tile
+
+TILE_N = 64
+BLOCK_M = 128  # queries per program on a GPU (16 on the CPU, 64 for short prefills)
+NUM_WARPS, NUM_STAGES = 8, 3  # on a GPU, half precision (benchmarks/gpu_kernels.py --sweep)
+
+
+@triton.jit
+def _load_tile(
+    k_cache_ptr, v_cache_ptr, table_ptr, j, kv_len, kv_head, stride_cs, stride_ch, d, BLOCK_SIZE: tl.constexpr
+):
+    """Keys and values [TILE_N, head_dim] at relative positions ``j`` (zeros past ``kv_len``)."""
+    in_range = j < kv_len
+    block = tl.load(table_ptr + j // BLOCK_SIZE, mask=in_range, other=0).to(tl.int64)
+    offsets = (block * BLOCK_SIZE + j % BLOCK_SIZE)[:, None] * stride_cs + kv_head * stride_ch + d[None, :]
+    k = tl.load(k_cache_ptr + offsets, mask=in_range[:, None], other=0.0)
+    v = tl.load(v_cache_ptr + offsets, mask=in_range[:, None], other=0.0)
+    return k, v
 
 
 @triton.jit
@@ -24,7 +47,7 @@ def _paged_prefill_kernel(
     q_start,  # position of the first query token
     kv_start,  # position of the first key (the table's first block)
     kv_len,  # keys from kv_start
-    scale,
+    qk_scale,  # scale * log2(e)
     window,  # > 0: a query sees only the keys less than this many positions behind it
     stride_qt,
     stride_qh,
@@ -38,6 +61,7 @@ def _paged_prefill_kernel(
     BLOCK_M: tl.constexpr,
     BLOCK_SIZE: tl.constexpr,
     HEAD_DIM: tl.constexpr,
+    TILE_N: tl.constexpr,
     EXACT: tl.constexpr,  # float32 cache: IEEE products, not TF32
 ):
     tile = tl.program_id(0)
@@ -48,30 +72,34 @@ def _paged_prefill_kernel(
     d = tl.arange(0, HEAD_DIM)
     q = tl.load(
         q_ptr + rows[:, None] * stride_qt + head * stride_qh + d[None, :], mask=row_mask[:, None], other=0.0
-    )
-    q = q.to(tl.float32)
-    q_pos = q_start + rows  # [BLOCK_M]
-    # Keys this tile can see: up to its last query's position (causal), within kv_len.
-    last_pos = q_start + tl.minimum(tile * BLOCK_M + BLOCK_M, num_tokens) - 1
-    visible = tl.minimum(kv_len, last_pos - kv_start + 1)
-    num_blocks = tl.cdiv(visible, BLOCK_SIZE)
+    )  # [BLOCK_M, HEAD_DIM]
+    q_rel = q_start - kv_start + rows  # [BLOCK_M] query positions relative to the first key
+    first_rel = q_start - kv_start + tile * BLOCK_M  # the program's first query
+    last_rel = q_start - kv_start + tl.minimum(tile * BLOCK_M + BLOCK_M, num_tokens) - 1
+    hi = tl.minimum(kv_len, last_rel + 1)  # keys past the last query are never seen
+    lo = tl.where(window > 0, tl.maximum(first_rel - window + 1, 0) // TILE_N * TILE_N, 0)
+    # Tiles below ``whole`` are seen by every query of the program (causally and, without
+    # a window, entirely).
+    whole = tl.where(window > 0, lo, (first_rel + 1) // TILE_N * TILE_N)
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
-    t = tl.arange(0, BLOCK_SIZE)
-    for j in range(0, num_blocks):
-        block = tl.load(table_ptr + j).to(tl.int64)
-        k_pos = kv_start + j * BLOCK_SIZE + t
-        key_mask = k_pos < kv_start + kv_len
-        offsets = (block * BLOCK_SIZE + t)[:, None] * stride_cs + kv_head * stride_ch + d[None, :]
-        k = tl.load(k_cache_ptr + offsets, mask=key_mask[:, None], other=0.0).to(tl.float32)
-        v = tl.load(v_cache_ptr + offsets, mask=key_mask[:, None], other=0.0).to(tl.float32)
-        s = tile_dot(q, tl.trans(k), HEAD_DIM, BLOCK_SIZE, EXACT) * scale  # [BLOCK_M, BLOCK_SIZE]
-        allowed = key_mask[None, :] & (k_pos[None, :] <= q_pos[:, None])
-        allowed = allowed & ((q_pos[:, None] - k_pos[None, :] < window) | (window <= 0))
-        s = tl.where(allowed, s, float("-inf"))
-        m_i, l_i, acc = online_softmax_step(s, v, m_i, l_i, acc, BLOCK_SIZE, HEAD_DIM, EXACT)
-    out, lse = finish(m_i, l_i, acc)
+    n = tl.arange(0, TILE_N)
+    for first in range(lo, whole, TILE_N):
+        j = first + n
+        k, v = _load_tile(
+            k_cache_ptr, v_cache_ptr, table_ptr, j, kv_len, kv_head, stride_cs, stride_ch, d, BLOCK_SIZE
+        )
+        m_i, l_i, acc = softmax_tile(q, k, v, (j < kv_len)[None, :], m_i, l_i, acc, qk_scale, EXACT)
+    for first in range(whole, hi, TILE_N):
+        j = first + n
+        k, v = _load_tile(
+            k_cache_ptr, v_cache_ptr, table_ptr, j, kv_len, kv_head, stride_cs, stride_ch, d, BLOCK_SIZE
+        )
+        allowed = (j[None, :] < kv_len) & (j[None, :] <= q_rel[:, None])
+        allowed = allowed & ((q_rel[:, None] - j[None, :] < window) | (window <= 0))
+        m_i, l_i, acc = softmax_tile(q, k, v, allowed, m_i, l_i, acc, qk_scale, EXACT)
+    out, lse = finish_base2(m_i, l_i, acc)
     tl.store(
         out_ptr + rows[:, None] * stride_ot + head * stride_oh + d[None, :],
         out.to(out_ptr.dtype.element_ty),
@@ -91,12 +119,14 @@ def paged_prefill_attention(
     block_size: int,
     scale: float,
     window: int | None = None,  # a sliding window: keys less than this many positions back
+    check_values: bool = True,  # False: skip the checks that read tensors (host syncs)
 ) -> tuple[torch.Tensor, torch.Tensor]:  # out [num_tokens, num_heads, head_dim], lse [num_tokens, num_heads]
     check(window is None or window >= 1, "a window must be positive")
     group, num_blocks = check_attention_inputs(q, k_cache, v_cache, block_size)
     num_tokens, num_heads, head_dim = q.shape
     check(block_table.dim() == 1, "block_table must be one sequence's [num_blocks]")
-    check_block_table("block_table", block_table, num_blocks)
+    if check_values:
+        check_block_table("block_table", block_table, num_blocks)
     check(kv_start % block_size == 0, "kv_start must be block aligned")
     check(kv_len >= 1 and kv_len <= block_table.numel() * block_size, "kv_len does not fit the block table")
     check(
@@ -107,7 +137,12 @@ def paged_prefill_attention(
     lse = torch.empty(num_tokens, num_heads, dtype=torch.float32, device=q.device)
     if num_tokens == 0:
         return out, lse
-    block_m = 16 if not q.is_cuda else 64
+    on_gpu = q.is_cuda
+    block_m = 16
+    if on_gpu:
+        # Smaller query tiles when the large ones would leave multiprocessors idle.
+        sms = torch.cuda.get_device_properties(q.device).multi_processor_count
+        block_m = BLOCK_M if triton.cdiv(num_tokens, BLOCK_M) * num_heads >= sms else 64
     _paged_prefill_kernel[(triton.cdiv(num_tokens, block_m), num_heads)](
         q,
         k_cache,
@@ -119,7 +154,7 @@ def paged_prefill_attention(
         q_start,
         kv_start,
         kv_len,
-        scale,
+        scale * LOG2E,
         window or 0,
         q.stride(0),
         q.stride(1),
@@ -133,6 +168,9 @@ def paged_prefill_attention(
         BLOCK_M=block_m,
         BLOCK_SIZE=block_size,
         HEAD_DIM=head_dim,
+        TILE_N=TILE_N,
         EXACT=k_cache.dtype == torch.float32,
+        num_warps=NUM_WARPS if block_m == BLOCK_M else 4,
+        num_stages=NUM_STAGES if on_gpu and k_cache.dtype != torch.float32 else 2,
     )
     return out, lse

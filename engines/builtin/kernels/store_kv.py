@@ -41,6 +41,7 @@ def store_kv(
     k_cache: torch.Tensor,  # [num_slots, num_kv_heads, head_dim]
     v_cache: torch.Tensor,  # [num_slots, num_kv_heads, head_dim]
     slot_mapping: torch.Tensor,  # [num_tokens] int64
+    check_values: bool = True,  # False: skip the check that reads ``slot_mapping`` (a host sync)
 ) -> None:
     for name, t in (("k", k), ("v", v), ("k_cache", k_cache), ("v_cache", v_cache)):
         check_tensor(name, t, 3, FLOAT_TYPES)
@@ -55,7 +56,7 @@ def store_kv(
     check(k.dtype == k_cache.dtype == v.dtype == v_cache.dtype, "k, v and the caches must share one dtype")
     check_tensor("slot_mapping", slot_mapping, 1, (torch.int64, torch.int32), contiguous=True)
     check(slot_mapping.shape[0] == k.shape[0], "slot_mapping needs one slot per token")
-    if slot_mapping.numel():
+    if check_values and slot_mapping.numel():
         check(int(slot_mapping.max()) < k_cache.shape[0], "slot_mapping points past the end of the cache")
     head_dim = k.shape[2]
     check(head_dim & (head_dim - 1) == 0, f"head_dim must be a power of two, got {head_dim}")

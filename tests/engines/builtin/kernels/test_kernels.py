@@ -198,6 +198,113 @@ def test_two_level_sharing_by_repeated_merging():
     torch.testing.assert_close(lse, ref_lse, atol=1e-4, rtol=1e-4)
 
 
+# -- long sequences: key tiles over several blocks, splits, windows ------------------------
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("num_splits", [1, 2, 5])
+@pytest.mark.parametrize("window", [None, 1, 70, 200])
+def test_paged_decode_over_many_tiles(dtype, num_splits, window):
+    """Lengths that end mid-tile and mid-block, splits that start mid-sequence, windows that
+    skip whole tiles and splits."""
+    g = torch.Generator().manual_seed(num_splits)
+    block_size, lens = 16, [130, 300, 77, 1]
+    k_cache, v_cache = make_cache(3, block_size, dtype)
+    tables = torch.stack([random_table(19, g) for _ in lens])
+    q = torch.randn(len(lens), 6, HEAD_DIM, dtype=dtype, device=DEVICE)
+    out, lse = paged_decode_attention(
+        q,
+        k_cache,
+        v_cache,
+        tables,
+        torch.tensor(lens, device=DEVICE),
+        block_size,
+        HEAD_DIM**-0.5,
+        num_splits,
+        window,
+    )
+    for i, n in enumerate(lens):
+        mask = None if window is None else (torch.arange(n, device=DEVICE) >= n - window)[None, :]
+        keys, vals = gather(k_cache, tables[i], n, block_size), gather(v_cache, tables[i], n, block_size)
+        ref_out, ref_lse = reference(q[i : i + 1], keys, vals, mask)
+        torch.testing.assert_close(out[i].float(), ref_out[0], **tol(dtype))
+        torch.testing.assert_close(lse[i], ref_lse[0], **tol(dtype))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("window", [None, 1, 37, 100])
+@pytest.mark.parametrize(("kv_start", "cached", "new"), [(0, 0, 150), (32, 100, 90), (16, 5, 3)])
+def test_paged_prefill_over_many_tiles(dtype, window, kv_start, cached, new):
+    """Several query tiles and key tiles; the diagonal inside a tile and across tiles."""
+    block_size = 16
+    g = torch.Generator().manual_seed(cached + new)
+    k_cache, v_cache = make_cache(2, block_size, dtype)
+    end = kv_start + cached + new
+    table = random_table(-(-end // block_size), g)
+    q = torch.randn(new, 6, HEAD_DIM, dtype=dtype, device=DEVICE)
+    q_start = end - new
+    out, lse = paged_prefill_attention(
+        q,
+        k_cache,
+        v_cache,
+        table[kv_start // block_size :].contiguous(),
+        q_start,
+        kv_start,
+        end - kv_start,
+        block_size,
+        HEAD_DIM**-0.5,
+        window=window,
+    )
+    k_pos = torch.arange(kv_start, end, device=DEVICE)[None, :]
+    q_pos = torch.arange(q_start, end, device=DEVICE)[:, None]
+    mask = (k_pos <= q_pos) & ((q_pos - k_pos < window) if window else True)
+    keys = gather(k_cache, table, end, block_size)[kv_start:]
+    vals = gather(v_cache, table, end, block_size)[kv_start:]
+    ref_out, ref_lse = reference(q, keys, vals, mask)
+    torch.testing.assert_close(out.float(), ref_out, **tol(dtype))
+    torch.testing.assert_close(lse, ref_lse, **tol(dtype))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("num_splits", [1, 3])
+@pytest.mark.parametrize("window", [None, 50])
+def test_shared_prefix_splits_fold_into_the_suffix_in_one_merge(dtype, num_splits, window):
+    """The prefix's splits, left unreduced, merged straight into each token's suffix result
+    equal attention over prefix + suffix (a window drops prefix keys, whole splits too)."""
+    block_size, num_tokens, prefix_blocks = 16, 7, 9
+    g = torch.Generator().manual_seed(num_splits)
+    k_cache, v_cache = make_cache(2, block_size, dtype)
+    prefix = random_table(prefix_blocks, g)
+    q = torch.randn(num_tokens, 6, HEAD_DIM, dtype=dtype, device=DEVICE)
+    prefix_len = prefix_blocks * block_size
+    positions = torch.arange(prefix_len, prefix_len + num_tokens, device=DEVICE) + 30  # 30 own keys first
+    part_out, part_lse = shared_prefix_attention(
+        q,
+        k_cache,
+        v_cache,
+        prefix,
+        block_size,
+        HEAD_DIM**-0.5,
+        window=window,
+        positions=positions if window else None,
+        partial=True,
+        num_splits=num_splits,
+    )
+    assert part_out.shape[2] == num_splits
+    keys = gather(k_cache, prefix, prefix_len, block_size)
+    vals = gather(v_cache, prefix, prefix_len, block_size)
+    suffix_k = torch.randn(6, 2, HEAD_DIM, dtype=dtype, device=DEVICE)
+    suffix_v = torch.randn(6, 2, HEAD_DIM, dtype=dtype, device=DEVICE)
+    s_out, s_lse = reference(q, suffix_k, suffix_v)
+    out, lse = s_out.clone().contiguous(), s_lse.clone().contiguous()
+    merge_into(out, lse, torch.arange(num_tokens, device=DEVICE), part_out, part_lse)
+    mask = None
+    if window:
+        visible = positions[:, None] - torch.arange(prefix_len, device=DEVICE)[None, :] < window
+        mask = torch.cat([visible, torch.ones(num_tokens, 6, dtype=torch.bool, device=DEVICE)], 1)
+    whole_out, whole_lse = reference(q, torch.cat([keys, suffix_k]), torch.cat([vals, suffix_v]), mask)
+    torch.testing.assert_close(out, whole_out, **tol(dtype))
+    torch.testing.assert_close(lse, whole_lse, **tol(dtype))
+
+
 # -- bad inputs ---------------------------------------------------------------------------
 def decode_args(**change):
     k_cache, v_cache = make_cache(2, 4, torch.float32)
