@@ -89,6 +89,20 @@ def test_the_padded_step_computes_the_eager_step(side, batch):
         assert side.pool.kv_cache[:, :, real].abs().sum() > 0  # a padding row wrote its one key
 
 
+def test_the_padded_step_computes_the_eager_step_on_the_triton_kernels():
+    """The inputs the graphs use (a table as wide as max_len, no masks) on the Triton backend,
+    interpreted on the CPU where there is no GPU."""
+    torch.manual_seed(1)
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    side = Side(hf_model(QUICK, device, torch.float32), "triton", device, torch.float32, num_blocks=32)
+    side.prefill(torch.randint(0, QUICK["vocab_size"], (3, PROMPT), device=device), torch.arange(3) + 7)
+    items = side.decode_items(3)
+    eager = side.eager.run(items)
+    padded = side.graph_runner((1, 4), 256, capture=False).run(items)
+    assert padded.logits.shape == eager.logits.shape
+    torch.testing.assert_close(padded.logits, eager.logits, rtol=1e-4, atol=1e-4)
+
+
 def test_the_rows_returned_are_a_copy_the_next_step_leaves_alone(side):
     runner = side.graph_runner((1, 2, 4, 8), 256, capture=False)
     first = runner.run(side.decode_items(2)).last_hidden
