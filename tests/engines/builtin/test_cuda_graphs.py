@@ -13,7 +13,8 @@ import torch
 from benchmarks.gpu_decode_step import QUICK, Side, hf_model
 from parrot.engines.builtin.batch import SharedPrefixPolicy, StepItem
 from parrot.engines.builtin.context_pool import Context
-from parrot.engines.builtin.cuda_graphs import DecodeGraphs, graph_batch_sizes
+from parrot.engines.builtin.cuda_graphs import DecodeGraphs, capture_decode_graphs, graph_batch_sizes
+from parrot.engines.builtin.model_runner import ModelRunner
 
 PROMPT = 37  # not a whole number of blocks
 
@@ -149,8 +150,9 @@ def test_graph_replay_equals_the_eager_step_on_cuda():
     side = Side(hf, "triton", device, torch.bfloat16, num_blocks=64)
     side.prefill(torch.randint(0, dims["vocab_size"], (6, PROMPT), device=device), torch.arange(6) + 7)
     assert graph_batch_sizes((1, 2, 4, 8), device, side.model) == (1, 2, 4, 8)
-    runner = side.graph_runner((1, 2, 4, 8), 256, capture=True)
-    assert sorted(runner.graphs._graphs) == [1, 2, 4, 8]
+    graphs = capture_decode_graphs(side.model, side.pool, 256, (1, 2, 4, 8), side.policy)  # as the engine
+    assert graphs is not None and sorted(graphs._graphs) == [1, 2, 4, 8]
+    runner = ModelRunner(side.model, side.pool, side.policy, device, graphs)
     for batch in (1, 3, 6, 1):
         items = side.decode_items(batch)
         eager = side.eager.run(items)
