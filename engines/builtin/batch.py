@@ -114,8 +114,10 @@ def build_step(
     )
 
 
-def takes_shared_prefix(items: list[StepItem], block_size: int, policy: SharedPrefixPolicy) -> bool:
-    """Whether :func:`build_step` would attend some shared prefix once for a group."""
+def takes_shared_prefix(
+    items: list[StepItem], block_size: int, policy: SharedPrefixPolicy, device: torch.device
+) -> bool:
+    """Whether :func:`build_step` (same arguments) would attend some shared prefix once for a group."""
     computed = [i for i, item in enumerate(items) if item.num_tokens]
     return bool(_shared_groups(items, computed, block_size, policy, dict.fromkeys(computed, 0)))
 

@@ -123,7 +123,7 @@ class DecodeGraphs:
             return False
         if any(item.num_tokens != 1 or item.start >= self.max_len for item in items):
             return False
-        return not takes_shared_prefix(items, self.block_size, self.policy)
+        return not takes_shared_prefix(items, self.block_size, self.policy, self.kv_cache.device)
 
     @torch.inference_mode()
     def run(self, items: list[StepItem]) -> torch.Tensor:
