@@ -3,8 +3,9 @@
 A decode step of a small model on a GPU is bound by kernel launches, not by the GPU: a few
 hundred small kernels, each launched from Python. A CUDA graph records the launches of one
 step once and replays them with one call. A graph fixes its shapes and the addresses it
-reads, so each captured size owns static input buffers (token ids, positions, KV slots, key
-counts, and a block table as wide as the longest context a graph serves); a step of ``n``
+reads, so the graphs read static input buffers sized for the largest one (token ids,
+positions, KV slots, key counts, and a block table as wide as the longest context a graph
+serves), each graph the first rows of them; a step of ``n``
 sequences is padded to the next captured size, its inputs copied into the buffers, and the
 graph replayed. Padding rows write their keys into a scratch block that the block manager
 never hands out (:data:`PAD_BLOCKS` extra blocks at the end of the cache) and attend only
@@ -12,7 +13,9 @@ that one key, so they never touch a real context's KV.
 
 Only steps in which every item decodes one token, without a shared-prefix group, qualify;
 every other step runs eagerly. Nothing in the captured region may wait for the host, so the
-attention backend must check no values on the device (the Triton backend does not).
+attention backend must read no tensor values on the host (the Triton backend passes
+``check_values=False`` to its kernels). On an H200 a graph step ran 4-9x faster than the
+eager one and than transformers' (``benchmarks/gpu_decode_step.py``, docs/benchmarks.md).
 """
 
 from __future__ import annotations
