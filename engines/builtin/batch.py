@@ -125,6 +125,14 @@ def build_step(
     )
 
 
+def takes_shared_prefix(
+    items: list[StepItem], block_size: int, policy: SharedPrefixPolicy, device: torch.device
+) -> bool:
+    """Whether :func:`build_step` (same arguments) would attend some shared prefix once for a group."""
+    computed = [i for i, item in enumerate(items) if item.num_tokens]
+    return bool(_shared_groups(items, computed, block_size, policy, dict.fromkeys(computed, 0)))
+
+
 def _shared_groups(items, computed, block_size, policy, kv_start) -> list[tuple[list[int], int, int]]:
     """Groups of items whose block tables share blocks, level by level.
 

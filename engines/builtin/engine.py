@@ -23,6 +23,7 @@ from parrot.engines.builtin.attention import create_backend
 from parrot.engines.builtin.attention.registry import default_backend
 from parrot.engines.builtin.block_manager import BlockManager
 from parrot.engines.builtin.context_pool import ContextPool, Target
+from parrot.engines.builtin.cuda_graphs import PAD_BLOCKS, capture_decode_graphs, graph_batch_sizes
 from parrot.engines.builtin.engine_config import EngineConfig
 from parrot.engines.builtin.engine_core import EngineCore
 from parrot.engines.builtin.grammars import GrammarCompiler
@@ -103,10 +104,14 @@ class BuiltinEngine:
         self.backend = create_backend(backend_name, mc.num_heads, mc.num_kv_heads, mc.head_dim)
         self.model = build_model(config, mc, self.model_folder, self.backend)
         num_blocks = num_blocks_for_budget(mc, config.block_size, self.dtype, config.kv_cache_bytes)
-        kv_cache = allocate_kv_cache(mc, num_blocks, config.block_size, self.dtype, self.device)
+        sizes = graph_batch_sizes(config.cuda_graph_batch_sizes, self.device, self.model)
+        pad = PAD_BLOCKS if sizes else 0  # the graphs' scratch block, outside the manager's
+        kv_cache = allocate_kv_cache(mc, num_blocks + pad, config.block_size, self.dtype, self.device)
         pool = ContextPool(BlockManager(num_blocks, config.block_size), kv_cache)
-        runner = ModelRunner(self.model, pool, config.shared_prefix, self.device)
         max_len = min(config.max_model_len or mc.max_position_embeddings, mc.max_position_embeddings)
+        graph_len = min(max_len, config.cuda_graph_max_len)
+        graphs = capture_decode_graphs(self.model, pool, graph_len, sizes, config.shared_prefix)
+        runner = ModelRunner(self.model, pool, config.shared_prefix, self.device, graphs)
         eos = frozenset(mc.eos_token_ids) | self.tokenizer.eos_token_ids
         self.core = EngineCore(
             runner,

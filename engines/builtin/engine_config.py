@@ -86,6 +86,13 @@ class EngineConfig:
     # tokens a grammar forces in one step instead of decoding them one by one (--no-jump-forward).
     grammar: GrammarLimits = field(default_factory=GrammarLimits)
     jump_forward: bool = True
+    # CUDA (Triton backend, no sliding windows): decode-only steps of up to the largest of these
+    # sizes replay a CUDA graph captured at load, padded to the next size; () captures none.
+    # Graphs serve contexts up to cuda_graph_max_len tokens (the block table's fixed width: the
+    # decode kernel walks it whole, so a 128K-wide table would cost every step); longer ones
+    # run eagerly.
+    cuda_graph_batch_sizes: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64)
+    cuda_graph_max_len: int = 8192
 
     def __post_init__(self) -> None:
         if self.block_size < 1 or self.block_size > 1024:
@@ -112,6 +119,8 @@ class EngineConfig:
                 raise ValueError(f"--weights {self.weights} runs on the CPU only (use exact on GPUs)")
             if self.weights == "gguf" and self.model is not None and not self.model.lower().endswith(".gguf"):
                 raise ValueError("--weights gguf needs a .gguf model file (or the default model)")
+        if any(size < 1 for size in self.cuda_graph_batch_sizes) or self.cuda_graph_max_len < 1:
+            raise ValueError("CUDA graph batch sizes and cuda_graph_max_len must be positive")
         if self.scheduler.max_batched_tokens < 1 or self.scheduler.max_running < 1:
             raise ValueError("max_batched_tokens and max_running must be positive")
 

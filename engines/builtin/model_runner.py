@@ -13,6 +13,7 @@ import torch
 from parrot.engines.builtin.attention.base import AttentionBatch
 from parrot.engines.builtin.batch import SharedPrefixPolicy, StepItem, build_step
 from parrot.engines.builtin.context_pool import ContextPool
+from parrot.engines.builtin.cuda_graphs import DecodeGraphs
 from parrot.engines.builtin.model.llama import LlamaForCausalLM
 
 
@@ -27,26 +28,32 @@ class StepOutput:
 
 class ModelRunner:
     def __init__(
-        self, model: LlamaForCausalLM, pool: ContextPool, policy: SharedPrefixPolicy, device: torch.device
+        self,
+        model: LlamaForCausalLM,
+        pool: ContextPool,
+        policy: SharedPrefixPolicy,
+        device: torch.device,
+        graphs: DecodeGraphs | None = None,  # decode steps that fit run as CUDA graphs
     ) -> None:
         self.model = model
         self.pool = pool  # read only: its KV cache is written by the model's layers
         self.policy = policy
         self.device = device
+        self.graphs = graphs
 
     @torch.inference_mode()
     def run(self, items: list[StepItem]) -> StepOutput:
         """Computes the items' tokens into the KV cache; logits of the items that sample."""
-        hidden = None
         inputs = None
+        last = None
         route = self.model.matmul_route
-        if any(item.num_tokens for item in items):
+        if self.graphs is not None and self.graphs.fits(items):
+            last = self.graphs.run(items)  # one row per item, in order
+        elif any(item.num_tokens for item in items):
             inputs = build_step(items, self.pool.block_size, self.policy, self.device)
             if route is not None:
                 route.begin_step(inputs.attention.num_tokens, attended_keys(items, inputs.attention))
             hidden = self.model(inputs.input_ids, inputs.positions, inputs.attention, self.pool.kv_cache)
-        last = None
-        if inputs is not None:
             # One gather of every item's last row; contexts keep views of it.
             last = hidden[torch.tensor([max(r, 0) for r in inputs.last_rows], device=hidden.device)]
         # A sampling item that computed tokens computed its whole prompt: its last row is the
@@ -59,7 +66,7 @@ class ModelRunner:
         shared = inputs is not None and inputs.attention.uses_shared_prefix
         if not rows:
             return StepOutput(None, last, shared)
-        if route is not None and inputs is None:
+        if route is not None and last is None:
             route.begin_step(len(rows))  # sampling only: the LM head's product
         return StepOutput(self.model.compute_logits(torch.stack(rows)), last, shared)
 

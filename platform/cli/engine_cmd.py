@@ -99,6 +99,14 @@ def add_parser(commands) -> None:
         action="store_true",
         help="decode the tokens a format forces one by one (default: fill them in one step)",
     )
+    p.add_argument(
+        "--cuda-graphs",
+        type=parse_graph_sizes,
+        default=None,
+        metavar="SIZES",
+        help="CUDA: decode steps of up to these batch sizes replay captured graphs, e.g. 1,2,4,8; "
+        "off for none (default 1,2,4,8,16,32,64)",
+    )
     add_server_arguments(p)
     p.add_argument(
         "--max-body-bytes",
@@ -141,7 +149,18 @@ def config_from_args(args: argparse.Namespace) -> EngineConfig:
             cache_size=args.format_cache_size,
         ),
         jump_forward=not args.no_jump_forward,
+        cuda_graph_batch_sizes=args.cuda_graphs,
     )
+
+
+def parse_graph_sizes(text: str) -> tuple[int, ...]:
+    """'1,2,4,8' -> (1, 2, 4, 8); 'off' -> ()."""
+    if text.strip().lower() in ("off", "none", "0", ""):
+        return ()
+    try:
+        return tuple(int(part) for part in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a comma-separated list of batch sizes: {text!r}") from None
 
 
 def run(args: argparse.Namespace) -> None:
