@@ -130,7 +130,9 @@ def takes_shared_prefix(
 ) -> bool:
     """Whether :func:`build_step` (same arguments) would attend some shared prefix once for a group."""
     computed = [i for i, item in enumerate(items) if item.num_tokens]
-    return bool(_shared_groups(items, computed, block_size, policy, dict.fromkeys(computed, 0)))
+    return bool(
+        _shared_groups(items, computed, block_size, policy.for_device(device), dict.fromkeys(computed, 0))
+    )
 
 
 def _shared_groups(items, computed, block_size, policy, kv_start) -> list[tuple[list[int], int, int]]:
