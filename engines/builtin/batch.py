@@ -10,6 +10,7 @@ from parrot.engines.builtin.attention.base import (
     AttentionBatch,
     DecodeGroup,
     PrefillSeq,
+    PrefillTables,
     SharedPrefixGroup,
 )
 from parrot.engines.builtin.context_pool import Context
@@ -23,9 +24,9 @@ class SharedPrefixPolicy:
     break-even measured by ``benchmarks/attention_kernels.py`` (docs/benchmarks.md) is the
     default per device: on the CPU torch backend near 3,000 saved tokens per layer (1.06x at
     4 x 1,024 and 8 x 512; 0.8x at 8 x 256 and 4 x 512); on an H200 with the Triton kernels
-    between 32k and 115k (0.90-0.97x at 8 x 4,096 and 32 x 1,024, 1.31-1.63x at 128 x 1,024,
-    32 x 4,096 and 8 x 16,384), where the path's two extra launches weigh against reads
-    that mostly hit the L2 cache.
+    near 100k (0.89-0.93x at 8 x 8,192 and 16 x 4,096, 57-61k saved; 1.06-1.32x at 8 x 16,384,
+    16 x 8,192, 128 x 1,024 and 32 x 4,096, 115-130k saved), where the path's extra launches
+    weigh against reads that are cheap on a GPU.
     """
 
     enabled: bool = True
@@ -39,7 +40,7 @@ class SharedPrefixPolicy:
         return replace(self, min_saved_tokens=MIN_SAVED_TOKENS.get(device.type, MIN_SAVED_TOKENS["cpu"]))
 
 
-MIN_SAVED_TOKENS = {"cpu": 3072, "cuda": 65536}
+MIN_SAVED_TOKENS = {"cpu": 3072, "cuda": 98304}
 
 
 @dataclass
@@ -120,6 +121,7 @@ def build_step(
             decode=decode,
             prefills=prefills,
             shared_groups=shared,
+            prefill_tables=_prefill_tables(prefills, device) if prefills else None,
         ),
         last_rows=last_rows,
     )
@@ -199,6 +201,19 @@ def _decode_group(items, idx, token_start, kv_start, block_size, device) -> Deco
         kv_bias=bias[:, None, None, :].to(device),
         kv_lens=torch.tensor([e - a * block_size for a, e in zip(first, ends, strict=True)], device=device),
         block_size=block_size,
+    )
+
+
+def _prefill_tables(prefills: tuple[PrefillSeq, ...], device) -> PrefillTables:
+    width = max(p.block_table.numel() for p in prefills)
+    tables = torch.zeros(len(prefills), width, dtype=torch.long, device=device)
+    for row, p in enumerate(prefills):
+        tables[row, : p.block_table.numel()] = p.block_table
+    seqs = [[p.token_start, p.num_tokens, p.q_start, p.kv_start] for p in prefills]
+    return PrefillTables(
+        block_tables=tables,
+        seqs=torch.tensor(seqs, dtype=torch.int32, device=device),
+        max_tokens=max(p.num_tokens for p in prefills),
     )
 
 

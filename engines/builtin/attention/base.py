@@ -47,6 +47,16 @@ class PrefillSeq:
 
 
 @dataclass(frozen=True)
+class PrefillTables:
+    """The step's prefilling sequences as one launch of a kernel reads them (the Triton
+    backend), built once per step beside the per-sequence ``PrefillSeq``s."""
+
+    block_tables: torch.Tensor  # [num_seqs, max_blocks] each from the block holding its kv_start
+    seqs: torch.Tensor  # [num_seqs, 4] int32: first token row, tokens, q_start, kv_start
+    max_tokens: int  # the most tokens of one sequence
+
+
+@dataclass(frozen=True)
 class SharedPrefixGroup:
     """Sequences whose block tables start with the same blocks.
 
@@ -75,6 +85,7 @@ class AttentionBatch:
     prefills: tuple[PrefillSeq, ...]
     shared_groups: tuple[SharedPrefixGroup, ...]
     window: int | None = None  # sliding: a query sees the keys less than this many positions back
+    prefill_tables: PrefillTables | None = None  # ``prefills`` for one kernel launch
 
     @property
     def uses_shared_prefix(self) -> bool:

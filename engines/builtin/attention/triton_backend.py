@@ -15,7 +15,7 @@ import torch
 from parrot.engines.builtin.attention.base import PLAIN, AttentionBackend, AttentionBatch, LayerAttention
 from parrot.engines.builtin.kernels.merge import merge_into
 from parrot.engines.builtin.kernels.paged_decode import paged_decode_attention
-from parrot.engines.builtin.kernels.paged_prefill import paged_prefill_attention
+from parrot.engines.builtin.kernels.paged_prefill import paged_prefill_batch
 from parrot.engines.builtin.kernels.shared_prefix import shared_prefix_attention
 from parrot.engines.builtin.kernels.store_kv import store_kv
 
@@ -43,24 +43,21 @@ class TritonAttentionBackend(AttentionBackend):
             )
             out.index_copy_(0, d.token_rows, o.float())
             lse.index_copy_(0, d.token_rows, l_)
-        for p in batch.prefills:
-            rows = slice(p.token_start, p.token_start + p.num_tokens)
-            kv_len = p.q_start + p.num_tokens - p.kv_start
-            o, l_ = paged_prefill_attention(
-                q[rows],
+        if batch.prefill_tables is not None:  # every prefilling sequence in one launch
+            t = batch.prefill_tables
+            paged_prefill_batch(
+                q,
                 k_cache,
                 v_cache,
-                p.block_table,
-                p.q_start,
-                p.kv_start,
-                kv_len,
+                t.block_tables,
+                t.seqs,
+                t.max_tokens,
+                out,
+                lse,
                 batch.block_size,
                 scale,
                 window=batch.window,
-                check_values=False,
             )
-            out[rows] = o.float()
-            lse[rows] = l_
         for g in batch.shared_groups:
             part = shared_prefix_attention(
                 q.index_select(0, g.token_rows),

@@ -211,5 +211,5 @@ def test_the_shared_prefix_break_even_is_the_devices_unless_set():
     thousands on an H200 (docs/benchmarks.md); a value given by the operator is kept."""
     cpu, cuda = torch.device("cpu"), torch.device("cuda")
     assert SharedPrefixPolicy().for_device(cpu).min_saved_tokens == 3072
-    assert SharedPrefixPolicy().for_device(cuda).min_saved_tokens == 65536
+    assert SharedPrefixPolicy().for_device(cuda).min_saved_tokens == 98304
     assert SharedPrefixPolicy(min_saved_tokens=10).for_device(cuda).min_saved_tokens == 10

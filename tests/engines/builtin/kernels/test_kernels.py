@@ -8,7 +8,7 @@ import torch
 from parrot.engines.builtin.kernels.checks import KernelInputError
 from parrot.engines.builtin.kernels.merge import merge_into
 from parrot.engines.builtin.kernels.paged_decode import paged_decode_attention
-from parrot.engines.builtin.kernels.paged_prefill import paged_prefill_attention
+from parrot.engines.builtin.kernels.paged_prefill import paged_prefill_attention, paged_prefill_batch
 from parrot.engines.builtin.kernels.shared_prefix import shared_prefix_attention
 from parrot.engines.builtin.kernels.store_kv import store_kv
 
@@ -261,6 +261,60 @@ def test_paged_prefill_over_many_tiles(dtype, window, kv_start, cached, new):
     ref_out, ref_lse = reference(q, keys, vals, mask)
     torch.testing.assert_close(out.float(), ref_out, **tol(dtype))
     torch.testing.assert_close(lse, ref_lse, **tol(dtype))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("window", [None, 30])
+def test_paged_prefill_batch_runs_every_sequence_of_a_step_in_one_launch(dtype, window):
+    """Sequences of different lengths, cached prefixes and tables, each written into its own
+    rows of the step's output; rows of no sequence (a decode token's) are left as they were."""
+    block_size, heads, kv_heads = 16, 6, 2
+    g = torch.Generator().manual_seed(3)
+    k_cache, v_cache = make_cache(kv_heads, block_size, dtype)
+    # (kv_start, cached, new): a fresh prompt, a fill into a fork, a short chunk
+    specs = [(0, 0, 150), (32, 100, 40), (16, 5, 3)]
+    tables, rows, first = [], [], 1  # row 0: a decode token's, not a prefill's
+    width = max(-(-(a + c + n) // block_size) - a // block_size for a, c, n in specs)
+    for kv_start, cached, new in specs:
+        end = kv_start + cached + new
+        table = random_table(-(-end // block_size), g)
+        tables.append(table)
+        rows.append((first, new, end - new, kv_start))
+        first += new + 2  # gaps between the sequences' rows
+    q = torch.randn(first, heads, HEAD_DIM, dtype=dtype, device=DEVICE)
+    out = torch.full((first, heads, HEAD_DIM), 7.0, dtype=dtype, device=DEVICE)
+    lse = torch.full((first, heads), 7.0, device=DEVICE)
+    padded = torch.zeros(len(specs), width, dtype=torch.long, device=DEVICE)
+    for i, (kv_start, _, _) in enumerate(specs):
+        own = tables[i][kv_start // block_size :]
+        padded[i, : own.numel()] = own
+    seqs = torch.tensor(rows, dtype=torch.int32, device=DEVICE)
+    paged_prefill_batch(
+        q,
+        k_cache,
+        v_cache,
+        padded,
+        seqs,
+        max(n for _, _, n in specs),
+        out,
+        lse,
+        block_size,
+        HEAD_DIM**-0.5,
+        window,
+    )
+    written = torch.zeros(first, dtype=torch.bool)
+    for (row, new, q_start, kv_start), table in zip(rows, tables, strict=True):
+        end = q_start + new
+        k_pos = torch.arange(kv_start, end, device=DEVICE)[None, :]
+        q_pos = torch.arange(q_start, end, device=DEVICE)[:, None]
+        mask = (k_pos <= q_pos) & ((q_pos - k_pos < window) if window else True)
+        keys = gather(k_cache, table, end, block_size)[kv_start:]
+        vals = gather(v_cache, table, end, block_size)[kv_start:]
+        ref_out, ref_lse = reference(q[row : row + new], keys, vals, mask)
+        torch.testing.assert_close(out[row : row + new].float(), ref_out, **tol(dtype))
+        torch.testing.assert_close(lse[row : row + new], ref_lse, **tol(dtype))
+        written[row : row + new] = True
+    assert (out[~written.to(DEVICE)] == 7.0).all() and (lse[~written.to(DEVICE)] == 7.0).all()
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
