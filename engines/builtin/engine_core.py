@@ -72,6 +72,7 @@ class EngineCore:
         self.tokens_computed = 0
         self.tokens_generated = 0
         self.shared_prefix_steps = 0  # steps that took the shared-prefix attention path
+        self.graph_steps = 0  # decode steps replayed as CUDA graphs
         self._recent: deque[tuple[float, int]] = deque()
 
     # -- commands ------------------------------------------------------------------------
@@ -291,12 +292,12 @@ class EngineCore:
             tokens = self.sampler.sample(logits, seqs)
         self.post.postprocess(items, jobs, output, sampled, tokens)
         computed = sum(item.num_tokens for item in items)
-        self._record(len(items), computed, len(tokens), output.shared_prefix)
+        self._record(len(items), computed, len(tokens), output.shared_prefix, output.graph)
         if log.isEnabledFor(logging.DEBUG):  # a step trace, for profiling a workload
             log.debug(
-                "step %d: %d items, %d tokens (%d prefill items), %d sampled, %.1f ms",
+                "step %d: %d items, %d tokens (%d prefill items), %d sampled, %s, %.1f ms",
                 self.steps, len(items), computed, sum(item.num_tokens > 1 for item in items),
-                len(tokens), 1000 * (time.perf_counter() - started),
+                len(tokens), "graph" if output.graph else "eager", 1000 * (time.perf_counter() - started),
             )  # fmt: skip
         return True
 
@@ -336,9 +337,12 @@ class EngineCore:
             raise IntegrityError("engine jobs are inconsistent: " + "; ".join(problems[:20]))
 
     # -- statistics ----------------------------------------------------------------------
-    def _record(self, batch_size: int, computed: int, generated: int, shared_prefix: bool) -> None:
+    def _record(
+        self, batch_size: int, computed: int, generated: int, shared_prefix: bool, graph: bool
+    ) -> None:
         self.steps += 1
         self.shared_prefix_steps += shared_prefix
+        self.graph_steps += graph
         self.batched_seqs += batch_size
         self.last_batch_size = batch_size
         self.max_batch_size = max(self.max_batch_size, batch_size)
@@ -375,6 +379,7 @@ class EngineCore:
             "tokens_generated": self.tokens_generated,
             "tokens_forced": self.post.tokens_forced,  # by jump-forward: generated, never sampled
             "shared_prefix_steps": self.shared_prefix_steps,
+            "graph_steps": self.graph_steps,
             "preemptions": self.scheduler.num_preemptions,
             "max_model_len": self.max_model_len,
             "max_running": self.scheduler.config.max_running,

@@ -33,6 +33,7 @@ _COUNTERS = (
     ("tokens_forced", "parrot:jump_forward_tokens", "Tokens a format forced, filled unsampled."),
     ("steps", "parrot:engine_steps", "Model steps."),
     ("shared_prefix_steps", "parrot:shared_prefix_steps", "Steps with shared-prefix attention."),
+    ("graph_steps", "parrot:graph_steps", "Decode steps replayed as CUDA graphs."),
     ("preemptions", "parrot:num_preemptions", "Jobs preempted when KV blocks ran out."),
 )
 

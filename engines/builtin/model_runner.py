@@ -24,6 +24,7 @@ class StepOutput:
     # nothing); None when the step computed no token.
     last_hidden: torch.Tensor | None
     shared_prefix: bool  # the step took the shared-prefix attention path
+    graph: bool = False  # the step was replayed as a CUDA graph
 
 
 class ModelRunner:
@@ -47,7 +48,8 @@ class ModelRunner:
         inputs = None
         last = None
         route = self.model.matmul_route
-        if self.graphs is not None and self.graphs.fits(items):
+        graph = self.graphs is not None and self.graphs.fits(items)
+        if graph:
             last = self.graphs.run(items)  # one row per item, in order
         elif any(item.num_tokens for item in items):
             inputs = build_step(items, self.pool.block_size, self.policy, self.device)
@@ -65,10 +67,10 @@ class ModelRunner:
         ]
         shared = inputs is not None and inputs.attention.uses_shared_prefix
         if not rows:
-            return StepOutput(None, last, shared)
+            return StepOutput(None, last, shared, graph)
         if route is not None and last is None:
             route.begin_step(len(rows))  # sampling only: the LM head's product
-        return StepOutput(self.model.compute_logits(torch.stack(rows)), last, shared)
+        return StepOutput(self.model.compute_logits(torch.stack(rows)), last, shared, graph)
 
 
 def attended_keys(items: list[StepItem], attention: AttentionBatch) -> int:

@@ -70,7 +70,7 @@ def add_parser(commands) -> None:
         type=int,
         default=None,
         help="take the shared-prefix path when (seqs - 1) * prefix tokens reaches this "
-        "(default: the device's measured break-even, 3072 on the CPU, 65536 on a GPU)",
+        "(default: the device's measured break-even, 3072 on the CPU, 98304 on a GPU)",
     )
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads")
     p.add_argument(

@@ -87,6 +87,8 @@ def run(folder, backend: str) -> list[list[int]]:
     finally:
         engine.stop()
     assert stats["shared_prefix_steps"] > 0
+    # On a GPU the Triton backend's decode steps replay CUDA graphs (the torch backend's never).
+    assert (stats["graph_steps"] > 0) == (torch.cuda.is_available() and backend == "triton")
     return tokens
 
 
