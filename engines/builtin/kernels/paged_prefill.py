@@ -87,114 +87,50 @@ def _paged_prefill_kernel(
         table_ptr += seq * stride_ts
     # A sequence shorter than the longest leaves its last programs without queries.
     if tile * BLOCK_M < num_tokens:
-        _prefill_tile(
-            q_ptr,
-            k_cache_ptr,
-            v_cache_ptr,
-            table_ptr,
-            out_ptr,
-            lse_ptr,
-            tile,
-            head,
-            first_row,
-            num_tokens,
-            q_start,
-            kv_start,
-            qk_scale,
-            window,
-            stride_qt,
-            stride_qh,
-            stride_cs,
-            stride_ch,
-            stride_ot,
-            stride_oh,
-            stride_lt,
-            stride_lh,
-            GROUP,
-            BLOCK_M,
-            BLOCK_SIZE,
-            HEAD_DIM,
-            TILE_N,
-            EXACT,
+        kv_len = q_start + num_tokens - kv_start
+        kv_head = head // GROUP
+        rows = tile * BLOCK_M + tl.arange(0, BLOCK_M)  # within the sequence
+        row_mask = rows < num_tokens
+        step_rows = first_row + rows  # within the step's tokens
+        d = tl.arange(0, HEAD_DIM)
+        q = tl.load(
+            q_ptr + step_rows[:, None] * stride_qt + head * stride_qh + d[None, :],
+            mask=row_mask[:, None],
+            other=0.0,
+        )  # [BLOCK_M, HEAD_DIM]
+        q_rel = q_start - kv_start + rows  # [BLOCK_M] query positions relative to the first key
+        first_rel = q_start - kv_start + tile * BLOCK_M  # the program's first query
+        last_rel = q_start - kv_start + tl.minimum(tile * BLOCK_M + BLOCK_M, num_tokens) - 1
+        hi = tl.minimum(kv_len, last_rel + 1)  # keys past the last query are never seen
+        lo = tl.where(window > 0, tl.maximum(first_rel - window + 1, 0) // TILE_N * TILE_N, 0)
+        # Tiles below ``whole`` are seen by every query of the program (causally and, without
+        # a window, entirely).
+        whole = tl.where(window > 0, lo, (first_rel + 1) // TILE_N * TILE_N)
+        m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+        l_i = tl.zeros([BLOCK_M], tl.float32)
+        acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
+        n = tl.arange(0, TILE_N)
+        for first in range(lo, whole, TILE_N):
+            j = first + n
+            k, v = _load_tile(
+                k_cache_ptr, v_cache_ptr, table_ptr, j, kv_len, kv_head, stride_cs, stride_ch, d, BLOCK_SIZE
+            )
+            m_i, l_i, acc = softmax_tile(q, k, v, (j < kv_len)[None, :], m_i, l_i, acc, qk_scale, EXACT)
+        for first in range(whole, hi, TILE_N):
+            j = first + n
+            k, v = _load_tile(
+                k_cache_ptr, v_cache_ptr, table_ptr, j, kv_len, kv_head, stride_cs, stride_ch, d, BLOCK_SIZE
+            )
+            allowed = (j[None, :] < kv_len) & (j[None, :] <= q_rel[:, None])
+            allowed = allowed & ((q_rel[:, None] - j[None, :] < window) | (window <= 0))
+            m_i, l_i, acc = softmax_tile(q, k, v, allowed, m_i, l_i, acc, qk_scale, EXACT)
+        out, lse = finish_base2(m_i, l_i, acc)
+        tl.store(
+            out_ptr + step_rows[:, None] * stride_ot + head * stride_oh + d[None, :],
+            out.to(out_ptr.dtype.element_ty),
+            mask=row_mask[:, None],
         )
-
-
-@triton.jit
-def _prefill_tile(
-    q_ptr,
-    k_cache_ptr,
-    v_cache_ptr,
-    table_ptr,
-    out_ptr,
-    lse_ptr,
-    tile,
-    head,
-    first_row,
-    num_tokens,
-    q_start,
-    kv_start,
-    qk_scale,
-    window,
-    stride_qt,
-    stride_qh,
-    stride_cs,
-    stride_ch,
-    stride_ot,
-    stride_oh,
-    stride_lt,
-    stride_lh,
-    GROUP: tl.constexpr,
-    BLOCK_M: tl.constexpr,
-    BLOCK_SIZE: tl.constexpr,
-    HEAD_DIM: tl.constexpr,
-    TILE_N: tl.constexpr,
-    EXACT: tl.constexpr,
-):
-    """One program's ``BLOCK_M`` queries of one head of one sequence."""
-    kv_len = q_start + num_tokens - kv_start
-    kv_head = head // GROUP
-    rows = tile * BLOCK_M + tl.arange(0, BLOCK_M)  # within the sequence
-    row_mask = rows < num_tokens
-    step_rows = first_row + rows  # within the step's tokens
-    d = tl.arange(0, HEAD_DIM)
-    q = tl.load(
-        q_ptr + step_rows[:, None] * stride_qt + head * stride_qh + d[None, :],
-        mask=row_mask[:, None],
-        other=0.0,
-    )  # [BLOCK_M, HEAD_DIM]
-    q_rel = q_start - kv_start + rows  # [BLOCK_M] query positions relative to the first key
-    first_rel = q_start - kv_start + tile * BLOCK_M  # the program's first query
-    last_rel = q_start - kv_start + tl.minimum(tile * BLOCK_M + BLOCK_M, num_tokens) - 1
-    hi = tl.minimum(kv_len, last_rel + 1)  # keys past the last query are never seen
-    lo = tl.where(window > 0, tl.maximum(first_rel - window + 1, 0) // TILE_N * TILE_N, 0)
-    # Tiles below ``whole`` are seen by every query of the program (causally and, without
-    # a window, entirely).
-    whole = tl.where(window > 0, lo, (first_rel + 1) // TILE_N * TILE_N)
-    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
-    l_i = tl.zeros([BLOCK_M], tl.float32)
-    acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
-    n = tl.arange(0, TILE_N)
-    for first in range(lo, whole, TILE_N):
-        j = first + n
-        k, v = _load_tile(
-            k_cache_ptr, v_cache_ptr, table_ptr, j, kv_len, kv_head, stride_cs, stride_ch, d, BLOCK_SIZE
-        )
-        m_i, l_i, acc = softmax_tile(q, k, v, (j < kv_len)[None, :], m_i, l_i, acc, qk_scale, EXACT)
-    for first in range(whole, hi, TILE_N):
-        j = first + n
-        k, v = _load_tile(
-            k_cache_ptr, v_cache_ptr, table_ptr, j, kv_len, kv_head, stride_cs, stride_ch, d, BLOCK_SIZE
-        )
-        allowed = (j[None, :] < kv_len) & (j[None, :] <= q_rel[:, None])
-        allowed = allowed & ((q_rel[:, None] - j[None, :] < window) | (window <= 0))
-        m_i, l_i, acc = softmax_tile(q, k, v, allowed, m_i, l_i, acc, qk_scale, EXACT)
-    out, lse = finish_base2(m_i, l_i, acc)
-    tl.store(
-        out_ptr + step_rows[:, None] * stride_ot + head * stride_oh + d[None, :],
-        out.to(out_ptr.dtype.element_ty),
-        mask=row_mask[:, None],
-    )
-    tl.store(lse_ptr + step_rows * stride_lt + head * stride_lh, lse, mask=row_mask)
+        tl.store(lse_ptr + step_rows * stride_lt + head * stride_lh, lse, mask=row_mask)
 
 
 def paged_prefill_attention(
