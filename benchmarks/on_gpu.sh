@@ -4,6 +4,13 @@
 #     benchmarks/on_gpu.sh [STAGE...]     stages: env tests engine kernels sweep shared decode apps
 # Each stage runs under its own time limit, so one that hangs or fails leaves the others
 # their time. Logs (logs.tar.gz) and the updated docs/benchmarks.md go to $OUT.
+#
+# Carry .whl (the server's wheels for the image's Python, see gpu_apps.sh), .gpu_assets (the
+# bundled model's tokenizer files) and, for the kernels' before/after columns, .gpu_before (a
+# copy of an earlier engines/builtin/kernels as package kernels_before). On an H200 (issue 26,
+# 2026-11-26) the stages took: tests 40 s, engine 22 s, kernels 100 s, shared 16 s, decode
+# 24 s, apps 65 s per workload at the quick size (GPU_APPS_BUDGET, GPU_APPS_SIZES,
+# GPU_APPS_WORKLOADS choose), plus about 70 s for the machine to start.
 set -u
 OUT=${OUT:-/tmp/gpu-out}
 mkdir -p "$OUT" /tmp/gpu-logs /tmp/p/parrot
@@ -36,7 +43,7 @@ torch.cuda.get_device_properties(0).multi_processor_count)"' ;;
       tests/engines/builtin/kernels/test_kernels.py tests/engines/builtin/test_cuda_graphs.py ;;
     engine) TAIL=8 stage engine 90 env PARROT_TOKENIZER_DIR=.gpu_assets python3 -m pytest -q -p no:cacheprovider \
       tests/engines/builtin/kernels/test_triton_engine.py ;;
-    kernels) TAIL=60 stage kernels ${KERNELS_LIMIT:-300} python3 benchmarks/gpu_kernels.py \
+    kernels) TAIL=60 stage kernels ${KERNELS_LIMIT:-200} python3 benchmarks/gpu_kernels.py \
       ${GPU_KERNEL_ARGS:-} $( [ -d .gpu_before ] && echo --before .gpu_before ) ;;
     sweep) TAIL=12 stage sweep 110 python3 benchmarks/gpu_kernels.py --sweep ;;
     shared) TAIL=30 stage shared 100 bash -c 'python3 benchmarks/attention_kernels.py --prefixes 1024 4096 16384 &&

@@ -134,7 +134,7 @@ def test_sliding_window_on_forks_decodes_and_fills(backend, window, shared):
     assert step.attention.uses_shared_prefix == shared
     batch = windowed(step.attention, step.positions, window)
     cache = pool.kv_cache.clone()
-    out = create_backend("torch", num_heads, kv_heads, HEAD_DIM).forward(
+    out = create_backend(backend, num_heads, kv_heads, HEAD_DIM).forward(
         q, k, v, cache[0, 0], cache[0, 1], batch
     )
     expected = reference(pool, items, q, k, v, num_heads, window)
