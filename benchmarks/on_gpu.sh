@@ -8,7 +8,7 @@
 # Carry .whl (the server's wheels for the image's Python, see gpu_apps.sh), .gpu_assets (the
 # bundled model's tokenizer files) and, for the kernels' before/after columns, .gpu_before (a
 # copy of an earlier engines/builtin/kernels as package kernels_before). On an H200 (issue 26,
-# 2026-11-26) the stages took: tests 40 s, engine 22 s, kernels 100 s, shared 16 s, decode
+# 2026-11-26) the stages took: tests 40 s, engine 22 s, kernels about 50 s, shared 16 s, decode
 # 24 s, apps 65 s per workload at the quick size (GPU_APPS_BUDGET, GPU_APPS_SIZES,
 # GPU_APPS_WORKLOADS choose), plus about 70 s for the machine to start.
 set -u
