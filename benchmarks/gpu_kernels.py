@@ -10,6 +10,10 @@ kernels of an earlier revision (a copy of ``engines/builtin/kernels`` as package
 ``kernels_before``) are timed too, eagerly (their wrappers sync, so they cannot be captured).
 
     python benchmarks/gpu_kernels.py [--heads 9/3x64 32/8x128] [--dtypes float16 bfloat16] [--before DIR]
+
+A ``--before`` folder from a revision REV (the 2026-11-26 table used 296f707): each file of
+REV's ``engines/builtin/kernels/`` into ``.gpu_before/kernels_before/``, with its imports of
+``parrot.engines.builtin.kernels.`` renamed to ``kernels_before.`` (sed).
 """
 
 from __future__ import annotations
