@@ -84,34 +84,6 @@ def test_paged_decode(dtype, num_heads, kv_heads, batch, block_size, lengths, nu
         torch.testing.assert_close(lse[i], ref_lse[0], **tol(dtype))
 
 
-@pytest.mark.parametrize("window", [1, 5, 16, 40])
-@pytest.mark.parametrize("num_splits", [1, 3])
-def test_paged_decode_with_a_sliding_window(window, num_splits):
-    """Only the last ``window`` keys; blocks (and whole splits) before them are skipped."""
-    g = torch.Generator().manual_seed(window)
-    block_size, lens = 4, [1, 9, 33]
-    k_cache, v_cache = make_cache(2, block_size, torch.float32)
-    tables = torch.stack([random_table(9, g) for _ in lens])
-    q = torch.randn(len(lens), 6, HEAD_DIM, device=DEVICE)
-    out, lse = paged_decode_attention(
-        q,
-        k_cache,
-        v_cache,
-        tables,
-        torch.tensor(lens, device=DEVICE),
-        block_size,
-        HEAD_DIM**-0.5,
-        num_splits,
-        window,
-    )
-    for i, n in enumerate(lens):
-        mask = (torch.arange(n, device=DEVICE) >= n - window)[None, :]
-        keys, vals = gather(k_cache, tables[i], n, block_size), gather(v_cache, tables[i], n, block_size)
-        ref_out, ref_lse = reference(q[i : i + 1], keys, vals, mask)
-        torch.testing.assert_close(out[i], ref_out[0], **tol(torch.float32))
-        torch.testing.assert_close(lse[i], ref_lse[0], **tol(torch.float32))
-
-
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize(("num_heads", "kv_heads"), [(2, 2), (3, 1), (8, 1)])
 @pytest.mark.parametrize(
@@ -201,14 +173,14 @@ def test_two_level_sharing_by_repeated_merging():
 # -- long sequences: key tiles over several blocks, splits, windows ------------------------
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("num_splits", [1, 2, 5])
-@pytest.mark.parametrize("window", [None, 1, 70, 200])
-def test_paged_decode_over_many_tiles(dtype, num_splits, window):
-    """Lengths that end mid-tile and mid-block, splits that start mid-sequence, windows that
-    skip whole tiles and splits."""
+@pytest.mark.parametrize("window", [None, 1, 5, 40, 70, 200])
+@pytest.mark.parametrize(("block_size", "lens"), [(4, [1, 9, 33]), (16, [130, 300, 77, 1])])
+def test_paged_decode_over_many_tiles(dtype, num_splits, window, block_size, lens):
+    """Lengths that end mid-tile and mid-block, splits that start mid-sequence, a sliding
+    window that skips whole blocks, tiles and splits (only the last ``window`` keys)."""
     g = torch.Generator().manual_seed(num_splits)
-    block_size, lens = 16, [130, 300, 77, 1]
     k_cache, v_cache = make_cache(3, block_size, dtype)
-    tables = torch.stack([random_table(19, g) for _ in lens])
+    tables = torch.stack([random_table(-(-max(lens) // block_size), g) for _ in lens])
     q = torch.randn(len(lens), 6, HEAD_DIM, dtype=dtype, device=DEVICE)
     out, lse = paged_decode_attention(
         q,
