@@ -15,7 +15,10 @@
 # time is left; a stage is killed (with its engine and ServeCore) when the budget is spent,
 # its finished runs still in its log (one line per run and side).
 #
-# Settings (environment): GPU_APPS_DEVICE (cuda), GPU_APPS_MODEL (1b | tiny), GPU_APPS_SIZES
+# The engines' and ServeCores' own logs (at debug: the engine's step trace says which steps
+# replayed a CUDA graph) go to $OUT/processes-WORKLOAD-SIZE.
+#
+# Settings (environment): GPU_APPS_RTT_MS (0), GPU_APPS_DEVICE (cuda), GPU_APPS_MODEL (1b | tiny), GPU_APPS_SIZES
 # ("quick full"), GPU_APPS_RUNS (3), GPU_APPS_KV (KV cache, 16GiB), GPU_APPS_LABEL (cuda),
 # GPU_APPS_WORKLOADS ("chatbot map-reduce"), GPU_APPS_BUDGET (180), GPU_APPS_ENGINE_ARGS (more
 # engine flags, space-separated, e.g. --attention-backend=torch). On a CPU, to check the
@@ -29,6 +32,7 @@ model_size=${GPU_APPS_MODEL:-1b}
 sizes=${GPU_APPS_SIZES:-quick full}
 budget=${GPU_APPS_BUDGET:-180}
 runs=${GPU_APPS_RUNS:-3}
+rtt=${GPU_APPS_RTT_MS:-0}  # a simulated client round trip before every request, as on the CPU tables
 kv=${GPU_APPS_KV:-16GiB}
 label=${GPU_APPS_LABEL:-cuda}
 workloads=${GPU_APPS_WORKLOADS:-chatbot map-reduce}
@@ -91,8 +95,8 @@ for size in $sizes; do
             fi
             rc=0
             stage "bench-$w-$size-$run_label" "$left" "$py" -m parrot.platform.cli.main bench "$w" \
-                "${quick[@]}" --docs --label "$run_label" --runs "$runs" --rtt-ms 0 \
-                --kv-cache-memory "$kv" "${engine_args[@]}" || rc=$?
+                "${quick[@]}" --docs --label "$run_label" --runs "$runs" --rtt-ms "$rtt" \
+                --logs "$out/processes-$w-$size" --kv-cache-memory "$kv" "${engine_args[@]}" || rc=$?
             if [ "$rc" = 0 ]; then
                 fallback=0  # the engine works as it is
                 break

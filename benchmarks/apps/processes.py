@@ -77,6 +77,7 @@ class Stack:
     """
 
     def __init__(self, workdir: Path, log_level: str = "warning") -> None:
+        workdir.mkdir(parents=True, exist_ok=True)  # --logs may name a folder not made yet
         self.workdir = workdir
         self.log_level = log_level
         self.databases = 0
