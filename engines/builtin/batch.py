@@ -91,10 +91,9 @@ def build_step(
     decode = (
         _decode_group(items, decode_idx, token_start, kv_start, block_size, device) if decode_idx else None
     )
+    prefill_idx = [i for i in computed if items[i].num_tokens > 1]
     prefills = tuple(
-        _prefill_seq(items[i], token_start[i], kv_start[i], block_size, device)
-        for i in computed
-        if items[i].num_tokens > 1
+        _prefill_seq(items[i], token_start[i], kv_start[i], block_size, device) for i in prefill_idx
     )
     shared = tuple(
         SharedPrefixGroup(
@@ -121,7 +120,11 @@ def build_step(
             decode=decode,
             prefills=prefills,
             shared_groups=shared,
-            prefill_tables=_prefill_tables(prefills, device) if prefills else None,
+            prefill_tables=(
+                _prefill_tables(items, prefill_idx, token_start, kv_start, block_size, device)
+                if prefill_idx
+                else None
+            ),
         ),
         last_rows=last_rows,
     )
@@ -204,17 +207,23 @@ def _decode_group(items, idx, token_start, kv_start, block_size, device) -> Deco
     )
 
 
-def _prefill_tables(prefills: tuple[PrefillSeq, ...], device) -> PrefillTables:
-    width = max(p.block_table.numel() for p in prefills)
-    tables = torch.zeros(len(prefills), width, dtype=torch.long, device=device)
-    for row, p in enumerate(prefills):
-        tables[row, : p.block_table.numel()] = p.block_table
-    seqs = [[p.token_start, p.num_tokens, p.q_start, p.kv_start] for p in prefills]
+def _prefill_tables(items, idx, token_start, kv_start, block_size, device) -> PrefillTables:
+    """Built on the host and copied once (a row-by-row fill on a GPU is a launch per row)."""
+    blocks = [_prefill_blocks(items[i], kv_start[i], block_size) for i in idx]
+    tables = torch.zeros(len(idx), max(map(len, blocks)), dtype=torch.long)
+    for row, own in enumerate(blocks):
+        tables[row, : len(own)] = torch.tensor(own)
+    seqs = [[token_start[i], items[i].num_tokens, items[i].start, kv_start[i]] for i in idx]
     return PrefillTables(
-        block_tables=tables,
-        seqs=torch.tensor(seqs, dtype=torch.int32, device=device),
-        max_tokens=max(p.num_tokens for p in prefills),
+        block_tables=tables.to(device),
+        seqs=torch.tensor(seqs, dtype=torch.int32).to(device),
+        max_tokens=max(items[i].num_tokens for i in idx),
     )
+
+
+def _prefill_blocks(item: StepItem, kv_start: int, block_size: int) -> list[int]:
+    """The blocks a prefilling item attends: from the one holding ``kv_start`` to its end."""
+    return item.context.blocks[kv_start // block_size : -(-(item.start + item.num_tokens) // block_size)]
 
 
 def _prefill_seq(item: StepItem, token_start: int, kv_start: int, block_size: int, device) -> PrefillSeq:
@@ -223,7 +232,7 @@ def _prefill_seq(item: StepItem, token_start: int, kv_start: int, block_size: in
     qpos = torch.arange(item.start, end)
     kpos = torch.arange(kv_start, end)
     mask = (kpos[None, :] <= qpos[:, None]).to(device)
-    blocks = item.context.blocks[kv_start // block_size : -(-end // block_size)]
+    blocks = _prefill_blocks(item, kv_start, block_size)
     return PrefillSeq(
         token_start=token_start,
         num_tokens=item.num_tokens,
