@@ -5,8 +5,8 @@ suffix of its own, one decode step of attention (one layer, the default model's 
 shape) is timed three ways in one run: the shared-prefix path (prefix attended once for
 all sequences, suffixes separately, merged by log-sum-exp), plain paged attention (each
 sequence gathers its whole context), and torch SDPA over KV that is already contiguous
-(the baseline). On a GPU the Triton kernels run, timed as CUDA-graph replays (median); on
-the CPU the torch backend's paths (best of ``--repeats``).
+(the baseline). On a GPU the Triton kernels run, timed as CUDA-graph replays; on the CPU
+the torch backend's paths. The sides alternate over ``--rounds`` rounds (median, min-max).
 
     python benchmarks/attention_kernels.py [--prefixes 1024 4096] [--seqs 8 32 128]
 """
@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-import time
 from pathlib import Path
 
 import torch
@@ -23,7 +22,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _report import machine, write_section
-from gpu_kernels import bench
+from gpu_kernels import ms_cell, timed_sides
 
 from parrot.engines.builtin.attention import create_backend
 from parrot.engines.builtin.batch import SharedPrefixPolicy, StepItem, build_step
@@ -53,25 +52,7 @@ def build(prefix: int, seqs: int, device: torch.device, dtype: torch.dtype):
     return pool, items
 
 
-def timed(fn, repeats: int, device: torch.device) -> float:
-    """Seconds: on a GPU the median replay of a CUDA graph of ``fn`` (as the engine would
-    replay a step; L2 flushed before each run), on the CPU the best of ``repeats`` calls."""
-    if device.type == "cuda":
-        return bench(fn, graph=True) / 1e3
-    fn()
-    best = float("inf")
-    for _ in range(repeats):
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-        start = time.perf_counter()
-        fn()
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-        best = min(best, time.perf_counter() - start)
-    return best
-
-
-def case(prefix: int, seqs: int, repeats: int, device: torch.device, dtype: torch.dtype, backend_name: str):
+def case(prefix: int, seqs: int, rounds: int, device: torch.device, dtype: torch.dtype, backend_name: str):
     pool, items = build(prefix, seqs, device, dtype)
     backend = create_backend(backend_name, HEADS, KV_HEADS, HEAD_DIM)
     q = torch.randn(seqs, HEADS, HEAD_DIM, device=device, dtype=dtype)
@@ -83,8 +64,6 @@ def case(prefix: int, seqs: int, repeats: int, device: torch.device, dtype: torc
     ).attention
     plain = build_step(items, BLOCK, SharedPrefixPolicy(enabled=False), device).attention
     assert shared.uses_shared_prefix and not plain.uses_shared_prefix
-    t_shared = timed(lambda: backend.forward(q, k, v, kc, vc, shared), repeats, device)
-    t_plain = timed(lambda: backend.forward(q, k, v, kc, vc, plain), repeats, device)
     out_shared = backend.forward(q, k, v, kc, vc, shared)
     out_plain = backend.forward(q, k, v, kc, vc, plain)
     torch.testing.assert_close(out_shared.float(), out_plain.float(), atol=2e-3, rtol=2e-3)
@@ -93,10 +72,12 @@ def case(prefix: int, seqs: int, repeats: int, device: torch.device, dtype: torc
     keys = torch.stack([kc[_slots(it.context.blocks, length)] for it in items]).transpose(1, 2)
     vals = torch.stack([vc[_slots(it.context.blocks, length)] for it in items]).transpose(1, 2)
     keys, vals = keys.contiguous(), vals.contiguous()  # [seqs, kv_heads, length, head_dim]
-    t_sdpa = timed(
-        lambda: F.scaled_dot_product_attention(q.unsqueeze(2), keys, vals, enable_gqa=True), repeats, device
-    )
-    return t_shared, t_plain, t_sdpa
+    sides = {
+        "shared": (lambda: backend.forward(q, k, v, kc, vc, shared), True),
+        "plain": (lambda: backend.forward(q, k, v, kc, vc, plain), True),
+        "sdpa": (lambda: F.scaled_dot_product_attention(q.unsqueeze(2), keys, vals, enable_gqa=True), True),
+    }
+    return timed_sides(sides, rounds)  # ms, median (min, max) per side
 
 
 def _slots(blocks: list[int], length: int) -> torch.Tensor:
@@ -108,7 +89,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--prefixes", type=int, nargs="+", default=[1024, 4096])
     parser.add_argument("--seqs", type=int, nargs="+", default=[8, 32, 128])
-    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--no-write", action="store_true")
     parser.add_argument("--section", default="", help="suffix of the docs section (e.g. thresholds)")
     args = parser.parse_args()
@@ -120,8 +101,13 @@ def main() -> None:
         "",
         f"Machine: {machine()}. Backend: {backend} ({dtype}), one layer, {HEADS} query / {KV_HEADS} KV "
         f"heads x {HEAD_DIM}, block {BLOCK}, each sequence with its own {SUFFIX}-token suffix; "
-        + ("median CUDA-graph replay (L2 flushed)" if device.type == "cuda" else f"best of {args.repeats}")
-        + ". Ratios are speed-ups over plain paged attention.",
+        + f"{args.rounds} rounds, the three sides alternating, median (min-max) of the rounds; "
+        + (
+            "a round: the median CUDA-graph replay of `do_bench` (L2 flushed)"
+            if device.type == "cuda"
+            else "a round: one call"
+        )
+        + ". Ratios (of the medians) are speed-ups over plain paged attention.",
         "",
         "| prefix | seqs | shared-prefix ms | plain paged ms | SDPA contiguous ms "
         "| shared speed-up over plain | plain / SDPA time |",
@@ -129,9 +115,11 @@ def main() -> None:
     ]
     for prefix in args.prefixes:
         for seqs in args.seqs:
-            s, p, d = case(prefix, seqs, args.repeats, device, dtype, backend)
+            t = case(prefix, seqs, args.rounds, device, dtype, backend)
+            s, p, d = t["shared"][0], t["plain"][0], t["sdpa"][0]
             lines.append(
-                f"| {prefix} | {seqs} | {s * 1e3:.3f} | {p * 1e3:.3f} | {d * 1e3:.3f} "
+                f"| {prefix} | {seqs} | {ms_cell(t['shared'])} | {ms_cell(t['plain'])} "
+                f"| {ms_cell(t['sdpa'])} "
                 f"| {p / s:.2f}x | {p / d:.2f}x |"
             )
             print(lines[-1], flush=True)

@@ -4,7 +4,8 @@ Decode: 1-128 sequences x 1k-16k keys; prefill: one or a few sequences of 1k-16k
 tokens. Each side attends the same keys: the kernels through a block table of scattered
 16-key blocks, SDPA (flash backend, GQA) over the same keys stored contiguously. Each call
 is captured in a CUDA graph and its replay timed with ``triton.testing.do_bench`` (CUDA
-events, L2 flushed before every run, median), as an engine would replay it; the kernels are
+events, L2 flushed before every run, median), as an engine would replay it, in rounds with
+the sides alternating (``timed_sides``: median and min-max of the rounds); the kernels are
 also timed as plain Python calls ("eager": launch costs included). With ``--before DIR`` the
 kernels of an earlier revision (a copy of ``engines/builtin/kernels`` as package
 ``kernels_before``) are timed too, eagerly (their wrappers sync, so they cannot be captured).
@@ -20,7 +21,9 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import statistics
 import sys
+import time
 from pathlib import Path
 
 import torch
@@ -37,27 +40,51 @@ BLOCK = 16
 SMOKE = False  # --smoke: on the CPU (Triton's interpreter), one call per side, no timing
 
 
-def bench(fn, graph: bool) -> float:
-    """Median ms of ``fn`` (or of the replay of a CUDA graph of it)."""
-    import triton.testing
+ROUNDS = 3  # timing rounds per side, the sides' order reversed every other round
 
-    if SMOKE:
-        fn()
-        return 1.0
-    if graph:
-        stream = torch.cuda.Stream()
-        stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(stream):
-            for _ in range(2):
-                fn()
-        torch.cuda.current_stream().wait_stream(stream)
-        g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g):
+
+def _runnable(fn, graph: bool):
+    """``fn``, or the replay of a CUDA graph of it (captured after two warm-up calls)."""
+    if not graph:
+        return fn
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(2):
             fn()
-        run = g.replay
-    else:
-        run = fn
-    return triton.testing.do_bench(run, warmup=10, rep=40, return_mode="median")
+    torch.cuda.current_stream().wait_stream(stream)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        fn()
+    return g.replay
+
+
+def timed_sides(sides: dict, rounds: int = ROUNDS) -> dict[str, tuple[float, float, float]]:
+    """ms per call of each side ``name: (fn, graph)``: median (min, max) over ``rounds``
+    rounds, the sides alternating. On a GPU each round is ``triton.testing.do_bench``'s median
+    (CUDA events, L2 flushed before each run); on the CPU one call, after a warm-up."""
+    if SMOKE:
+        for fn, _ in sides.values():
+            fn()
+        return dict.fromkeys(sides, (1.0, 1.0, 1.0))
+    cuda = torch.cuda.is_available()
+    runs = {name: _runnable(fn, graph and cuda) for name, (fn, graph) in sides.items()}
+    times: dict[str, list[float]] = {name: [] for name in sides}
+    for r in range(rounds):
+        for name in list(runs) if r % 2 == 0 else list(runs)[::-1]:
+            times[name].append(_once(runs[name], cuda))
+    return {name: (statistics.median(t), min(t), max(t)) for name, t in times.items()}
+
+
+def _once(run, cuda: bool) -> float:
+    if cuda:
+        import triton.testing
+
+        return triton.testing.do_bench(run, warmup=10, rep=40, return_mode="median")
+    run()
+    start = time.perf_counter()
+    run()
+    return (time.perf_counter() - start) * 1e3
 
 
 def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -117,16 +144,11 @@ def decode_case(seqs, length, heads, kv_heads, d, dtype, before):
     k_sdpa, v_sdpa = sdpa_inputs(k, v, heads)
     ref = lambda: sdpa(q.unsqueeze(2), k_sdpa, v_sdpa, False)  # noqa: E731
     err = rel_err(ours()[0], ref().squeeze(2))
-    row = {
-        "sdpa": bench(ref, graph=True),
-        "graph": bench(ours, graph=True),
-        "eager": bench(ours, graph=False),
-        "err": err,
-    }
+    sides = {"sdpa": (ref, True), "graph": (ours, True), "eager": (ours, False)}
     if before is not None:
         old = lambda: before.paged_decode.paged_decode_attention(q, kc, vc, table, lens, BLOCK, scale)  # noqa: E731
-        row["old"] = bench(old, graph=False)
-    return row
+        sides["old"] = (old, False)
+    return {**timed_sides(sides), "err": err}
 
 
 def prefill_case(seqs, length, heads, kv_heads, d, dtype, before):
@@ -166,16 +188,11 @@ def prefill_case(seqs, length, heads, kv_heads, d, dtype, before):
 
     k_sdpa, v_sdpa = sdpa_inputs(k, v, heads)
     ref = lambda: sdpa(q, k_sdpa, v_sdpa, True)  # noqa: E731
-    got = ours().view(seqs, length, heads, d).transpose(1, 2)
-    row = {
-        "sdpa": bench(ref, graph=True),
-        "graph": bench(ours, graph=True),
-        "eager": bench(ours, graph=False),
-        "err": rel_err(got, ref()),
-    }
+    err = rel_err(ours().view(seqs, length, heads, d).transpose(1, 2), ref())
+    sides = {"sdpa": (ref, True), "graph": (ours, True), "eager": (ours, False)}
     if before is not None:
-        row["old"] = bench(lambda: per_sequence(before.paged_prefill.paged_prefill_attention), graph=False)
-    return row
+        sides["old"] = (lambda: per_sequence(before.paged_prefill.paged_prefill_attention), False)
+    return {**timed_sides(sides), "err": err}
 
 
 DECODE_VARIANTS = [(64, 4, 2), (64, 4, 3), (128, 4, 2), (128, 8, 2), (32, 4, 3)]  # TILE_N, warps, stages
@@ -206,7 +223,7 @@ def sweep() -> list[str]:
         for variant in DECODE_VARIANTS:
             paged_decode.TILE_N, paged_decode.NUM_WARPS, paged_decode.NUM_STAGES = variant
             r = decode_case(seqs, length, *dims, torch.bfloat16, None)
-            cells.append(f"{variant}: {r['graph']:.3f} (SDPA {r['sdpa']:.3f})")
+            cells.append(f"{variant}: {r['graph'][0]:.3f} (SDPA {r['sdpa'][0]:.3f})")
         lines.append(f"- {shape} {seqs}x{length}: " + "; ".join(cells))
         print(lines[-1], flush=True)
     paged_decode.TILE_N, paged_decode.NUM_WARPS, paged_decode.NUM_STAGES = kept
@@ -226,7 +243,7 @@ def sweep() -> list[str]:
             )
             try:
                 r = prefill_case(seqs, length, *dims, torch.bfloat16, None)
-                cells.append(f"{variant}: {r['graph']:.3f} (SDPA {r['sdpa']:.3f})")
+                cells.append(f"{variant}: {r['graph'][0]:.3f} (SDPA {r['sdpa'][0]:.3f})")
             except Exception as exc:  # a variant that does not fit (shared memory): say so, go on
                 cells.append(f"{variant}: {type(exc).__name__}")
         lines.append(f"- {shape} {seqs}x{length}: " + "; ".join(cells))
@@ -255,13 +272,18 @@ def table_lines(title, rows, before):
     ]
     for (shape, dtype, seqs, length), r in rows:
         line = (
-            f"| {shape} | {dtype} | {seqs} | {length} | {r['sdpa']:.3f} | {r['graph']:.3f} "
-            f"| {r['sdpa'] / r['graph']:.2f}x | {r['eager']:.3f} "
+            f"| {shape} | {dtype} | {seqs} | {length} | {ms_cell(r['sdpa'])} | {ms_cell(r['graph'])} "
+            f"| {r['sdpa'][0] / r['graph'][0]:.2f}x | {ms_cell(r['eager'])} "
         )
         if before:
-            line += f"| {r['old']:.3f} | {r['old'] / r['eager']:.2f}x "
+            line += f"| {ms_cell(r['old'])} | {r['old'][0] / r['eager'][0]:.2f}x "
         lines.append(line + f"| {r['err']:.1e} |")
     return lines
+
+
+def ms_cell(timing: tuple[float, float, float]) -> str:
+    """median (min-max)"""
+    return f"{timing[0]:.3f} ({timing[1]:.3f}-{timing[2]:.3f})"
 
 
 def main() -> None:
@@ -307,10 +329,11 @@ def main() -> None:
         "",
         f"Machine: {machine()}. One layer; heads are query/KV heads x head_dim; the kernels read "
         f"{BLOCK}-key blocks scattered through the cache, SDPA (flash backend, GQA) the same keys "
-        "stored contiguously. Median of `triton.testing.do_bench` (L2 flushed before each run) over "
-        "CUDA-graph replays; 'eager' times the Python call, launches included. SDPA / Triton above "
-        "1 means the kernel is faster; the target is 0.8x or more. The error is the relative "
-        "Frobenius distance to SDPA's output.",
+        "stored contiguously. Each round is the median of `triton.testing.do_bench` (L2 flushed "
+        f"before each run) over CUDA-graph replays; {ROUNDS} rounds, the sides alternating; median "
+        "(min-max) of the rounds, ratios of the medians. 'eager' times the Python call, launches "
+        "included. SDPA / Triton above 1 means the kernel is faster; the target is 0.8x or more. "
+        "The error is the relative Frobenius distance to SDPA's output.",
         "",
         *table_lines("Decode: one query token per sequence", decode, before),
         "",
