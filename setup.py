@@ -26,6 +26,6 @@ def _packages() -> list[str]:
 setup(
     packages=_packages(),
     package_dir={f"parrot.{root}": root for root in ROOTS},
-    package_data={"": ["*.html", "*.js", "*.css", "*.txt", "*.json", "*.ini", "*.mako"]},
+    package_data={"": ["*.html", "*.js", "*.css", "*.txt", "*.json", "*.ini", "*.mako", "*.cpp"]},
     include_package_data=True,
 )

@@ -73,6 +73,8 @@ class DecodeGraphs:
     graph path without CUDA, for tests on the CPU.
     """
 
+    kind = "graph"
+
     def __init__(
         self,
         model: LlamaForCausalLM,

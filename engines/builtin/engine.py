@@ -26,6 +26,7 @@ from parrot.engines.builtin.context_pool import ContextPool, Target
 from parrot.engines.builtin.cuda_graphs import PAD_BLOCKS, capture_decode_graphs, graph_batch_sizes
 from parrot.engines.builtin.engine_config import EngineConfig
 from parrot.engines.builtin.engine_core import EngineCore
+from parrot.engines.builtin.fused_decode import fused_decode_step
 from parrot.engines.builtin.grammars import GrammarCompiler
 from parrot.engines.builtin.jobs import GenerateResult, JobSink, Outbox
 from parrot.engines.builtin.kv_cache import allocate_kv_cache, num_blocks_for_budget
@@ -97,9 +98,8 @@ class BuiltinEngine:
             torch.set_num_threads(config.num_threads)
         cache_dir = Path(config.cache_dir) if config.cache_dir else default_cache_dir()
         self.model_folder = resolve_model_folder(config.model, cache_dir)
-        self.model_config = ModelConfig.from_folder(self.model_folder)
+        self.model_config = mc = ModelConfig.from_folder(self.model_folder)
         self.tokenizer = Tokenizer(self.model_folder)
-        mc = self.model_config
         backend_name = config.attention_backend or default_backend(self.device.type)
         self.backend = create_backend(backend_name, mc.num_heads, mc.num_kv_heads, mc.head_dim)
         self.model = build_model(config, mc, self.model_folder, self.backend)
@@ -111,7 +111,8 @@ class BuiltinEngine:
         max_len = min(config.max_model_len or mc.max_position_embeddings, mc.max_position_embeddings)
         graph_len = min(max_len, config.cuda_graph_max_len)
         graphs = capture_decode_graphs(self.model, pool, graph_len, sizes, config.shared_prefix)
-        runner = ModelRunner(self.model, pool, config.shared_prefix, self.device, graphs)
+        whole_step = graphs or fused_decode_step(self.model, pool, config, self.device)
+        runner = ModelRunner(self.model, pool, config.shared_prefix, self.device, whole_step)
         eos = frozenset(mc.eos_token_ids) | self.tokenizer.eos_token_ids
         self.core = EngineCore(
             runner,

@@ -93,6 +93,9 @@ class EngineConfig:
     # run eagerly.
     cuda_graph_batch_sizes: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64)
     cuda_graph_max_len: int = 8192
+    # CPU, packed weights: decode-only steps run whole in one C++ call (fused_decode.py), 1.9x
+    # faster at batch 1 on the default model; False runs every step op by op (eagerly).
+    fused_decode: bool = True
 
     def __post_init__(self) -> None:
         if self.block_size < 1 or self.block_size > 1024:

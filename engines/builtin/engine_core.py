@@ -73,6 +73,7 @@ class EngineCore:
         self.tokens_generated = 0
         self.shared_prefix_steps = 0  # steps that took the shared-prefix attention path
         self.graph_steps = 0  # decode steps replayed as CUDA graphs
+        self.fused_steps = 0  # decode steps run by the fused CPU step
         self._recent: deque[tuple[float, int]] = deque()
 
     # -- commands ------------------------------------------------------------------------
@@ -292,12 +293,12 @@ class EngineCore:
             tokens = self.sampler.sample(logits, seqs)
         self.post.postprocess(items, jobs, output, sampled, tokens)
         computed = sum(item.num_tokens for item in items)
-        self._record(len(items), computed, len(tokens), output.shared_prefix, output.graph)
+        self._record(len(items), computed, len(tokens), output.shared_prefix, output.path)
         if log.isEnabledFor(logging.DEBUG):  # a step trace, for profiling a workload
             log.debug(
                 "step %d: %d items, %d tokens (%d prefill items), %d sampled, %s, %.1f ms",
                 self.steps, len(items), computed, sum(item.num_tokens > 1 for item in items),
-                len(tokens), "graph" if output.graph else "eager", 1000 * (time.perf_counter() - started),
+                len(tokens), output.path, 1000 * (time.perf_counter() - started),
             )  # fmt: skip
         return True
 
@@ -338,11 +339,12 @@ class EngineCore:
 
     # -- statistics ----------------------------------------------------------------------
     def _record(
-        self, batch_size: int, computed: int, generated: int, shared_prefix: bool, graph: bool
+        self, batch_size: int, computed: int, generated: int, shared_prefix: bool, path: str
     ) -> None:
         self.steps += 1
         self.shared_prefix_steps += shared_prefix
-        self.graph_steps += graph
+        self.graph_steps += path == "graph"
+        self.fused_steps += path == "fused"
         self.batched_seqs += batch_size
         self.last_batch_size = batch_size
         self.max_batch_size = max(self.max_batch_size, batch_size)
@@ -380,6 +382,7 @@ class EngineCore:
             "tokens_forced": self.post.tokens_forced,  # by jump-forward: generated, never sampled
             "shared_prefix_steps": self.shared_prefix_steps,
             "graph_steps": self.graph_steps,
+            "fused_steps": self.fused_steps,
             "preemptions": self.scheduler.num_preemptions,
             "max_model_len": self.max_model_len,
             "max_running": self.scheduler.config.max_running,

@@ -34,6 +34,7 @@ _COUNTERS = (
     ("steps", "parrot:engine_steps", "Model steps."),
     ("shared_prefix_steps", "parrot:shared_prefix_steps", "Steps with shared-prefix attention."),
     ("graph_steps", "parrot:graph_steps", "Decode steps replayed as CUDA graphs."),
+    ("fused_steps", "parrot:fused_steps", "Decode steps run whole by the fused CPU step."),
     ("preemptions", "parrot:num_preemptions", "Jobs preempted when KV blocks ran out."),
 )
 

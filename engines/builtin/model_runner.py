@@ -7,14 +7,25 @@ recorded afterwards by the engine's postprocess step (:meth:`ContextPool.compute
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Protocol
 
 import torch
 
 from parrot.engines.builtin.attention.base import AttentionBatch
 from parrot.engines.builtin.batch import SharedPrefixPolicy, StepItem, build_step
 from parrot.engines.builtin.context_pool import ContextPool
-from parrot.engines.builtin.cuda_graphs import DecodeGraphs
 from parrot.engines.builtin.model.llama import LlamaForCausalLM
+
+
+class WholeDecodeStep(Protocol):
+    """A decode step run whole rather than op by op: CUDA graphs (cuda_graphs.py) or the
+    fused CPU step (fused_decode.py). ``kind`` names it in the step counters and trace."""
+
+    kind: str
+
+    def fits(self, items: list[StepItem]) -> bool: ...
+
+    def run(self, items: list[StepItem]) -> torch.Tensor: ...  # [len(items), hidden] final-normed
 
 
 @dataclass(frozen=True)
@@ -24,7 +35,7 @@ class StepOutput:
     # nothing); None when the step computed no token.
     last_hidden: torch.Tensor | None
     shared_prefix: bool  # the step took the shared-prefix attention path
-    graph: bool = False  # the step was replayed as a CUDA graph
+    path: str = "eager"  # or the WholeDecodeStep's kind that ran it: "graph" | "fused"
 
 
 class ModelRunner:
@@ -34,13 +45,13 @@ class ModelRunner:
         pool: ContextPool,
         policy: SharedPrefixPolicy,
         device: torch.device,
-        graphs: DecodeGraphs | None = None,  # decode steps that fit run as CUDA graphs
+        whole_step: WholeDecodeStep | None = None,  # decode steps that fit run whole
     ) -> None:
         self.model = model
         self.pool = pool  # read only: its KV cache is written by the model's layers
         self.policy = policy
         self.device = device
-        self.graphs = graphs
+        self.whole_step = whole_step
 
     @torch.inference_mode()
     def run(self, items: list[StepItem]) -> StepOutput:
@@ -48,9 +59,9 @@ class ModelRunner:
         inputs = None
         last = None
         route = self.model.matmul_route
-        graph = self.graphs is not None and self.graphs.fits(items)
-        if graph:
-            last = self.graphs.run(items)  # one row per item, in order
+        whole = self.whole_step if self.whole_step is not None and self.whole_step.fits(items) else None
+        if whole is not None:
+            last = whole.run(items)  # one row per item, in order
         elif any(item.num_tokens for item in items):
             inputs = build_step(items, self.pool.block_size, self.policy, self.device)
             if route is not None:
@@ -66,11 +77,12 @@ class ModelRunner:
             if item.sample
         ]
         shared = inputs is not None and inputs.attention.uses_shared_prefix
+        path = "eager" if whole is None else whole.kind
         if not rows:
-            return StepOutput(None, last, shared, graph)
+            return StepOutput(None, last, shared, path)
         if route is not None and last is None:
             route.begin_step(len(rows))  # sampling only: the LM head's product
-        return StepOutput(self.model.compute_logits(torch.stack(rows)), last, shared, graph)
+        return StepOutput(self.model.compute_logits(torch.stack(rows)), last, shared, path)
 
 
 def attended_keys(items: list[StepItem], attention: AttentionBatch) -> int:

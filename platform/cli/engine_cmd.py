@@ -107,6 +107,12 @@ def add_parser(commands) -> None:
         help="CUDA: decode steps of up to these batch sizes replay captured graphs, e.g. 1,2,4,8; "
         "off for none (default 1,2,4,8,16,32,64)",
     )
+    p.add_argument(
+        "--no-fused-decode",
+        action="store_true",
+        help="CPU: run decode steps op by op instead of in one C++ call (the fused step, default "
+        "with packed weights)",
+    )
     add_server_arguments(p)
     p.add_argument(
         "--max-body-bytes",
@@ -150,6 +156,7 @@ def config_from_args(args: argparse.Namespace) -> EngineConfig:
         ),
         jump_forward=not args.no_jump_forward,
         cuda_graph_batch_sizes=args.cuda_graphs,
+        fused_decode=not args.no_fused_decode,
     )
 
 

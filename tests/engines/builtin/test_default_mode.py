@@ -65,6 +65,25 @@ def test_greedy_text_is_repeatable_and_starts_as_the_exact_models(default_engine
     assert first == exact  # measured: the same 11 tokens ("1. Red\n2. Blue\n3. Green") here
 
 
+def test_its_decode_steps_run_fused_and_say_what_eager_steps_say(default_engine, engine_config):
+    """The fused CPU step (fused_decode.py) decodes; an engine without it, the same tokens."""
+    from parrot.engines.builtin.engine import BuiltinEngine
+
+    greedy = params(None, 24, temperature=0.0)
+    before = asyncio.run(default_engine.stats())["fused_steps"]
+    fused = asyncio.run(generate(default_engine, next(ids), greedy, PROMPT)).token_ids
+    # every step after the prompt's (which samples the first token) decodes one token, the
+    # last one sampling the end of text, which the reply leaves out
+    assert asyncio.run(default_engine.stats())["fused_steps"] - before == len(fused) > 0
+    eager_engine = BuiltinEngine(dataclasses.replace(engine_config, weights="auto", fused_decode=False))
+    try:
+        eager = asyncio.run(generate(eager_engine, next(ids), greedy, PROMPT)).token_ids
+        assert asyncio.run(eager_engine.stats())["fused_steps"] == 0
+    finally:
+        eager_engine.stop()
+    assert fused == eager
+
+
 def test_every_output_matches_its_format(default_engine):
     async def all_formats():
         jobs = [generate(default_engine, next(ids), params(f, **s)) for f in FORMATS for s in SAMPLINGS]

@@ -1,0 +1,191 @@
+"""Decode steps of the CPU model in one C++ call: the CPU's counterpart of CUDA graphs.
+
+On the CPU a small model's decode step is bound by the op calls of eager torch, not by its
+products: at batch 1 the bundled model's packed kernels take about 6 ms of a 13.8 ms step,
+the other ~8 ms are some 1,400 small ops (norms, rotary, attention glue, casts, residuals),
+each a few microseconds of Python and dispatch (docs/benchmarks.md, issue 25). Here the
+whole step runs in ``csrc/decode_step.cpp``: the layers loop in C++, the packed int4/int8
+products stay torch's own kernels, and the small ops are plain loops over the step's rows.
+
+The extension is compiled by torch's C++ extension loader (g++ and ninja) the first time an
+engine needs it, once per source, torch and CPU, and kept (:func:`extensions_dir`, beside
+the converted models); ``make install`` compiles it ahead
+(``python -m parrot.engines.builtin.fused_decode``). Where it cannot be built, the engine
+logs why and runs every step eagerly.
+
+Which steps qualify, like the CUDA graphs: every item decodes one token, and the step takes
+no shared-prefix group (whose prefix the eager path attends once for the whole group).
+Which models: float32 activations on the CPU with packed weights (``gguf``, ``int4``,
+``int8``: the defaults there), in the families without Gemma's norms or sliding windows
+(Llama, Mistral, Qwen2, Qwen3, Phi-3). The exact mode keeps the eager path, whose products
+are token-identical to transformers'. The fused step computes what the eager one does, in
+the same precisions; its float32 sums run in another order, so a bfloat16-rounded kernel
+input may differ by one unit in the last place (tests bound the difference).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import logging
+import platform
+import sys
+from functools import cache
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from parrot.engines.builtin.batch import SharedPrefixPolicy, StepItem, takes_shared_prefix
+from parrot.engines.builtin.context_pool import ContextPool
+from parrot.engines.builtin.engine_config import EngineConfig
+from parrot.engines.builtin.model.llama import LlamaForCausalLM
+from parrot.engines.builtin.model.loader import default_cache_dir
+from parrot.engines.builtin.model.quant import Int4Linear, Int8Linear, PackedLinear
+
+log = logging.getLogger(__name__)
+
+SOURCE = Path(__file__).parent / "csrc" / "decode_step.cpp"
+# -march=native: the extension is compiled on the machine that runs it (its name hashes the
+# CPU's flags). -ffast-math lets exp and the reductions vectorize; it only reorders float sums.
+CFLAGS = ["-O3", "-march=native", "-ffast-math", "-fopenmp-simd"]
+ACTIVATIONS = {"silu": 0, "gelu_pytorch_tanh": 1}
+INT4, INT8 = 0, 1  # the C++ Linear's kinds
+
+
+def _build_name() -> str:
+    """The extension's name: a hash of its source, flags, torch and this CPU's model and
+    flags, so that a build is reused exactly where it was made for (and never loads stale)."""
+    try:
+        cpuinfo = Path("/proc/cpuinfo").read_text()
+        cpu = [line for line in cpuinfo.splitlines() if line.startswith(("flags", "model name"))][:2]
+    except OSError:
+        cpu = [platform.processor()]
+    key = [SOURCE.read_text(), *CFLAGS, torch.__version__, sys.version, *cpu]
+    return "parrot_decode_step_" + hashlib.sha1("\n".join(key).encode()).hexdigest()[:12]
+
+
+def extensions_dir() -> Path:
+    """Where builds are kept: beside the converted models (``$PARROT_CACHE_DIR/../extensions``)."""
+    return default_cache_dir().parent / "extensions"
+
+
+@cache
+def load_extension():
+    """The compiled extension module (built on first use, ~30 s), or None (logged) when it
+    cannot be built here."""
+    name = _build_name()
+    folder = extensions_dir() / name
+    built = folder / f"{name}.so"
+    if built.exists():  # imported directly: torch's loader would take a second to check it
+        spec = importlib.util.spec_from_file_location(name, built)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        return module
+    from torch.utils.cpp_extension import load
+
+    folder.mkdir(parents=True, exist_ok=True)
+    log.info("compiling the fused CPU decode step into %s (once, about 30 s)", folder)
+    try:
+        return load(name, [str(SOURCE)], extra_cflags=CFLAGS, build_directory=str(folder))
+    except Exception as error:  # no compiler, no ninja, a failed build: the eager path remains
+        log.warning("decode steps run eagerly: the fused CPU step could not be built: %s", error)
+        return None
+
+
+def unsupported_reason(model: LlamaForCausalLM, device: torch.device) -> str | None:
+    """Why this model's decode steps cannot run fused (None: they can)."""
+    config = model.config
+    if device.type != "cpu":
+        return "not on the CPU"
+    if model.embed_tokens.weight.dtype != torch.float32:
+        return "activations are not float32"
+    if config.gemma_norms or model.embed_scale is not None or model.windows or model.local_rope:
+        return f"the {config.name} family's layout (Gemma norms, scaled embeddings or sliding windows)"
+    if config.hidden_act not in ACTIVATIONS:
+        return f"activation {config.hidden_act}"
+    if not all(isinstance(linear, PackedLinear) for layer in model.layers for linear in _projections(layer)):
+        return "unpacked weights (--weights exact)"
+    return None
+
+
+class FusedDecodeStep:
+    """The model's weights handed to the C++ step once, and the step's inputs built per call."""
+
+    kind = "fused"
+
+    def __init__(
+        self, model: LlamaForCausalLM, pool: ContextPool, policy: SharedPrefixPolicy, extension
+    ) -> None:
+        config = model.config
+        self.pool = pool
+        self.policy = policy
+        self.block_size = pool.block_size
+        scale = config.attn_scale or config.head_dim**-0.5
+        self.step = extension.DecodeModel(
+            config.hidden_size, config.num_heads, config.num_kv_heads, config.head_dim,
+            config.intermediate_size, config.rms_norm_eps, scale, ACTIVATIONS[config.hidden_act],
+            model.embed_tokens.weight, model.norm.weight, model.rope.cos, model.rope.signed_sin,
+        )  # fmt: skip
+        for layer in model.layers:
+            attn = layer.self_attn
+            q_norm = attn.q_norm.weight if attn.qk_norm else None
+            k_norm = attn.k_norm.weight if attn.qk_norm else None
+            self.step.add_layer(
+                layer.input_layernorm.weight, layer.post_attention_layernorm.weight, q_norm, k_norm,
+                *(_linear(extension, linear) for linear in _projections(layer)),
+            )  # fmt: skip
+
+    def fits(self, items: list[StepItem]) -> bool:
+        """Whether this step runs fused: single-token decodes only, no shared-prefix group."""
+        if not items or any(item.num_tokens != 1 for item in items):
+            return False
+        return not takes_shared_prefix(items, self.block_size, self.policy, torch.device("cpu"))
+
+    def run(self, items: list[StepItem]) -> torch.Tensor:
+        """The items' final-normed hidden rows [len(items), hidden]; their KV is stored."""
+        bs = self.block_size
+        width = max(item.start for item in items) // bs + 1  # block table columns
+        vectors = np.empty((4, len(items)), dtype=np.int64)  # ids, positions, slots, kv lens
+        table = np.zeros((len(items), width), dtype=np.int64)
+        for row, item in enumerate(items):
+            pos, blocks = item.start, item.context.blocks
+            used = pos // bs + 1  # blocks holding the keys, the new one included
+            vectors[:, row] = (item.context.token_ids[pos], pos, blocks[pos // bs] * bs + pos % bs, pos + 1)
+            table[row, :used] = blocks[:used]
+        ids, positions, slots, kv_lens = torch.from_numpy(vectors)
+        return self.step.step(ids, positions, slots, torch.from_numpy(table), kv_lens, self.pool.kv_cache, bs)
+
+
+def _projections(layer) -> tuple:
+    """A decoder layer's four products, in the order the C++ layer takes them."""
+    return layer.self_attn.qkv_proj, layer.self_attn.o_proj, layer.mlp.gate_up_proj, layer.mlp.down_proj
+
+
+def _linear(extension, linear: PackedLinear):
+    if isinstance(linear, Int4Linear):
+        weights = (INT4, linear.weight_int4, linear.scale_zero, linear.group_size)
+    elif isinstance(linear, Int8Linear):
+        weights = (INT8, linear.weight_int8, linear.scales, 0)
+    else:
+        raise TypeError(f"no fused product for {type(linear).__name__}")
+    return extension.Linear(*weights, linear.dense, linear.dense_rows, linear.bias)
+
+
+def fused_decode_step(
+    model: LlamaForCausalLM, pool: ContextPool, config: EngineConfig, device: torch.device
+) -> FusedDecodeStep | None:
+    """The engine's fused step, or None (the reason logged) where it is off or cannot run."""
+    reason = "--no-fused-decode" if not config.fused_decode else unsupported_reason(model, device)
+    if reason is None and pool.kv_cache.dtype != torch.float32:
+        reason = "the KV cache is not float32"
+    if reason is not None:
+        log.info("decode steps run eagerly: %s", reason)
+        return None
+    extension = load_extension()
+    return None if extension is None else FusedDecodeStep(model, pool, config.shared_prefix, extension)
+
+
+if __name__ == "__main__":  # make install: compile the extension ahead of the first engine
+    logging.basicConfig(level=logging.INFO)
+    sys.exit(0 if load_extension() is not None else 1)

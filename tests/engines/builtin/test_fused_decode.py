@@ -1,0 +1,143 @@
+"""The fused CPU decode step (engines/builtin/fused_decode.py, csrc/decode_step.cpp): which
+models and steps it takes, and that it computes what the eager step computes.
+
+The extension is compiled by the first test that needs it (about 25 s, then cached). The
+families it takes run on random tiny configs in both packed formats, over contexts whose
+block tables are not contiguous (forks share their parent's blocks); the real default model
+runs it through the engine (test_default_mode.py checks its greedy text).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import transformers
+from test_model_correctness import CONFIGS
+from test_model_families import FAMILIES
+from test_weight_formats import build
+
+from parrot.engines.builtin.batch import SharedPrefixPolicy, StepItem
+from parrot.engines.builtin.context_pool import Context, ContextPool
+from parrot.engines.builtin.engine_config import EngineConfig
+from parrot.engines.builtin.fused_decode import fused_decode_step, unsupported_reason
+from parrot.engines.builtin.model_runner import ModelRunner
+
+CPU = torch.device("cpu")
+CASES = {
+    "llama": CONFIGS["llama"],
+    "llama-attention-bias-mha": CONFIGS["llama-attention-bias-mha"],
+    "qwen2-linear-rope": CONFIGS["qwen2-linear-rope"],
+    "qwen3-tied-bias": FAMILIES["qwen3-tied-bias"],  # q/k norms, head_dim of its own, biases
+    "phi4-mini-partial-longrope": FAMILIES["phi4-mini-partial-longrope"],  # partial rotary
+}
+PROMPTS = (5, 13, 22)  # block size 4: partial last blocks, and tables of 2 to 6 blocks
+# max |fused - eager| / max |eager| of the hidden rows and the new KV, over a few decode
+# steps. Measured up to 5e-5 here: the two sum in another order, and a float32 difference
+# can round a bfloat16 kernel input the other way (one unit in the last place, ~0.4% of it).
+BOUND = 2e-3
+
+
+def policy(shared_prefix: SharedPrefixPolicy) -> EngineConfig:
+    return EngineConfig(shared_prefix=shared_prefix)
+
+
+@pytest.fixture(scope="module", params=sorted(CASES))
+def folder(request, tmp_path_factory):
+    torch.manual_seed(0)
+    hf = transformers.AutoModelForCausalLM.from_config(CASES[request.param]()).eval()
+    path = tmp_path_factory.mktemp(request.param)
+    hf.save_pretrained(path)
+    return path
+
+
+def contexts_with_a_fork(model, pool: ContextPool) -> list[Context]:
+    """Three prompts computed eagerly, and a fork of the longest one sharing its full blocks."""
+    runner = ModelRunner(model, pool, SharedPrefixPolicy(), CPU)
+    contexts = []
+    for cid, length in enumerate(PROMPTS, start=1):
+        ctx = Context(context_id=cid, token_ids=[(7 * cid + j) % 100 + 3 for j in range(length)])
+        ctx.materialized = True
+        pool.contexts[cid] = ctx
+        assert pool.ensure_blocks(ctx, length)
+        contexts.append(ctx)
+    output = runner.run([StepItem(ctx, 0, len(ctx.token_ids), sample=True) for ctx in contexts])
+    for n, (ctx, token) in enumerate(zip(contexts, output.logits.argmax(-1).tolist(), strict=True)):
+        pool.computed(ctx, len(ctx.token_ids), output.last_hidden[n])
+        pool.append_token(ctx, token)
+    parent = contexts[-1]
+    fork = Context(context_id=9, parent=parent, parent_id=parent.context_id)
+    pool.contexts[9] = fork
+    pool.materialize(fork)
+    fork.token_ids[-1] = 11  # decodes another token than its parent from the same prefix
+    return [*contexts, fork]
+
+
+@pytest.mark.parametrize(("weights", "dense_rows"), [("int8", 32), ("int4", 32), ("int4", 1)])
+def test_a_fused_step_computes_what_the_eager_step_computes(folder, weights, dense_rows):
+    """dense_rows=1: every product on the bfloat16 copy of the weights, as in big steps."""
+    model, pool = build(folder, "float32", weights, num_blocks=64, block_size=4, dense_rows=dense_rows)
+    fused = fused_decode_step(model, pool, EngineConfig(), CPU)
+    assert fused is not None
+    eager = ModelRunner(model, pool, SharedPrefixPolicy(), CPU)
+    runner = ModelRunner(model, pool, SharedPrefixPolicy(), CPU, fused)
+    contexts = contexts_with_a_fork(model, pool)
+    assert contexts[-1].blocks[:5] == contexts[-2].blocks[:5]  # the fork reads its parent's blocks
+    for _ in range(6):  # the tables grow past block boundaries
+        items = []
+        for ctx in contexts:
+            assert pool.ensure_blocks(ctx, len(ctx.token_ids))
+            items.append(StepItem(ctx, ctx.num_computed, 1, sample=True))
+        before = pool.kv_cache.clone()
+        expected = eager.run(items)
+        expected_cache = pool.kv_cache.clone()
+        pool.kv_cache.copy_(before)
+        got = runner.run(items)
+        assert got.path == "fused" and expected.path == "eager"
+        scale = expected.last_hidden.abs().max()
+        assert (got.last_hidden - expected.last_hidden).abs().max() / scale < BOUND
+        # the new keys and values went to the items' slots, and nowhere else
+        new = [ctx.blocks[ctx.num_computed // 4] * 4 + ctx.num_computed % 4 for ctx in contexts]
+        written = pool.kv_cache[:, :, new]  # [layers, 2, items, kv heads, head_dim]
+        want = expected_cache[:, :, new]
+        assert (written - want).abs().max() / want.abs().max() < BOUND
+        untouched = torch.ones(pool.kv_cache.shape[2], dtype=torch.bool)
+        untouched[new] = False
+        assert torch.equal(pool.kv_cache[:, :, untouched], before[:, :, untouched])
+        for n, (ctx, token) in enumerate(zip(contexts, expected.logits.argmax(-1).tolist(), strict=True)):
+            pool.computed(ctx, len(ctx.token_ids), expected.last_hidden[n])
+            pool.append_token(ctx, token)
+
+
+def test_only_steps_of_single_token_decodes_without_a_shared_prefix_run_fused(folder):
+    model, pool = build(folder, "float32", "int4", num_blocks=64, block_size=4)
+    contexts = contexts_with_a_fork(model, pool)
+    decodes = [StepItem(ctx, ctx.num_computed, 1, sample=True) for ctx in contexts]
+    for ctx in contexts:
+        assert pool.ensure_blocks(ctx, len(ctx.token_ids))
+    never_shared = fused_decode_step(model, pool, policy(SharedPrefixPolicy(enabled=False)), CPU)
+    assert never_shared.fits(decodes)
+    assert not never_shared.fits([])
+    prompt = Context(context_id=20, token_ids=[5] * 6, materialized=True)
+    pool.contexts[20] = prompt
+    assert pool.ensure_blocks(prompt, 6)
+    assert not never_shared.fits([*decodes[:2], StepItem(prompt, 0, 6, sample=True)])  # a prefill
+    stored = StepItem(contexts[0], contexts[0].num_computed + 1, 0, sample=True)
+    assert not never_shared.fits([decodes[1], stored])  # samples its stored state
+    # the fork and its parent share 20 tokens: with the path always taken, the step is eager
+    always = SharedPrefixPolicy(min_saved_tokens=0, min_prefix_tokens=1)
+    assert not fused_decode_step(model, pool, policy(always), CPU).fits(decodes)
+
+
+def test_models_it_cannot_run_say_why(folder, tmp_path):
+    exact, _ = build(folder, "float32", "exact")
+    assert unsupported_reason(exact, CPU) == "unpacked weights (--weights exact)"
+    packed, pool = build(folder, "float32", "int8")
+    assert unsupported_reason(packed, torch.device("cuda")) == "not on the CPU"
+    assert unsupported_reason(packed, CPU) is None
+    torch.manual_seed(0)
+    gemma = transformers.AutoModelForCausalLM.from_config(FAMILIES["gemma3"]()).eval()
+    gemma.save_pretrained(tmp_path / "gemma")
+    model, pool = build(tmp_path / "gemma", "float32", "int8")
+    assert "Gemma norms" in unsupported_reason(model, CPU)
+    assert fused_decode_step(model, pool, EngineConfig(), CPU) is None
+    assert fused_decode_step(packed, pool, EngineConfig(fused_decode=False), CPU) is None
