@@ -83,12 +83,12 @@ def serving(cmd: list[str], port: int, what: str, timeout_s: float = 300) -> Ite
         yield url
 
 
-def parrot_server(dtype: str, weights: str, threads: int):
+def parrot_server(dtype: str, weights: str, threads: int, *flags: str):
     port = free_port()
     parrot = str(Path(sys.executable).with_name("parrot"))
     cmd = [parrot, "engine", "--port", str(port), "--dtype", dtype, "--weights", weights]
-    cmd += ["--threads", str(threads), "--max-running", "64", "--max-batched-tokens", "2048"]
-    return serving(cmd, port, f"parrot engine ({dtype}/{weights})")
+    cmd += ["--threads", str(threads), "--max-running", "64", "--max-batched-tokens", "2048", *flags]
+    return serving(cmd, port, f"parrot engine ({dtype}/{weights}{''.join(' ' + f for f in flags)})")
 
 
 def llama_server(gguf: str, threads: int, slots: int = 16):

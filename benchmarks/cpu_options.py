@@ -5,9 +5,11 @@ rounds alternate the options' order, and each figure is the median (min-max) of 
 rounds' ms per decode step. Options (``dtype/weights[/variant]``):
 
 - ``float32/gguf``: the default for a GGUF model (torch's int4 kernel, the Q8_0 head on its
-  int8 kernel); ``float32/exact``: the default before (float32 weights, decode on BLAS);
+  int8 kernel), decode steps fused into one C++ call (fused_decode.py);
+  ``float32/gguf/eager``: the same op by op (the default before the fused step);
+  ``float32/exact``: the default before that (float32 weights, decode on BLAS);
 - ``bfloat16/gguf``: bfloat16 activations, which saves the int4 kernel's casts;
-- ``float32/int8``: the default for safetensors models, run on the GGUF's weights;
+- ``float32/int8``: the default for safetensors models, run on the GGUF's weights (fused);
 - ``float32/gguf/1-thread``: torch on one thread for the whole step;
 - ``float32/gguf/onnxruntime``: the int4 linears and the Q8_0 head on ONNX Runtime's
   ``MatMulNBits`` (int8 activations, benchmarks/_ort_linear.py), torch on one thread for the
@@ -36,6 +38,7 @@ from parrot.engines.builtin.model.loader import default_model_path
 
 OPTIONS = [
     "float32/gguf",
+    "float32/gguf/eager",
     "float32/exact",
     "bfloat16/gguf",
     "float32/int8",
@@ -47,7 +50,9 @@ DEFAULT = "float32/gguf"
 
 def build(option: str, threads: int):
     dtype, weights, *variant = option.split("/")
-    config = EngineConfig(dtype=dtype, weights=weights, num_threads=threads)
+    # ONNX Runtime swaps the linears after the build: the fused step would keep the old ones
+    fused = not {"eager", "onnxruntime"} & set(variant)
+    config = EngineConfig(dtype=dtype, weights=weights, num_threads=threads, fused_decode=fused)
     runner = make_runner(config)
     if variant == ["onnxruntime"]:
         from _ort_linear import swap_to_onnxruntime

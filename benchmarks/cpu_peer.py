@@ -10,7 +10,10 @@ The llama.cpp side is ``llama-server`` built from source by ``make bench-peers``
 parallel slots and continuous batching, as it serves concurrent requests); without it
 the script says so and stops.
 
-    python benchmarks/cpu_peer.py [--rounds 3] [--batches 1 4 16] [--modes gguf exact]
+    python benchmarks/cpu_peer.py [--rounds 3] [--batches 1 4 16] [--modes gguf gguf/eager exact]
+
+A mode is a ``--weights`` value; ``/eager`` runs it with ``--no-fused-decode`` (every decode
+step op by op, as before the fused CPU step).
 """
 
 from __future__ import annotations
@@ -40,7 +43,9 @@ def measure(args) -> dict[str, dict[int, Spread]]:
     with contextlib.ExitStack() as stack:
         servers: dict[str, tuple[str, str | None]] = {}
         for mode in args.modes:
-            url = stack.enter_context(parrot_server("float32", mode, args.threads))
+            weights, _, eager = mode.partition("/")  # gguf/eager: the fused decode step off
+            flags = ["--no-fused-decode"] if eager else []
+            url = stack.enter_context(parrot_server("float32", weights, args.threads, *flags))
             servers[f"Parrot {mode}"] = (url, None)
         url = stack.enter_context(llama_server(gguf, args.threads, slots=max(args.batches)))
         servers["llama.cpp"] = (url, gguf)
@@ -67,7 +72,8 @@ def table(args, results: dict[str, dict[int, Spread]]) -> str:
         "aggregate completion tokens/s over the wall time (prefill included), median (min-max) of "
         f"{args.rounds} rounds, the servers' order reversed each round. llama.cpp: `llama-server` "
         "built from source (`make bench-peers`), 16 parallel slots, continuous batching. Parrot modes "
-        "are `--weights` values (float32 activations).",
+        "are `--weights` values (float32 activations); `/eager`: with `--no-fused-decode`, every "
+        "decode step op by op as before the fused CPU step.",
         "",
         "| batch | " + " | ".join(results) + " | " + " | ".join(f"{n} / llama.cpp" for n in ours) + " |",
         "| ---: | " + " | ".join("---:" for _ in [*results, *ours]) + " |",
@@ -87,7 +93,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--batches", type=int, nargs="+", default=[1, 4, 16])
-    parser.add_argument("--modes", nargs="+", default=["gguf", "exact"])
+    parser.add_argument("--modes", nargs="+", default=["gguf", "gguf/eager", "exact"])
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--new-tokens", type=int, default=96)
     parser.add_argument("--no-docs", action="store_true", help="print the table only")

@@ -5,7 +5,10 @@ steps to warm up, then profiles ``--steps`` decode steps and prints the ops by s
 time, the number of ops per step and the step time. Speed is noisy on a shared machine:
 read the op counts and the shares, not the absolute times.
 
-    python benchmarks/decode_profile.py [--batch 1] [--dtype float32] [--weights exact]
+    python benchmarks/decode_profile.py [--batch 1] [--dtype float32] [--weights exact] [--no-fused-decode]
+
+Steps run as the engine runs them: fused (one C++ call, fused_decode.py) where the model
+allows, unless ``--no-fused-decode``; the profiler then sees the ATen ops inside the call.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from parrot.engines.builtin.batch import SharedPrefixPolicy, StepItem
 from parrot.engines.builtin.block_manager import BlockManager
 from parrot.engines.builtin.context_pool import Context, ContextPool
 from parrot.engines.builtin.engine_config import EngineConfig
+from parrot.engines.builtin.fused_decode import fused_decode_step
 from parrot.engines.builtin.kv_cache import allocate_kv_cache
 from parrot.engines.builtin.model.build import build_model
 from parrot.engines.builtin.model.loader import default_cache_dir, resolve_model_folder
@@ -37,7 +41,8 @@ def make_runner(config: EngineConfig, num_blocks: int = 512) -> ModelRunner:
     dtype = config.torch_dtype()
     cache = allocate_kv_cache(mc, num_blocks, config.block_size, dtype, torch.device("cpu"))
     pool = ContextPool(BlockManager(num_blocks, config.block_size), cache)
-    return ModelRunner(model, pool, SharedPrefixPolicy(), torch.device("cpu"))
+    fused = fused_decode_step(model, pool, config, torch.device("cpu"))  # as the engine does
+    return ModelRunner(model, pool, SharedPrefixPolicy(), torch.device("cpu"), fused)
 
 
 def decode_steps(runner: ModelRunner, contexts: list[Context], steps: int) -> float:
@@ -75,9 +80,11 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--rows", type=int, default=25)
+    parser.add_argument("--no-fused-decode", action="store_true", help="every step op by op")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    runner = make_runner(EngineConfig(dtype=args.dtype, weights=args.weights))
+    config = EngineConfig(dtype=args.dtype, weights=args.weights, fused_decode=not args.no_fused_decode)
+    runner = make_runner(config)
     contexts = prepare(runner, args.batch)
     decode_steps(runner, contexts, 5)  # warm-up
     plain = decode_steps(runner, contexts, args.steps)
@@ -87,7 +94,8 @@ def main() -> None:
     ops = sum(e.count for e in events if e.key.startswith("aten::")) / args.steps
     print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=args.rows))
     print(
-        f"batch {args.batch}, {args.dtype}/{args.weights}: {plain * 1e3:.1f} ms per step unprofiled, "
+        f"batch {args.batch}, {args.dtype}/{args.weights} ({'fused' if runner.whole_step else 'eager'}): "
+        f"{plain * 1e3:.1f} ms per step unprofiled, "
         f"{ops:.0f} aten ops per step (nested ops counted)"
     )
 

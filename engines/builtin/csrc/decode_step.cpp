@@ -134,7 +134,7 @@ class DecodeModel {
         eps_(static_cast<float>(eps)), scale_(static_cast<float>(attn_scale)), act_(activation),
         embed_(std::move(embed)), final_norm_(std::move(final_norm)), cos_(std::move(cos)),
         sin_(std::move(signed_sin)), rot_(cos_.size(1)) {
-    TORCH_CHECK(rot_ <= hd_ && rot_ % 2 == 0, "rotary dims must be even and at most head_dim");
+    TORCH_CHECK(rot_ <= hd_ && rot_ % 2 == 0 && rot_ <= 512, "rotary dims must be even, at most head_dim and 512");
     TORCH_CHECK(nh_ % nkv_ == 0, "num_heads must be a multiple of num_kv_heads");
   }
 
@@ -151,6 +151,13 @@ class DecodeModel {
                   const at::Tensor& table, const at::Tensor& kv_lens, at::Tensor& kv_cache,
                   int64_t block_size) {
     const int64_t B = ids.size(0);
+    for (const at::Tensor* t : {&ids, &positions, &slots, &table, &kv_lens})
+      TORCH_CHECK(t->scalar_type() == at::kLong && t->is_contiguous(), "step inputs must be contiguous int64");
+    TORCH_CHECK(positions.size(0) == B && slots.size(0) == B && kv_lens.size(0) == B && table.size(0) == B,
+                "step inputs must have one row per sequence");
+    TORCH_CHECK(kv_cache.scalar_type() == at::kFloat && kv_cache.is_contiguous() &&
+                    kv_cache.size(0) == num_layers() && kv_cache.size(3) == nkv_ && kv_cache.size(4) == hd_,
+                "the KV cache must be the model's, contiguous float32");
     const int64_t width = (nh_ + 2 * nkv_) * hd_;  // q, k, v side by side
     const auto f32 = at::TensorOptions().dtype(at::kFloat);
     const auto b16 = at::TensorOptions().dtype(at::kBFloat16);
@@ -163,6 +170,9 @@ class DecodeModel {
     float* qs = qkv.data_ptr<float>();
     const int64_t* pos = positions.data_ptr<int64_t>();
     const int64_t* slot = slots.data_ptr<int64_t>();
+    for (int64_t b = 0; b < B; ++b)
+      TORCH_CHECK(pos[b] >= 0 && pos[b] < cos_.size(0) && slot[b] >= 0 && slot[b] < kv_cache.size(2),
+                  "a position or KV slot is out of range");
     const int64_t kv_row = nkv_ * hd_;
     const int64_t cache_stride = kv_cache.size(2) * kv_row;  // one layer's keys (or values)
     float* cache = kv_cache.data_ptr<float>();

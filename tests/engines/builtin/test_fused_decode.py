@@ -141,3 +141,22 @@ def test_models_it_cannot_run_say_why(folder, tmp_path):
     assert "Gemma norms" in unsupported_reason(model, CPU)
     assert fused_decode_step(model, pool, EngineConfig(), CPU) is None
     assert fused_decode_step(packed, pool, EngineConfig(fused_decode=False), CPU) is None
+
+
+def test_the_step_refuses_inputs_outside_the_cache_and_the_rope_tables(folder):
+    """The engine builds the inputs from its block manager; should one ever be wrong, the C++
+    step raises rather than write outside the cache."""
+    model, pool = build(folder, "float32", "int8", num_blocks=8, block_size=4)
+    fused = fused_decode_step(model, pool, EngineConfig(), CPU)
+    one, table = torch.tensor([1]), torch.zeros(1, 1, dtype=torch.long)
+
+    def step(slot: int, position: int, kv_cache: torch.Tensor = pool.kv_cache):
+        return fused.step.step(one, torch.tensor([position]), torch.tensor([slot]), table, one, kv_cache, 4)
+
+    assert step(slot=0, position=0).shape == (1, model.config.hidden_size)
+    with pytest.raises(RuntimeError, match="out of range"):
+        step(slot=pool.kv_cache.shape[2], position=0)
+    with pytest.raises(RuntimeError, match="out of range"):
+        step(slot=0, position=model.rope.cos.shape[0])
+    with pytest.raises(RuntimeError, match="float32"):
+        step(slot=0, position=0, kv_cache=pool.kv_cache.double())
