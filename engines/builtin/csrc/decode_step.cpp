@@ -249,8 +249,9 @@ class DecodeModel {
     }
   }
 
-  // Each query head over its sequence's keys 0..kv_len-1, read through the block table; a
-  // KV head's keys are read once for its group of query heads. Softmax in float32.
+  // Each query head over its sequence's keys 0..kv_len-1, read through the block table block
+  // by block (the key at position p is in slot table[p / block_size] * block_size + p %
+  // block_size). Softmax in float32.
   void attend(const float* qs, int64_t width, const float* k_cache, const float* v_cache,
               const at::Tensor& table, const at::Tensor& kv_lens, int64_t block_size,
               uint16_t* out) const {
@@ -261,7 +262,8 @@ class DecodeModel {
     const int64_t* tab = table.data_ptr<int64_t>();
     int64_t keys = 0;
     for (int64_t b = 0; b < B; ++b) keys += lens[b];
-    // one task per (sequence, KV head); threads only when there is enough to share
+    // One task per (sequence, KV head): the KV head's keys are read once for its query heads.
+    // Threads only where there is enough to share.
     const int64_t grain = keys * nh_ * hd_ < (1 << 17) ? B * nkv_ : 1;
     at::parallel_for(0, B * nkv_, grain, [&](int64_t begin, int64_t end) {
       std::vector<float> scores;
@@ -272,10 +274,11 @@ class DecodeModel {
         const float* q = qs + b * width + g * group * hd_;
         scores.resize(group * len);
         float* sc = scores.data();
-        for (int64_t p = 0; p < len; ++p) {
-          const int64_t s = tab[b * W + p / block_size] * block_size + p % block_size;
-          const float* k = k_cache + (s * nkv_ + g) * hd_;
-          for (int64_t j = 0; j < group; ++j) sc[j * len + p] = dot(q + j * hd_, k, hd_) * scale_;
+        for (int64_t first = 0; first < len; first += block_size) {  // block by block: no division
+          const float* k = k_cache + (tab[b * W + first / block_size] * block_size * nkv_ + g) * hd_;
+          const int64_t n = std::min(block_size, len - first);
+          for (int64_t t = 0; t < n; ++t, k += nkv_ * hd_)
+            for (int64_t j = 0; j < group; ++j) sc[j * len + first + t] = dot(q + j * hd_, k, hd_) * scale_;
         }
         for (int64_t j = 0; j < group; ++j) {
           float* sj = sc + j * len;
@@ -293,14 +296,24 @@ class DecodeModel {
           for (int64_t p = 0; p < len; ++p) sj[p] *= inv;
         }
         std::fill(acc.begin(), acc.end(), 0.f);
-        for (int64_t p = 0; p < len; ++p) {
-          const int64_t s = tab[b * W + p / block_size] * block_size + p % block_size;
-          const float* v = v_cache + (s * nkv_ + g) * hd_;
+        for (int64_t first = 0; first < len; first += block_size) {
+          const float* v = v_cache + (tab[b * W + first / block_size] * block_size * nkv_ + g) * hd_;
+          const int64_t n = std::min(block_size, len - first);
+          const int64_t stride = nkv_ * hd_;
           for (int64_t j = 0; j < group; ++j) {
-            const float w = sc[j * len + p];
+            const float* w = sc + j * len + first;
             float* a = acc.data() + j * hd_;
+            int64_t t = 0;
+            for (; t + 4 <= n; t += 4) {  // four keys a pass: a quarter of the stores to a
+              const float *v0 = v + t * stride, *v1 = v0 + stride, *v2 = v1 + stride, *v3 = v2 + stride;
 #pragma omp simd
-            for (int64_t i = 0; i < hd_; ++i) a[i] += w * v[i];
+              for (int64_t i = 0; i < hd_; ++i) a[i] += w[t] * v0[i] + w[t + 1] * v1[i] + w[t + 2] * v2[i] + w[t + 3] * v3[i];
+            }
+            for (; t < n; ++t) {
+              const float* vt = v + t * stride;
+#pragma omp simd
+              for (int64_t i = 0; i < hd_; ++i) a[i] += w[t] * vt[i];
+            }
           }
         }
         uint16_t* o = out + b * nh_ * hd_ + g * group * hd_;

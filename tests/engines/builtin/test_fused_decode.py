@@ -160,3 +160,27 @@ def test_the_step_refuses_inputs_outside_the_cache_and_the_rope_tables(folder):
         step(slot=0, position=model.rope.cos.shape[0])
     with pytest.raises(RuntimeError, match="float32"):
         step(slot=0, position=0, kv_cache=pool.kv_cache.double())
+
+
+def test_a_step_with_many_keys_splits_attention_over_the_threads(folder):
+    """Enough keys (10 x 230, past the step's threshold) that attention runs as parallel tasks
+    (a sequence and KV head each); the result is the eager step's."""
+    model, pool = build(folder, "float32", "int8", num_blocks=160, block_size=16)
+    eager = ModelRunner(model, pool, SharedPrefixPolicy(), CPU)
+    fused = fused_decode_step(model, pool, policy(SharedPrefixPolicy(enabled=False)), CPU)
+    contexts = []
+    for cid in range(10):
+        length = 230 - cid
+        ctx = Context(context_id=cid, token_ids=[(5 * j + cid) % 100 + 3 for j in range(length + 1)])
+        ctx.materialized = True
+        pool.contexts[cid] = ctx
+        assert pool.ensure_blocks(ctx, length + 1)
+        eager.run([StepItem(ctx, 0, length, sample=False)])
+        pool.computed(ctx, length, None)
+        contexts.append(ctx)
+    items = [StepItem(ctx, ctx.num_computed, 1, sample=True) for ctx in contexts]
+    before = pool.kv_cache.clone()
+    expected = eager.run(items).last_hidden
+    pool.kv_cache.copy_(before)
+    got = fused.run(items)
+    assert (got - expected).abs().max() / expected.abs().max() < BOUND
