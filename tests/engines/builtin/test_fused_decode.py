@@ -11,10 +11,9 @@ from __future__ import annotations
 
 import pytest
 import torch
-import transformers
 from test_model_correctness import CONFIGS
-from test_model_families import FAMILIES
-from test_weight_formats import build
+from test_model_families import FAMILIES, random_hf
+from test_weight_formats import build, relative_error
 
 from parrot.engines.builtin.batch import SharedPrefixPolicy, StepItem
 from parrot.engines.builtin.context_pool import Context, ContextPool
@@ -32,7 +31,7 @@ CASES = {
 }
 PROMPTS = (5, 13, 22)  # block size 4: partial last blocks, and tables of 2 to 6 blocks
 # max |fused - eager| / max |eager| of the hidden rows and the new KV, over a few decode
-# steps. Measured up to 5e-5 here: the two sum in another order, and a float32 difference
+# steps. Measured up to 4e-4 here: the two sum in another order, and a float32 difference
 # can round a bfloat16 kernel input the other way (one unit in the last place, ~0.4% of it).
 BOUND = 2e-3
 
@@ -43,10 +42,8 @@ def policy(shared_prefix: SharedPrefixPolicy) -> EngineConfig:
 
 @pytest.fixture(scope="module", params=sorted(CASES))
 def folder(request, tmp_path_factory):
-    torch.manual_seed(0)
-    hf = transformers.AutoModelForCausalLM.from_config(CASES[request.param]()).eval()
     path = tmp_path_factory.mktemp(request.param)
-    hf.save_pretrained(path)
+    random_hf(CASES[request.param]()).save_pretrained(path)  # norms and biases random too
     return path
 
 
@@ -93,13 +90,11 @@ def test_a_fused_step_computes_what_the_eager_step_computes(folder, weights, den
         pool.kv_cache.copy_(before)
         got = runner.run(items)
         assert got.path == "fused" and expected.path == "eager"
-        scale = expected.last_hidden.abs().max()
-        assert (got.last_hidden - expected.last_hidden).abs().max() / scale < BOUND
+        assert relative_error(got.last_hidden, expected.last_hidden) < BOUND
         # the new keys and values went to the items' slots, and nowhere else
         new = [ctx.blocks[ctx.num_computed // 4] * 4 + ctx.num_computed % 4 for ctx in contexts]
         written = pool.kv_cache[:, :, new]  # [layers, 2, items, kv heads, head_dim]
-        want = expected_cache[:, :, new]
-        assert (written - want).abs().max() / want.abs().max() < BOUND
+        assert relative_error(written, expected_cache[:, :, new]) < BOUND
         untouched = torch.ones(pool.kv_cache.shape[2], dtype=torch.bool)
         untouched[new] = False
         assert torch.equal(pool.kv_cache[:, :, untouched], before[:, :, untouched])
@@ -134,9 +129,7 @@ def test_models_it_cannot_run_say_why(folder, tmp_path):
     packed, pool = build(folder, "float32", "int8")
     assert unsupported_reason(packed, torch.device("cuda")) == "not on the CPU"
     assert unsupported_reason(packed, CPU) is None
-    torch.manual_seed(0)
-    gemma = transformers.AutoModelForCausalLM.from_config(FAMILIES["gemma3"]()).eval()
-    gemma.save_pretrained(tmp_path / "gemma")
+    random_hf(FAMILIES["gemma3"]()).save_pretrained(tmp_path / "gemma")
     model, pool = build(tmp_path / "gemma", "float32", "int8")
     assert "Gemma norms" in unsupported_reason(model, CPU)
     assert fused_decode_step(model, pool, EngineConfig(), CPU) is None
@@ -182,5 +175,4 @@ def test_a_step_with_many_keys_splits_attention_over_the_threads(folder):
     before = pool.kv_cache.clone()
     expected = eager.run(items).last_hidden
     pool.kv_cache.copy_(before)
-    got = fused.run(items)
-    assert (got - expected).abs().max() / expected.abs().max() < BOUND
+    assert relative_error(fused.run(items), expected) < BOUND
