@@ -26,23 +26,21 @@ class TritonAttentionBackend(AttentionBackend):
     def forward(self, q, k, v, k_cache, v_cache, batch: AttentionBatch, layer: LayerAttention = PLAIN):
         scale = layer.scale or self.scale
         store_kv(k, v, k_cache, v_cache, batch.slot_mapping, check_values=False)
-        out = q.new_empty(q.shape, dtype=torch.float32)  # [num_tokens, heads, head_dim]
-        lse = q.new_empty(q.shape[:2], dtype=torch.float32)  # [num_tokens, heads]
-        if batch.decode is not None:
-            d = batch.decode
-            o, l_ = paged_decode_attention(
-                q.index_select(0, d.token_rows),
-                k_cache,
-                v_cache,
-                d.block_table,
-                d.kv_lens,
-                d.block_size,
-                scale,
-                window=batch.window,
-                check_values=False,
-            )
-            out.index_copy_(0, d.token_rows, o.float())
-            lse.index_copy_(0, d.token_rows, l_)
+        d = batch.decode
+        if d is not None and d.token_rows.shape[0] == q.shape[0]:
+            # Every row decodes, in order (batch.py): the kernel's outputs are the step's, with
+            # no gather or scatter around it (four launches a layer fewer in a graph step).
+            o, lse = self._decode(q, k_cache, v_cache, batch, scale)
+            if not batch.shared_groups:
+                return o
+            out = o.float()
+        else:
+            out = q.new_empty(q.shape, dtype=torch.float32)  # [num_tokens, heads, head_dim]
+            lse = q.new_empty(q.shape[:2], dtype=torch.float32)  # [num_tokens, heads]
+            if d is not None:
+                o, l_ = self._decode(q.index_select(0, d.token_rows), k_cache, v_cache, batch, scale)
+                out.index_copy_(0, d.token_rows, o.float())
+                lse.index_copy_(0, d.token_rows, l_)
         if batch.prefill_tables is not None:  # every prefilling sequence in one launch
             t = batch.prefill_tables
             paged_prefill_batch(
@@ -74,3 +72,12 @@ class TritonAttentionBackend(AttentionBackend):
             )
             merge_into(out, lse, g.token_rows, *part, check_values=False)
         return out.to(q.dtype)
+
+    @staticmethod
+    def _decode(q, k_cache, v_cache, batch: AttentionBatch, scale: float) -> tuple[torch.Tensor, ...]:
+        """Paged decode attention of ``q`` [decode rows, heads, head_dim]: out (q's dtype), lse."""
+        d = batch.decode
+        return paged_decode_attention(
+            q, k_cache, v_cache, d.block_table, d.kv_lens, d.block_size, scale,
+            window=batch.window, check_values=False,
+        )  # fmt: skip

@@ -108,11 +108,13 @@ def test_shared_prefix_equals_plain_and_reference(block_size, num_heads, kv_head
 
 
 @pytest.mark.parametrize("backend", ["torch", "triton"])
-@pytest.mark.parametrize("window", [3, 8, 20])
+@pytest.mark.parametrize("window", [3, 8, 20, None])
 @pytest.mark.parametrize("shared", [True, False], ids=["shared-prefix", "plain"])
-def test_sliding_window_on_forks_decodes_and_fills(backend, window, shared):
+@pytest.mark.parametrize("fills", [True, False], ids=["fills", "decodes-only"])
+def test_sliding_window_on_forks_decodes_and_fills(backend, window, shared, fills):
     """A windowed batch: forks of forks (nested shared groups), fills and decodes, some queries
-    past the whole shared prefix; equal to dense attention masked to the window."""
+    past the whole shared prefix; equal to dense attention masked to the window. Decodes
+    only: the Triton backend's path without a gather of the decode rows (the graphs')."""
     torch.manual_seed(2)
     num_heads, kv_heads, bs = 6, 2, 4
     pool = make_pool(bs, kv_heads)
@@ -121,7 +123,7 @@ def test_sliding_window_on_forks_decodes_and_fills(backend, window, shared):
     leaves = [new_context(pool, 10 + i, 3 + i, parent=mids[i % 2]) for i in range(4)]
     items = []
     for i, ctx in enumerate([*leaves, mids[0]]):
-        n = 6 if i % 2 else 1
+        n = 6 if i % 2 and fills else 1
         ctx.token_ids.extend([7] * n)
         assert pool.ensure_blocks(ctx, len(ctx.token_ids))
         items.append(StepItem(ctx, ctx.num_computed, n, sample=True))
@@ -132,7 +134,7 @@ def test_sliding_window_on_forks_decodes_and_fills(backend, window, shared):
     policy = SharedPrefixPolicy(min_prefix_tokens=1, min_saved_tokens=0, enabled=shared)
     step = build_step(items, bs, policy, torch.device("cpu"))
     assert step.attention.uses_shared_prefix == shared
-    batch = windowed(step.attention, step.positions, window)
+    batch = step.attention if window is None else windowed(step.attention, step.positions, window)
     cache = pool.kv_cache.clone()
     out = create_backend(backend, num_heads, kv_heads, HEAD_DIM).forward(
         q, k, v, cache[0, 0], cache[0, 1], batch
