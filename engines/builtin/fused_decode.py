@@ -13,8 +13,8 @@ be, the engine logs why and runs every step eagerly).
 Which steps qualify, like the CUDA graphs: every item decodes one token, and the step takes
 no shared-prefix group (whose prefix the eager path attends once for the whole group).
 Which models: float32 activations on the CPU with packed weights (``gguf``, ``int4``,
-``int8``: the defaults there), in the families without Gemma's norms or sliding windows
-(Llama, Mistral, Qwen2, Qwen3, Phi-3). The exact mode keeps the eager path, whose products
+``int8``: the defaults there), in the families without Gemma's layout (its norms, GeGLU,
+sliding windows): Llama, Mistral, Qwen2, Qwen3, Phi-3. The exact mode keeps the eager path, whose products
 are token-identical to transformers'. The fused step computes what the eager one does, in
 the same precisions; its float32 sums run in another order, so a bfloat16-rounded kernel
 input may differ by one unit in the last place (tests bound the difference).
@@ -36,7 +36,6 @@ from parrot.engines.builtin.native import load_extension
 
 log = logging.getLogger(__name__)
 
-ACTIVATIONS = {"silu": 0, "gelu_pytorch_tanh": 1}
 INT4, INT8 = 0, 1  # the C++ Linear's kinds
 
 
@@ -49,8 +48,8 @@ def unsupported_reason(model: LlamaForCausalLM, device: torch.device) -> str | N
         return "activations are not float32"
     if config.gemma_norms or model.embed_scale is not None or model.windows or model.local_rope:
         return f"the {config.name} family's layout (Gemma norms, scaled embeddings or sliding windows)"
-    if config.hidden_act not in ACTIVATIONS:
-        return f"activation {config.hidden_act}"
+    if config.hidden_act != "silu":
+        return f"the {config.hidden_act} activation"
     if not all(isinstance(linear, PackedLinear) for layer in model.layers for linear in _projections(layer)):
         return "unpacked weights (--weights exact)"
     return None
@@ -71,7 +70,7 @@ class FusedDecodeStep:
         scale = config.attn_scale or config.head_dim**-0.5
         self.step = extension.DecodeModel(
             config.hidden_size, config.num_heads, config.num_kv_heads, config.head_dim,
-            config.intermediate_size, config.rms_norm_eps, scale, ACTIVATIONS[config.hidden_act],
+            config.intermediate_size, config.rms_norm_eps, scale,
             model.embed_tokens.weight, model.norm.weight, model.rope.cos, model.rope.signed_sin,
         )  # fmt: skip
         for layer in model.layers:

@@ -46,7 +46,6 @@ inline const uint16_t* bits(const at::Tensor& t) {
 inline uint16_t* bits(at::Tensor& t) { return reinterpret_cast<uint16_t*>(t.data_ptr<bf16>()); }
 
 enum Kind : int64_t { kInt4 = 0, kInt8 = 1 };
-enum Activation : int64_t { kSilu = 0, kGeluTanh = 1 };
 
 // A packed linear: what engines/builtin/model/quant.py's PackedLinear computes.
 struct Linear {
@@ -128,10 +127,9 @@ void from_product(const at::Tensor& src, const float* bias, float* dst, int64_t 
 class DecodeModel {
  public:
   DecodeModel(int64_t hidden, int64_t num_heads, int64_t num_kv_heads, int64_t head_dim,
-              int64_t intermediate, double eps, double attn_scale, int64_t activation,
-              at::Tensor embed, at::Tensor final_norm, at::Tensor cos, at::Tensor signed_sin)
+              int64_t intermediate, double eps, double attn_scale, at::Tensor embed, at::Tensor final_norm, at::Tensor cos, at::Tensor signed_sin)
       : H_(hidden), nh_(num_heads), nkv_(num_kv_heads), hd_(head_dim), inter_(intermediate),
-        eps_(static_cast<float>(eps)), scale_(static_cast<float>(attn_scale)), act_(activation),
+        eps_(static_cast<float>(eps)), scale_(static_cast<float>(attn_scale)),
         embed_(std::move(embed)), final_norm_(std::move(final_norm)), cos_(std::move(cos)),
         sin_(std::move(signed_sin)), rot_(cos_.size(1)) {
     TORCH_CHECK(rot_ <= hd_ && rot_ % 2 == 0 && rot_ <= 512, "rotary dims must be even, at most head_dim and 512");
@@ -208,7 +206,7 @@ class DecodeModel {
   int64_t num_layers() const { return static_cast<int64_t>(layers_.size()); }
 
  private:
-  // act(gate + bias) * (up + bias) in float32, rounded to bfloat16 for the down product
+  // silu(gate + bias) * (up + bias) in float32, rounded to bfloat16 for the down product
   void gate_times_up(const at::Tensor& gu, const float* bias, uint16_t* out, int64_t rows) const {
     const uint16_t* s = bits(gu);
     const float* gate_bias = bias;
@@ -217,19 +215,10 @@ class DecodeModel {
       const uint16_t* g = s + r * 2 * inter_;
       const uint16_t* u = g + inter_;
       uint16_t* o = out + r * inter_;
-      if (act_ == kSilu) {
 #pragma omp simd
-        for (int64_t i = 0; i < inter_; ++i) {
-          const float gate = from_bf16(g[i]) + gate_bias[i];
-          o[i] = to_bf16(gate / (1.f + std::exp(-gate)) * (from_bf16(u[i]) + up_bias[i]));
-        }
-      } else {  // gelu, tanh approximation
-#pragma omp simd
-        for (int64_t i = 0; i < inter_; ++i) {
-          const float gate = from_bf16(g[i]) + gate_bias[i];
-          const float inner = 0.7978845608028654f * (gate + 0.044715f * gate * gate * gate);
-          o[i] = to_bf16(0.5f * gate * (1.f + std::tanh(inner)) * (from_bf16(u[i]) + up_bias[i]));
-        }
+      for (int64_t i = 0; i < inter_; ++i) {
+        const float gate = from_bf16(g[i]) + gate_bias[i];
+        o[i] = to_bf16(gate / (1.f + std::exp(-gate)) * (from_bf16(u[i]) + up_bias[i]));
       }
     }
   }
@@ -325,7 +314,6 @@ class DecodeModel {
 
   int64_t H_, nh_, nkv_, hd_, inter_;
   float eps_, scale_;
-  int64_t act_;
   at::Tensor embed_, final_norm_, cos_, sin_;
   int64_t rot_;
   std::vector<Layer> layers_;
@@ -338,8 +326,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def(py::init<int64_t, at::Tensor, at::Tensor, int64_t, c10::optional<at::Tensor>, int64_t,
                     c10::optional<at::Tensor>>());
   py::class_<DecodeModel>(m, "DecodeModel")
-      .def(py::init<int64_t, int64_t, int64_t, int64_t, int64_t, double, double, int64_t, at::Tensor,
-                    at::Tensor, at::Tensor, at::Tensor>())
+      .def(py::init<int64_t, int64_t, int64_t, int64_t, int64_t, double, double, at::Tensor, at::Tensor,
+                    at::Tensor, at::Tensor>())
       .def("add_layer", &DecodeModel::add_layer)
       .def("step", &DecodeModel::step, py::call_guard<py::gil_scoped_release>())
       .def_property_readonly("num_layers", &DecodeModel::num_layers);
