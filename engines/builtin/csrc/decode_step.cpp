@@ -253,7 +253,7 @@ class DecodeModel {
     for (int64_t b = 0; b < B; ++b) keys += lens[b];
     // One task per (sequence, KV head): the KV head's keys are read once for its query heads.
     // Threads only where there is enough to share.
-    const int64_t grain = keys * nh_ * hd_ < (1 << 17) ? B * nkv_ : 1;
+    const int64_t grain = keys * nh_ * hd_ < (1 << 15) ? B * nkv_ : 1;
     at::parallel_for(0, B * nkv_, grain, [&](int64_t begin, int64_t end) {
       std::vector<float> scores;
       std::vector<float> acc(group * hd_);
@@ -266,8 +266,25 @@ class DecodeModel {
         for (int64_t first = 0; first < len; first += block_size) {  // block by block: no division
           const float* k = k_cache + (tab[b * W + first / block_size] * block_size * nkv_ + g) * hd_;
           const int64_t n = std::min(block_size, len - first);
-          for (int64_t t = 0; t < n; ++t, k += nkv_ * hd_)
-            for (int64_t j = 0; j < group; ++j) sc[j * len + first + t] = dot(q + j * hd_, k, hd_) * scale_;
+          const int64_t stride = nkv_ * hd_;
+          for (int64_t j = 0; j < group; ++j) {
+            const float* qj = q + j * hd_;
+            float* sj = sc + j * len + first;
+            int64_t t = 0;
+            for (; t + 4 <= n; t += 4) {  // four keys a pass: four independent sums
+              const float *k0 = k + t * stride, *k1 = k0 + stride, *k2 = k1 + stride, *k3 = k2 + stride;
+              float s0 = 0.f, s1 = 0.f, s2 = 0.f, s3 = 0.f;
+#pragma omp simd reduction(+ : s0, s1, s2, s3)
+              for (int64_t i = 0; i < hd_; ++i) {
+                s0 += qj[i] * k0[i];
+                s1 += qj[i] * k1[i];
+                s2 += qj[i] * k2[i];
+                s3 += qj[i] * k3[i];
+              }
+              sj[t] = s0 * scale_, sj[t + 1] = s1 * scale_, sj[t + 2] = s2 * scale_, sj[t + 3] = s3 * scale_;
+            }
+            for (; t < n; ++t) sj[t] = dot(qj, k + t * stride, hd_) * scale_;
+          }
         }
         for (int64_t j = 0; j < group; ++j) {
           float* sj = sc + j * len;
