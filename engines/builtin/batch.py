@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+import numpy as np
 import torch
 
 from parrot.engines.builtin.attention.base import (
@@ -138,6 +139,19 @@ def takes_shared_prefix(
     return bool(
         _shared_groups(items, computed, block_size, policy.for_device(device), dict.fromkeys(computed, 0))
     )
+
+
+def stage_decodes(items: list[StepItem], block_size: int, vectors: np.ndarray, table: np.ndarray) -> None:
+    """Single-token decodes as the whole-step paths read them (CUDA graphs, the fused CPU step):
+    ``vectors[:, row]`` = (token id, position, KV slot, keys attended) and ``table[row]`` starts
+    with the blocks from position 0, the new key's included. int64 arrays [4, >= rows] and
+    [>= rows, >= blocks]; other entries are left as they are."""
+    for row, item in enumerate(items):
+        pos, blocks = item.start, item.context.blocks
+        used = pos // block_size + 1
+        slot = blocks[pos // block_size] * block_size + pos % block_size
+        vectors[:, row] = (item.context.token_ids[pos], pos, slot, pos + 1)
+        table[row, :used] = blocks[:used]
 
 
 def _shared_groups(items, computed, block_size, policy, kv_start) -> list[tuple[list[int], int, int]]:

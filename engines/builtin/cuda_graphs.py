@@ -26,7 +26,7 @@ from bisect import bisect_left
 import torch
 
 from parrot.engines.builtin.attention.base import AttentionBatch, DecodeGroup
-from parrot.engines.builtin.batch import SharedPrefixPolicy, StepItem, takes_shared_prefix
+from parrot.engines.builtin.batch import SharedPrefixPolicy, StepItem, stage_decodes, takes_shared_prefix
 from parrot.engines.builtin.context_pool import ContextPool
 from parrot.engines.builtin.model.llama import LlamaForCausalLM
 
@@ -34,7 +34,7 @@ log = logging.getLogger(__name__)
 
 PAD_BLOCKS = 1  # scratch blocks past the block manager's, written by padding rows only
 DEFAULT_SIZES = (1, 2, 4, 8, 16, 32, 64)
-IDS, POSITIONS, SLOTS, KV_LENS = range(4)  # rows of the static input vectors
+IDS, POSITIONS, SLOTS, KV_LENS = range(4)  # rows of the static input vectors (stage_decodes)
 
 
 def graph_batch_sizes(
@@ -137,7 +137,7 @@ class DecodeGraphs:
         size = self.bucket(n)
         if self._copied is not None and not self._copied.query():
             self._copied.synchronize()  # the last step's copies must leave the staging buffers
-        self._stage(items)
+        stage_decodes(items, self.block_size, self._vectors_np, self._table_np)
         self._pad(n, size)
         self.vectors.copy_(self._staged_vectors, non_blocking=True)
         self.table[:size].copy_(self._staged_table[:size], non_blocking=True)
@@ -149,17 +149,6 @@ class DecodeGraphs:
         else:
             out = self._forward(size)
         return out[:n].clone()
-
-    def _stage(self, items: list[StepItem]) -> None:
-        vec, table, bs = self._vectors_np, self._table_np, self.block_size
-        for row, item in enumerate(items):
-            pos, blocks = item.start, item.context.blocks
-            used = pos // bs + 1  # blocks holding the keys, the new one included
-            vec[IDS, row] = item.context.token_ids[pos]
-            vec[POSITIONS, row] = pos
-            vec[SLOTS, row] = blocks[pos // bs] * bs + pos % bs
-            vec[KV_LENS, row] = pos + 1
-            table[row, :used] = blocks[:used]
 
     def _pad(self, start: int, end: int) -> None:
         """Rows ``start:end`` decode token 0 at position 0 into the scratch block."""

@@ -28,7 +28,7 @@ from parrot.engines.builtin.engine_config import EngineConfig
 from parrot.engines.builtin.engine_core import EngineCore
 from parrot.engines.builtin.fused_decode import fused_decode_step
 from parrot.engines.builtin.grammars import GrammarCompiler
-from parrot.engines.builtin.jobs import GenerateResult, JobSink, Outbox
+from parrot.engines.builtin.jobs import GenerateResult, JobSink, Outbox, settle
 from parrot.engines.builtin.kv_cache import allocate_kv_cache, num_blocks_for_budget
 from parrot.engines.builtin.metrics import EngineMetrics
 from parrot.engines.builtin.model.build import build_model
@@ -190,9 +190,9 @@ class BuiltinEngine:
             try:
                 result = fn(*args)
             except BaseException as error:
-                self._outbox.post(loop, _settle, future, None, error)
+                self._outbox.post(loop, settle, future, None, error)
             else:
-                self._outbox.post(loop, _settle, future, result, None)
+                self._outbox.post(loop, settle, future, result, None)
 
         self._commands.put(command)
         self._wake.set()
@@ -376,15 +376,6 @@ class BuiltinEngine:
         """The model it serves, and the weight format and dtype it runs in."""
         dtype = str(self.dtype).removeprefix("torch.")
         return {"model": self.model_name, "weights": self.config.weights, "dtype": dtype}
-
-
-def _settle(future: asyncio.Future, result: Any, error: BaseException | None) -> None:
-    if future.done():
-        return
-    if error is not None:
-        future.set_exception(error)
-    else:
-        future.set_result(result)
 
 
 def _reply(result: GenerateResult, kind: type[Reply]) -> Reply:

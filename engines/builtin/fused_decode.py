@@ -27,7 +27,7 @@ import logging
 import numpy as np
 import torch
 
-from parrot.engines.builtin.batch import SharedPrefixPolicy, StepItem, takes_shared_prefix
+from parrot.engines.builtin.batch import SharedPrefixPolicy, StepItem, stage_decodes, takes_shared_prefix
 from parrot.engines.builtin.context_pool import ContextPool
 from parrot.engines.builtin.engine_config import EngineConfig
 from parrot.engines.builtin.model.llama import LlamaForCausalLM
@@ -94,11 +94,7 @@ class FusedDecodeStep:
         width = max(item.start for item in items) // bs + 1  # block table columns
         vectors = np.empty((4, len(items)), dtype=np.int64)  # ids, positions, slots, kv lens
         table = np.zeros((len(items), width), dtype=np.int64)
-        for row, item in enumerate(items):
-            pos, blocks = item.start, item.context.blocks
-            used = pos // bs + 1  # blocks holding the keys, the new one included
-            vectors[:, row] = (item.context.token_ids[pos], pos, blocks[pos // bs] * bs + pos % bs, pos + 1)
-            table[row, :used] = blocks[:used]
+        stage_decodes(items, bs, vectors, table)
         ids, positions, slots, kv_lens = torch.from_numpy(vectors)
         return self.step.step(ids, positions, slots, torch.from_numpy(table), kv_lens, self.pool.kv_cache, bs)
 

@@ -13,6 +13,17 @@ from parrot.engines.builtin.context_pool import Context
 from parrot.wire.sampling import SamplingParams
 
 
+def settle(future: asyncio.Future, result: Any, error: BaseException | None) -> None:
+    """Complete a command's future on its loop (posted through the :class:`Outbox`), unless
+    it was already done (cancelled by its caller)."""
+    if future.done():
+        return
+    if error is not None:
+        future.set_exception(error)
+    else:
+        future.set_result(result)
+
+
 class JobKind(enum.Enum):
     FILL = "fill"
     GENERATE = "generate"
