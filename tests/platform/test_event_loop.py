@@ -19,6 +19,7 @@ from parrot.platform.serve.memory import malloc_trim
 
 CATASTROPHIC = r"(a|aa)+$"  # on "a" * 60 + "b": exponential backtracking
 STALL_S = 0.3  # p99 allowed: "well under a second" (measured: 7-60 ms; before the fix 0.5-2.8 s)
+ATTEMPTS = 3  # a big request's probes are measured again when one attempt stalls (probed_p99)
 
 
 @contextmanager
@@ -34,6 +35,10 @@ def servecore(tmp_path, **env: str) -> Iterator[str]:
         yield url
     finally:
         process.kill()
+
+
+def ms(seconds: list[float]) -> str:
+    return ", ".join(f"{s * 1000:.0f} ms" for s in seconds)
 
 
 def percentile(samples: list[float], q: float) -> float:
@@ -123,14 +128,29 @@ def while_posting(url: str, body: dict, probe_url: str) -> tuple[httpx.Response,
     return answer[0], latencies
 
 
+def probed_p99(url: str, body: dict, probe_url: str, check: Callable[[httpx.Response], None]) -> list[float]:
+    """Post ``body`` while probing, up to ``ATTEMPTS`` times, until the probes' p99 is under
+    ``STALL_S``; the p99 of each attempt (the last is under ``STALL_S`` if any was). A stall of the loop
+    by the request's own work repeats on every attempt; a hiccup of the host does not (CI
+    once saw a single 900 ms probe among ~100 where every other run measured 7-60 ms)."""
+    p99s: list[float] = []
+    while len(p99s) < ATTEMPTS and not (p99s and p99s[-1] < STALL_S):
+        answer, latencies = while_posting(url, body, probe_url)
+        check(answer)
+        p99s.append(percentile(latencies, 0.99))
+    return p99s
+
+
 def test_healthz_answers_while_the_openai_front_tokenizes_a_big_prompt(parrot_url):
     """The unauthenticated ``/v1/completions`` of the ServeCore tokenizes the prompt itself."""
     body = {"prompt": big_prompt(), "max_tokens": 1}
-    answer, latencies = while_posting(f"{parrot_url}/v1/completions", body, f"{parrot_url}/healthz")
-    # (the front answers the engine's refusal as the one-shot call's failure: 424)
-    assert answer.status_code in (400, 424) and "context length" in answer.text, answer.text
-    p99 = percentile(latencies, 0.99)
-    assert p99 < STALL_S, f"/healthz p99 {p99 * 1000:.0f} ms while a big prompt was tokenized"
+
+    def refused(answer: httpx.Response) -> None:
+        # (the front answers the engine's refusal as the one-shot call's failure: 424)
+        assert answer.status_code in (400, 424) and "context length" in answer.text, answer.text
+
+    p99s = probed_p99(f"{parrot_url}/v1/completions", body, f"{parrot_url}/healthz", refused)
+    assert p99s[-1] < STALL_S, f"/healthz p99 {ms(p99s)} while a big prompt was tokenized"
 
 
 @pytest.mark.parametrize("route", ["/v1/completions", "/v1/chat/completions", "/tokenize"])
@@ -143,13 +163,16 @@ def test_the_engine_answers_pings_while_it_tokenizes_a_big_prompt(engine_server,
         "/tokenize": {"text": text},
     }[route]
     url = engine_server.url
-    answer, latencies = while_posting(f"{url}{route}", body, f"{url}/ping")
-    if route == "/tokenize":
-        assert answer.status_code == 200 and len(answer.json()["token_ids"]) > 100_000
-    else:
-        assert answer.status_code == 400 and answer.json()["error"]["code"] == "prompt_too_long", answer.text
-    p99 = percentile(latencies, 0.99)
-    assert p99 < STALL_S, f"/ping p99 {p99 * 1000:.0f} ms while {route} tokenized ({len(latencies)} probes)"
+
+    def answered(answer: httpx.Response) -> None:
+        if route == "/tokenize":
+            assert answer.status_code == 200 and len(answer.json()["token_ids"]) > 100_000
+        else:
+            code = answer.json()["error"]["code"]
+            assert answer.status_code == 400 and code == "prompt_too_long", answer.text
+
+    p99s = probed_p99(f"{url}{route}", body, f"{url}/ping", answered)
+    assert p99s[-1] < STALL_S, f"/ping p99 {ms(p99s)} while {route} tokenized"
 
 
 @pytest.mark.skipif(malloc_trim() is None, reason="glibc's malloc_trim is what gives memory back")
