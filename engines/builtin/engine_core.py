@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import logging
 import time
-from collections import deque
 from collections.abc import Callable, Sequence
 
 from parrot.engines.builtin.block_manager import IntegrityError
@@ -22,6 +21,7 @@ from parrot.engines.builtin.local_scheduler import LocalScheduler, SchedulerConf
 from parrot.engines.builtin.model_runner import ModelRunner
 from parrot.engines.builtin.postprocess import Postprocessor
 from parrot.engines.builtin.sampler import Sampler
+from parrot.engines.builtin.token_rate import TokenRate
 from parrot.engines.builtin.tokenizer import Tokenizer
 from parrot.engines.protocol.errors import (
     AbortedError,
@@ -74,7 +74,7 @@ class EngineCore:
         self.shared_prefix_steps = 0  # steps that took the shared-prefix attention path
         self.graph_steps = 0  # decode steps replayed as CUDA graphs
         self.fused_steps = 0  # decode steps run by the fused CPU step
-        self._recent: deque[tuple[float, int]] = deque()
+        self.rate = TokenRate(_RATE_WINDOW_S)
 
     # -- commands ------------------------------------------------------------------------
     def submit_fill(
@@ -350,17 +350,11 @@ class EngineCore:
         self.max_batch_size = max(self.max_batch_size, batch_size)
         self.tokens_computed += computed
         self.tokens_generated += generated
-        now = time.monotonic()
-        self._recent.append((now, generated))
-        while self._recent and now - self._recent[0][0] > _RATE_WINDOW_S:
-            self._recent.popleft()
+        self.rate.add(time.monotonic(), generated)
 
     def snapshot(self) -> dict:
         blocks = self.pool.blocks
-        now = time.monotonic()
-        recent = [(t, n) for t, n in self._recent if now - t <= _RATE_WINDOW_S]
-        span = (now - recent[0][0]) if len(recent) > 1 else 0.0
-        rate = sum(n for _, n in recent[1:]) / span if span > 0 else 0.0
+        rate = self.rate.per_s(time.monotonic())
         contexts = self.pool.contexts.values()
         return {
             "block_size": self.pool.block_size,
