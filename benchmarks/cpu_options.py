@@ -13,9 +13,13 @@ rounds' ms per decode step. Options (``dtype/weights[/variant]``):
 - ``float32/gguf/1-thread``: torch on one thread for the whole step;
 - ``float32/gguf/onnxruntime``: the int4 linears and the Q8_0 head on ONNX Runtime's
   ``MatMulNBits`` (int8 activations, benchmarks/_ort_linear.py), torch on one thread for the
-  rest of the step (its pool and ONNX Runtime's would fight otherwise).
+  rest of the step (its pool and ONNX Runtime's would fight otherwise);
+- ``float32/gguf/kv-float32``: the default with a float32 KV cache (the default's is
+  bfloat16, ``--kv-dtype``), which would tell at long contexts (``--context 2000``).
 
     python benchmarks/cpu_options.py [--batches 1 4 16] [--rounds 5] [--steps 15]
+    python benchmarks/cpu_options.py --options float32/gguf/kv-float32 --context 2000 \
+        --batches 1 4 --rounds 3 --steps 8 --section cpu-kv-dtypes-long
 """
 
 from __future__ import annotations
@@ -48,12 +52,15 @@ OPTIONS = [
 DEFAULT = "float32/gguf"
 
 
-def build(option: str, threads: int):
+def build(option: str, threads: int, num_blocks: int):
     dtype, weights, *variant = option.split("/")
     # ONNX Runtime swaps the linears after the build: the fused step would keep the old ones
     fused = not {"eager", "onnxruntime"} & set(variant)
-    config = EngineConfig(dtype=dtype, weights=weights, num_threads=threads, fused_decode=fused)
-    runner = make_runner(config)
+    kv_dtype = next((v.removeprefix("kv-") for v in variant if v.startswith("kv-")), "auto")
+    config = EngineConfig(
+        dtype=dtype, weights=weights, num_threads=threads, fused_decode=fused, kv_dtype=kv_dtype
+    )
+    runner = make_runner(config, num_blocks)
     if variant == ["onnxruntime"]:
         from _ort_linear import swap_to_onnxruntime
 
@@ -65,13 +72,15 @@ def build(option: str, threads: int):
 
 
 def measure(args) -> dict[str, dict[int, list[float]]]:
-    built = {option: build(option, args.threads) for option in args.options}
+    # every batch's contexts fit, with room for the steps (blocks of 16 tokens)
+    tokens = max(args.batches) * (args.context + (args.rounds + 1) * args.steps + 8)
+    built = {option: build(option, args.threads, max(512, tokens // 16 + 1)) for option in args.options}
     results: dict[str, dict[int, list[float]]] = {o: {} for o in args.options}
     for batch in args.batches:
         contexts = {}
         for option, (runner, threads) in built.items():
             torch.set_num_threads(threads)
-            contexts[option] = prepare(runner, batch)
+            contexts[option] = prepare(runner, batch, args.context)
             decode_steps(runner, contexts[option], 3)  # warm-up
             results[option][batch] = []
         for n in range(args.rounds):
@@ -92,12 +101,13 @@ def measure(args) -> dict[str, dict[int, list[float]]]:
 
 def table(args, results: dict[str, dict[int, list[float]]]) -> str:
     lines = [
-        "## Options for the CPU decode step (`benchmarks/cpu_options.py`)",
+        f"## Options for the CPU decode step, contexts of {args.context} tokens "
+        "(`benchmarks/cpu_options.py`)",
         "",
-        f"Machine: {machine()}. The bundled model, {args.threads} threads unless the option says; ms "
-        f"per decode step over {args.steps} steps, median (min-max) of {args.rounds} rounds in one "
-        "process, the options' order reversed each round; the ratio is the default's median over "
-        "the option's (above 1: faster than the default).",
+        f"Machine: {machine()}. The bundled model, {args.threads} threads unless the option says; "
+        f"contexts of {args.context} tokens; ms per decode step over {args.steps} steps, median "
+        f"(min-max) of {args.rounds} rounds in one process, the options' order reversed each round; "
+        "the ratio is the default's median over the option's (above 1: faster than the default).",
         "",
         "| option | "
         + " | ".join(f"batch {b}, ms" for b in args.batches)
@@ -125,6 +135,8 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=15)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--options", nargs="+", default=OPTIONS)
+    parser.add_argument("--context", type=int, default=32, help="tokens in each context before decoding")
+    parser.add_argument("--section", default="cpu-options", help="the section of docs/benchmarks.md")
     parser.add_argument("--no-docs", action="store_true", help="print the table only")
     args = parser.parse_args()
     if DEFAULT not in args.options:
@@ -134,7 +146,7 @@ def main() -> None:
     body = table(args, results)
     print(body)
     if not args.no_docs:
-        write_section("cpu-options", body)
+        write_section(args.section, body)
 
 
 if __name__ == "__main__":

@@ -38,8 +38,7 @@ def make_runner(config: EngineConfig, num_blocks: int = 512) -> ModelRunner:
     mc = ModelConfig.from_folder(folder)
     backend = create_backend("torch", mc.num_heads, mc.num_kv_heads, mc.head_dim)
     model = build_model(config, mc, folder, backend)
-    dtype = config.torch_dtype()
-    cache = allocate_kv_cache(mc, num_blocks, config.block_size, dtype, torch.device("cpu"))
+    cache = allocate_kv_cache(mc, num_blocks, config.block_size, config.torch_kv_dtype(), torch.device("cpu"))
     pool = ContextPool(BlockManager(num_blocks, config.block_size), cache)
     fused = fused_decode_step(model, pool, config, torch.device("cpu"))  # as the engine does
     return ModelRunner(model, pool, SharedPrefixPolicy(), torch.device("cpu"), fused)

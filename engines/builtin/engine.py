@@ -103,10 +103,11 @@ class BuiltinEngine:
         backend_name = config.attention_backend or default_backend(self.device.type)
         self.backend = create_backend(backend_name, mc.num_heads, mc.num_kv_heads, mc.head_dim)
         self.model = build_model(config, mc, self.model_folder, self.backend)
-        num_blocks = num_blocks_for_budget(mc, config.block_size, self.dtype, config.kv_cache_bytes)
+        kv_dtype = config.torch_kv_dtype()
+        num_blocks = num_blocks_for_budget(mc, config.block_size, kv_dtype, config.kv_cache_bytes)
         sizes = graph_batch_sizes(config.cuda_graph_batch_sizes, self.device, self.model)
         pad = PAD_BLOCKS if sizes else 0  # the graphs' scratch block, outside the manager's
-        kv_cache = allocate_kv_cache(mc, num_blocks + pad, config.block_size, self.dtype, self.device)
+        kv_cache = allocate_kv_cache(mc, num_blocks + pad, config.block_size, kv_dtype, self.device)
         pool = ContextPool(BlockManager(num_blocks, config.block_size), kv_cache)
         max_len = min(config.max_model_len or mc.max_position_embeddings, mc.max_position_embeddings)
         graph_len = min(max_len, config.cuda_graph_max_len)
@@ -373,9 +374,10 @@ class BuiltinEngine:
         return {**self._served(), **snapshot, "heartbeat_age_s": round(time.monotonic() - at, 3)}
 
     def _served(self) -> dict:
-        """The model it serves, and the weight format and dtype it runs in."""
-        dtype = str(self.dtype).removeprefix("torch.")
-        return {"model": self.model_name, "weights": self.config.weights, "dtype": dtype}
+        """The model it serves, the weight format and dtype it runs in, and its KV cache's dtype."""
+        dtype, kv_dtype = (str(t).removeprefix("torch.") for t in (self.dtype, self.config.torch_kv_dtype()))
+        served = {"model": self.model_name, "weights": self.config.weights, "dtype": dtype}
+        return {**served, "kv_dtype": kv_dtype}
 
 
 def _reply(result: GenerateResult, kind: type[Reply]) -> Reply:

@@ -40,6 +40,8 @@ def parse_size(text: str) -> int:
     return int(float(number) * _UNITS[(unit or "").lower()])
 
 
+DTYPES = ("auto", "float32", "bfloat16", "float16")
+KV_DTYPES = ("auto", "float32", "bfloat16")
 WEIGHT_FORMATS = ("auto", "exact", "int8", "int4", "gguf")
 CPU_MATMULS = ("auto", "torch", "blas")
 # The environment variables ``EngineConfig.from_env`` reads, and the field each sets.
@@ -47,6 +49,7 @@ ENV_FIELDS = {
     "PARROT_MODEL": "model",
     "PARROT_DEVICE": "device",
     "PARROT_DTYPE": "dtype",
+    "PARROT_KV_DTYPE": "kv_dtype",
     "PARROT_WEIGHTS": "weights",
     "PARROT_KV_CACHE_MEMORY": "kv_cache_bytes",  # a size: "2GiB", "512m"
     "PARROT_ATTENTION_BACKEND": "attention_backend",
@@ -70,6 +73,12 @@ class EngineConfig:
     dense_rows: int = 32
     block_size: int = 16
     kv_cache_bytes: int = 2 * 2**30
+    # The KV cache's element type: auto | float32 | bfloat16. auto: bfloat16 for packed weights
+    # on the CPU (the defaults there: twice the tokens in the same memory at the same speed,
+    # logits as close to the exact model's, measured), else the activations' dtype (exact
+    # weights stay token-identical to transformers). Keys and values are rounded once when
+    # stored; attention computes in float32.
+    kv_dtype: str = "auto"
     max_model_len: int | None = None  # defaults to the model's max_position_embeddings
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     shared_prefix: SharedPrefixPolicy = field(default_factory=SharedPrefixPolicy)
@@ -102,8 +111,12 @@ class EngineConfig:
             raise ValueError(f"block_size must be in 1..1024, got {self.block_size}")
         if self.kv_cache_bytes < 1:
             raise ValueError("the KV cache memory budget must be positive")
-        if self.dtype not in ("auto", "float32", "bfloat16", "float16"):
+        if self.dtype not in DTYPES:
             raise ValueError(f"dtype must be auto, float32, bfloat16 or float16, got {self.dtype!r}")
+        if self.kv_dtype not in KV_DTYPES:
+            raise ValueError(f"kv_dtype must be one of {', '.join(KV_DTYPES)}, got {self.kv_dtype!r}")
+        if self.torch_kv_dtype() != self.torch_dtype() and self.torch_device().type != "cpu":
+            raise ValueError("a KV cache dtype other than the model's runs on the CPU only")
         if self.weights not in WEIGHT_FORMATS:
             raise ValueError(f"weights must be one of {', '.join(WEIGHT_FORMATS)}, got {self.weights!r}")
         if self.weights == "auto":
@@ -156,6 +169,14 @@ class EngineConfig:
         if self.dtype == "auto":
             return torch.bfloat16 if self.torch_device().type == "cuda" else torch.float32
         return getattr(torch, self.dtype)
+
+    def torch_kv_dtype(self) -> torch.dtype:
+        # (resolved here, not when the config is made: a config copied with other weights
+        # gets its own default)
+        if self.kv_dtype != "auto":
+            return getattr(torch, self.kv_dtype)
+        packed_on_cpu = self.weights != "exact" and self.torch_device().type == "cpu"
+        return torch.bfloat16 if packed_on_cpu else self.torch_dtype()
 
     @classmethod
     def from_env(cls, **overrides) -> EngineConfig:

@@ -17,7 +17,9 @@ Which models: float32 activations on the CPU with packed weights (``gguf``, ``in
 sliding windows): Llama, Mistral, Qwen2, Qwen3, Phi-3. The exact mode keeps the eager path, whose products
 are token-identical to transformers'. The fused step computes what the eager one does, in
 the same precisions; its float32 sums run in another order, so a bfloat16-rounded kernel
-input may differ by one unit in the last place (tests bound the difference).
+input may differ by one unit in the last place (tests bound the difference). The KV cache
+may be float32 or bfloat16 (``--kv-dtype``): keys and values are rounded as the eager step
+rounds them when storing, and widened to float32 when read.
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ from parrot.engines.builtin.native import load_extension
 log = logging.getLogger(__name__)
 
 INT4, INT8 = 0, 1  # the C++ Linear's kinds
+KV_DTYPES = (torch.float32, torch.bfloat16)  # the caches the C++ step reads
 
 
 def unsupported_reason(model: LlamaForCausalLM, device: torch.device) -> str | None:
@@ -119,8 +122,8 @@ def fused_decode_step(
 ) -> FusedDecodeStep | None:
     """The engine's fused step, or None (the reason logged) where it is off or cannot run."""
     reason = "--no-fused-decode" if not config.fused_decode else unsupported_reason(model, device)
-    if reason is None and pool.kv_cache.dtype != torch.float32:
-        reason = "the KV cache is not float32"
+    if reason is None and pool.kv_cache.dtype not in KV_DTYPES:
+        reason = f"the KV cache is {pool.kv_cache.dtype}"
     if reason is not None:
         log.info("decode steps run eagerly: %s", reason)
         return None

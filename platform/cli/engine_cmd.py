@@ -39,6 +39,13 @@ def add_parser(commands) -> None:
     )
     p.add_argument("--block-size", type=int, default=16)
     p.add_argument("--kv-cache-memory", type=parse_size, default=None, help="KV cache budget, e.g. 2GiB")
+    p.add_argument(
+        "--kv-dtype",
+        default=None,
+        choices=["auto", "float32", "bfloat16"],
+        help="KV cache element type (default auto: bfloat16 for packed weights on the CPU, which "
+        "holds twice the tokens of float32; else the model's dtype)",
+    )
     p.add_argument("--max-model-len", type=int, default=None)
     p.add_argument("--max-batched-tokens", type=int, default=1024, help="token budget of one step")
     p.add_argument("--max-running", type=int, default=64, help="jobs batched together at most")
@@ -132,6 +139,7 @@ def config_from_args(args: argparse.Namespace) -> EngineConfig:
         dense_rows=args.dense_rows,
         block_size=args.block_size,
         kv_cache_bytes=args.kv_cache_memory,
+        kv_dtype=args.kv_dtype,
         max_model_len=args.max_model_len,
         scheduler=SchedulerConfig(
             max_batched_tokens=args.max_batched_tokens,

@@ -33,8 +33,10 @@ class TorchAttentionBackend(AttentionBackend):
     name = "torch"
 
     def forward(self, q, k, v, k_cache, v_cache, batch: AttentionBatch, layer: LayerAttention = PLAIN):
-        k_cache.index_copy_(0, batch.slot_mapping, k)
-        v_cache.index_copy_(0, batch.slot_mapping, v)
+        # (a cache of another dtype than the activations' (--kv-dtype) stores them rounded and
+        # is read back in the activations' dtype: .to() is a no-op where they are the same)
+        k_cache.index_copy_(0, batch.slot_mapping, k.to(k_cache.dtype))
+        v_cache.index_copy_(0, batch.slot_mapping, v.to(v_cache.dtype))
         need_lse = batch.uses_shared_prefix
         d = batch.decode
         if d is not None and not need_lse and d.token_rows.numel() == batch.num_tokens:
@@ -76,8 +78,8 @@ class TorchAttentionBackend(AttentionBackend):
 
     def _decode(self, q, k_cache, v_cache, d, need_lse, layer):
         b = q.shape[0]
-        keys = _blocks(k_cache, d.block_table, d.block_size)  # [b, L, kvh, d]
-        vals = _blocks(v_cache, d.block_table, d.block_size)
+        keys = _blocks(k_cache, d.block_table, d.block_size).to(q.dtype)  # [b, L, kvh, d]
+        vals = _blocks(v_cache, d.block_table, d.block_size).to(q.dtype)
         if not need_lse and q.dtype == torch.float32:  # one fused kernel when nobody needs the lse
             out = F.scaled_dot_product_attention(
                 q.unsqueeze(2),  # [b, heads, 1, d]
@@ -100,8 +102,8 @@ class TorchAttentionBackend(AttentionBackend):
     def _prefill(self, q, k_cache, v_cache, kv_slots, causal_mask, need_lse, layer):
         n = q.shape[0]
         qg = self._grouped(q).permute(1, 2, 0, 3)  # [kvh, g, n, d]
-        keys = k_cache[kv_slots].permute(1, 2, 0)  # [kvh, d, L]
-        vals = v_cache[kv_slots].transpose(0, 1)  # [kvh, L, d]
+        keys = k_cache[kv_slots].to(q.dtype).permute(1, 2, 0)  # [kvh, d, L]
+        vals = v_cache[kv_slots].to(q.dtype).transpose(0, 1)  # [kvh, L, d]
         scores = self._scores(torch.matmul(qg, keys.unsqueeze(1)), layer)  # [kvh, g, n, L]
         if causal_mask is not None:
             scores.masked_fill_(~causal_mask, float("-inf"))
@@ -116,8 +118,9 @@ class TorchAttentionBackend(AttentionBackend):
         # All queries of the group against one shared prefix: a single [kvh, n*g, P] product.
         n = q.shape[0]
         qg = self._grouped(q).permute(1, 0, 2, 3).reshape(self.num_kv_heads, -1, self.head_dim)
-        keys = _blocks(k_cache, prefix_blocks[None], block_size)[0].permute(1, 2, 0)  # [kvh, d, P]
-        vals = _blocks(v_cache, prefix_blocks[None], block_size)[0].transpose(0, 1)  # [kvh, P, d]
+        keys = _blocks(k_cache, prefix_blocks[None], block_size)[0].to(q.dtype)  # [P, kvh, d]
+        vals = _blocks(v_cache, prefix_blocks[None], block_size)[0].to(q.dtype)
+        keys, vals = keys.permute(1, 2, 0), vals.transpose(0, 1)  # [kvh, d, P], [kvh, P, d]
         scores = self._scores(torch.matmul(qg, keys), layer)  # [kvh, n*g, P]
         if key_mask is not None:  # [n, P] -> the rows of each query's heads
             hidden = ~key_mask.repeat_interleave(scores.shape[1] // n, dim=0)

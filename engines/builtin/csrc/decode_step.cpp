@@ -9,7 +9,8 @@
 // it matters: norms, rotary and attention in float32, kernel inputs rounded to bfloat16.
 //
 // Shapes: B sequences, one token each; H hidden size; nh/nkv query/KV heads of hd dims.
-// The KV cache is the engine's: [layers, 2, slots, nkv, hd] float32.
+// The KV cache is the engine's: [layers, 2, slots, nkv, hd] of float32 or bfloat16
+// (--kv-dtype); keys and values are rounded once when stored, as the eager step's cast does.
 
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
@@ -38,6 +39,20 @@ inline float from_bf16(uint16_t h) {
   std::memcpy(&f, &u, 4);
   return f;
 }
+
+// KV cache elements: float32, or bfloat16 as its bits (--kv-dtype bfloat16), which widens
+// with one shift. (float16 was tried: GCC 12 converts _Float16 one element at a time, and its
+// conversion in integer operations costs ~6 operations an element in these compute-bound
+// loops: attention at 2,000 keys was 2.3-3.4x slower than with either.)
+inline float widen(float x) { return x; }
+inline float widen(uint16_t x) { return from_bf16(x); }
+
+template <typename C>
+C narrow(float x);
+template <>
+inline float narrow<float>(float x) { return x; }
+template <>
+inline uint16_t narrow<uint16_t>(float x) { return to_bf16(x); }
 
 inline const uint16_t* bits(const at::Tensor& t) {
   return reinterpret_cast<const uint16_t*>(t.data_ptr<bf16>());
@@ -83,10 +98,11 @@ inline float sum_of_squares(const float* x, int64_t n) {
   return sum;
 }
 
-inline float dot(const float* a, const float* b, int64_t n) {
+template <typename C>
+inline float dot(const float* a, const C* b, int64_t n) {
   float s = 0.f;
 #pragma omp simd reduction(+ : s)
-  for (int64_t i = 0; i < n; ++i) s += a[i] * b[i];
+  for (int64_t i = 0; i < n; ++i) s += a[i] * widen(b[i]);
   return s;
 }
 
@@ -153,9 +169,11 @@ class DecodeModel {
       TORCH_CHECK(t->scalar_type() == at::kLong && t->is_contiguous(), "step inputs must be contiguous int64");
     TORCH_CHECK(positions.size(0) == B && slots.size(0) == B && kv_lens.size(0) == B && table.size(0) == B,
                 "step inputs must have one row per sequence");
-    TORCH_CHECK(kv_cache.scalar_type() == at::kFloat && kv_cache.is_contiguous() &&
-                    kv_cache.size(0) == num_layers() && kv_cache.size(3) == nkv_ && kv_cache.size(4) == hd_,
-                "the KV cache must be the model's, contiguous float32");
+    const auto kv_type = kv_cache.scalar_type();
+    TORCH_CHECK((kv_type == at::kFloat || kv_type == at::kBFloat16) &&
+                    kv_cache.is_contiguous() && kv_cache.size(0) == num_layers() &&
+                    kv_cache.size(3) == nkv_ && kv_cache.size(4) == hd_,
+                "the KV cache must be the model's, contiguous float32 or bfloat16");
     const int64_t width = (nh_ + 2 * nkv_) * hd_;  // q, k, v side by side
     const auto f32 = at::TensorOptions().dtype(at::kFloat);
     const auto b16 = at::TensorOptions().dtype(at::kBFloat16);
@@ -165,20 +183,40 @@ class DecodeModel {
     at::Tensor attn = at::empty({B, nh_ * hd_}, b16);              // [B, nh * hd]
     at::Tensor act = at::empty({B, inter_}, b16);                  // [B, intermediate]
     float* xs = x.data_ptr<float>();
-    float* qs = qkv.data_ptr<float>();
     const int64_t* pos = positions.data_ptr<int64_t>();
     const int64_t* slot = slots.data_ptr<int64_t>();
     for (int64_t b = 0; b < B; ++b)
       TORCH_CHECK(pos[b] >= 0 && pos[b] < cos_.size(0) && slot[b] >= 0 && slot[b] < kv_cache.size(2),
                   "a position or KV slot is out of range");
-    const int64_t kv_row = nkv_ * hd_;
-    const int64_t cache_stride = kv_cache.size(2) * kv_row;  // one layer's keys (or values)
-    float* cache = kv_cache.data_ptr<float>();
+    const auto run = [&](auto* cache) {
+      run_layers(x, qkv, normed, attn, act, pos, slot, table, kv_lens, cache, kv_cache.size(2), block_size);
+    };
+    if (kv_type == at::kFloat)
+      run(kv_cache.data_ptr<float>());
+    else
+      run(bits(kv_cache));
+    for (int64_t b = 0; b < B; ++b) rms_norm_f32(xs + b * H_, final_norm_.data_ptr<float>(), H_, eps_);
+    return x;
+  }
 
+  int64_t num_layers() const { return static_cast<int64_t>(layers_.size()); }
+
+ private:
+  // The layers over the residual rows x [B, H], with a cache of element type C.
+  template <typename C>
+  void run_layers(at::Tensor& x, at::Tensor& qkv, at::Tensor& normed, at::Tensor& attn, at::Tensor& act,
+                  const int64_t* pos, const int64_t* slot, const at::Tensor& table, const at::Tensor& kv_lens,
+                  C* cache, int64_t num_slots, int64_t block_size) {
+    const int64_t B = x.size(0);
+    const int64_t width = (nh_ + 2 * nkv_) * hd_;
+    const int64_t kv_row = nkv_ * hd_;
+    const int64_t cache_stride = num_slots * kv_row;  // one layer's keys (or values)
+    float* xs = x.data_ptr<float>();
+    float* qs = qkv.data_ptr<float>();
     for (size_t l = 0; l < layers_.size(); ++l) {
       const Layer& L = layers_[l];
-      float* k_cache = cache + (2 * l) * cache_stride;
-      float* v_cache = cache + (2 * l + 1) * cache_stride;
+      C* k_cache = cache + (2 * l) * cache_stride;
+      C* v_cache = cache + (2 * l + 1) * cache_stride;
       rms_norm_bf16(xs, L.input_norm.data_ptr<float>(), bits(normed), B, H_, eps_);
       from_product<false>(L.qkv.mm(normed), L.qkv.bias.data_ptr<float>(), qs, B, width);
       for (int64_t b = 0; b < B; ++b) {
@@ -189,9 +227,11 @@ class DecodeModel {
             rms_norm_f32(row + h * hd_, L.k_norm.data_ptr<float>(), hd_, eps_);
         }
         for (int64_t h = 0; h < nh_ + nkv_; ++h) rotate(row + h * hd_, pos[b]);
-        const float* k = row + nh_ * hd_;
-        std::memcpy(k_cache + slot[b] * kv_row, k, kv_row * sizeof(float));
-        std::memcpy(v_cache + slot[b] * kv_row, k + kv_row, kv_row * sizeof(float));
+        const float* k = row + nh_ * hd_;  // then v
+        C* kc = k_cache + slot[b] * kv_row;
+        C* vc = v_cache + slot[b] * kv_row;
+#pragma omp simd
+        for (int64_t i = 0; i < kv_row; ++i) kc[i] = narrow<C>(k[i]), vc[i] = narrow<C>(k[kv_row + i]);
       }
       attend(qs, width, k_cache, v_cache, table, kv_lens, block_size, bits(attn));
       from_product<true>(L.o.mm(attn), L.o.bias.data_ptr<float>(), xs, B, H_);
@@ -199,13 +239,8 @@ class DecodeModel {
       gate_times_up(L.gate_up.mm(normed), L.gate_up.bias.data_ptr<float>(), bits(act), B);
       from_product<true>(L.down.mm(act), L.down.bias.data_ptr<float>(), xs, B, H_);
     }
-    for (int64_t b = 0; b < B; ++b) rms_norm_f32(xs + b * H_, final_norm_.data_ptr<float>(), H_, eps_);
-    return x;
   }
 
-  int64_t num_layers() const { return static_cast<int64_t>(layers_.size()); }
-
- private:
   // silu(gate + bias) * (up + bias) in float32, rounded to bfloat16 for the down product
   void gate_times_up(const at::Tensor& gu, const float* bias, uint16_t* out, int64_t rows) const {
     const uint16_t* s = bits(gu);
@@ -241,7 +276,8 @@ class DecodeModel {
   // Each query head over its sequence's keys 0..kv_len-1, read through the block table block
   // by block (the key at position p is in slot table[p / block_size] * block_size + p %
   // block_size). Softmax in float32.
-  void attend(const float* qs, int64_t width, const float* k_cache, const float* v_cache,
+  template <typename C>
+  void attend(const float* qs, int64_t width, const C* k_cache, const C* v_cache,
               const at::Tensor& table, const at::Tensor& kv_lens, int64_t block_size,
               uint16_t* out) const {
     const int64_t B = kv_lens.size(0);
@@ -264,7 +300,7 @@ class DecodeModel {
         scores.resize(group * len);
         float* sc = scores.data();
         for (int64_t first = 0; first < len; first += block_size) {  // block by block: no division
-          const float* k = k_cache + (tab[b * W + first / block_size] * block_size * nkv_ + g) * hd_;
+          const C* k = k_cache + (tab[b * W + first / block_size] * block_size * nkv_ + g) * hd_;
           const int64_t n = std::min(block_size, len - first);
           const int64_t stride = nkv_ * hd_;
           for (int64_t j = 0; j < group; ++j) {
@@ -272,18 +308,18 @@ class DecodeModel {
             float* sj = sc + j * len + first;
             int64_t t = 0;
             for (; t + 4 <= n; t += 4) {  // four keys a pass: four independent sums
-              const float *k0 = k + t * stride, *k1 = k0 + stride, *k2 = k1 + stride, *k3 = k2 + stride;
+              const C *k0 = k + t * stride, *k1 = k0 + stride, *k2 = k1 + stride, *k3 = k2 + stride;
               float s0 = 0.f, s1 = 0.f, s2 = 0.f, s3 = 0.f;
 #pragma omp simd reduction(+ : s0, s1, s2, s3)
               for (int64_t i = 0; i < hd_; ++i) {
-                s0 += qj[i] * k0[i];
-                s1 += qj[i] * k1[i];
-                s2 += qj[i] * k2[i];
-                s3 += qj[i] * k3[i];
+                s0 += qj[i] * widen(k0[i]);
+                s1 += qj[i] * widen(k1[i]);
+                s2 += qj[i] * widen(k2[i]);
+                s3 += qj[i] * widen(k3[i]);
               }
               sj[t] = s0 * scale_, sj[t + 1] = s1 * scale_, sj[t + 2] = s2 * scale_, sj[t + 3] = s3 * scale_;
             }
-            for (; t < n; ++t) sj[t] = dot(qj, k + t * stride, hd_) * scale_;
+            for (; t < n; ++t) sj[t] = dot(qj, k + t * stride, hd_) * scale_;  // (widens C)
           }
         }
         for (int64_t j = 0; j < group; ++j) {
@@ -303,7 +339,7 @@ class DecodeModel {
         }
         std::fill(acc.begin(), acc.end(), 0.f);
         for (int64_t first = 0; first < len; first += block_size) {
-          const float* v = v_cache + (tab[b * W + first / block_size] * block_size * nkv_ + g) * hd_;
+          const C* v = v_cache + (tab[b * W + first / block_size] * block_size * nkv_ + g) * hd_;
           const int64_t n = std::min(block_size, len - first);
           const int64_t stride = nkv_ * hd_;
           for (int64_t j = 0; j < group; ++j) {
@@ -311,14 +347,15 @@ class DecodeModel {
             float* a = acc.data() + j * hd_;
             int64_t t = 0;
             for (; t + 4 <= n; t += 4) {  // four keys a pass: a quarter of the stores to a
-              const float *v0 = v + t * stride, *v1 = v0 + stride, *v2 = v1 + stride, *v3 = v2 + stride;
+              const C *v0 = v + t * stride, *v1 = v0 + stride, *v2 = v1 + stride, *v3 = v2 + stride;
 #pragma omp simd
-              for (int64_t i = 0; i < hd_; ++i) a[i] += w[t] * v0[i] + w[t + 1] * v1[i] + w[t + 2] * v2[i] + w[t + 3] * v3[i];
+              for (int64_t i = 0; i < hd_; ++i)
+                a[i] += w[t] * widen(v0[i]) + w[t + 1] * widen(v1[i]) + w[t + 2] * widen(v2[i]) + w[t + 3] * widen(v3[i]);
             }
             for (; t < n; ++t) {
-              const float* vt = v + t * stride;
+              const C* vt = v + t * stride;
 #pragma omp simd
-              for (int64_t i = 0; i < hd_; ++i) a[i] += w[t] * vt[i];
+              for (int64_t i = 0; i < hd_; ++i) a[i] += w[t] * widen(vt[i]);
             }
           }
         }

@@ -84,6 +84,28 @@ def test_its_decode_steps_run_fused_and_say_what_eager_steps_say(default_engine,
     assert fused == eager
 
 
+def test_its_bfloat16_kv_cache_holds_twice_the_tokens_and_says_the_same(default_engine, engine_config):
+    """The default's bfloat16 KV cache: the same memory holds twice the blocks of a float32
+    cache (--kv-dtype float32), decode steps run fused on both, the greedy text is the same."""
+    from parrot.engines.builtin.engine import BuiltinEngine
+
+    greedy = params(None, 24, temperature=0.0)
+    got = asyncio.run(generate(default_engine, next(ids), greedy, PROMPT)).token_ids
+    stats = asyncio.run(default_engine.stats())
+    wide = BuiltinEngine(dataclasses.replace(engine_config, weights="auto", kv_dtype="float32"))
+    try:
+        before = asyncio.run(wide.stats())["fused_steps"]
+        expected = asyncio.run(generate(wide, next(ids), greedy, PROMPT)).token_ids
+        wide_stats = asyncio.run(wide.stats())
+    finally:
+        wide.stop()
+    assert (stats["kv_dtype"], wide_stats["kv_dtype"]) == ("bfloat16", "float32")
+    blocks = wide_stats["kv_blocks_total"]
+    assert stats["kv_blocks_total"] in (2 * blocks, 2 * blocks + 1)  # (each count rounded down)
+    assert wide_stats["fused_steps"] - before == len(expected) > 0
+    assert got == expected
+
+
 def test_every_output_matches_its_format(default_engine):
     async def all_formats():
         jobs = [generate(default_engine, next(ids), params(f, **s)) for f in FORMATS for s in SAMPLINGS]
@@ -123,9 +145,10 @@ def test_forks_decode_on_the_shared_prefix_path(default_engine):
 
 
 def test_ping_says_what_it_serves(default_client, client):
-    assert {k: default_client.get("/ping").json()[k] for k in ("weights", "dtype")} == {
+    assert {k: default_client.get("/ping").json()[k] for k in ("weights", "dtype", "kv_dtype")} == {
         "weights": "gguf",
         "dtype": "float32",
+        "kv_dtype": "bfloat16",
     }
     assert client.get("/ping").json()["weights"] == "exact"  # the tests' shared engine
 

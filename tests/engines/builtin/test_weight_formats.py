@@ -30,20 +30,34 @@ from parrot.engines.builtin.model.quant import Int4Linear, Int8Linear, quantize_
 RANDOM_BOUNDS = {("bfloat16", "exact"): 0.015, ("float32", "int8"): 0.025, ("float32", "int4"): 0.25}
 
 
-def build(folder, dtype: str, weights: str, num_blocks: int = 64, block_size: int = 4, dense_rows: int = 32):
-    config = EngineConfig(dtype=dtype, weights=weights, dense_rows=dense_rows)
+def build(
+    folder,
+    dtype: str,
+    weights: str,
+    num_blocks: int = 64,
+    block_size: int = 4,
+    dense_rows: int = 32,
+    kv_dtype: str = "auto",
+):
+    config = EngineConfig(dtype=dtype, weights=weights, dense_rows=dense_rows, kv_dtype=kv_dtype)
     mc = ModelConfig.from_folder(folder)
     backend = create_backend("torch", mc.num_heads, mc.num_kv_heads, mc.head_dim)
     model = build_model(config, mc, folder, backend)
-    cache = allocate_kv_cache(mc, num_blocks, block_size, config.torch_dtype(), torch.device("cpu"))
+    cache = allocate_kv_cache(mc, num_blocks, block_size, config.torch_kv_dtype(), torch.device("cpu"))
     return model, ContextPool(BlockManager(num_blocks, block_size), cache)
 
 
 def logits_of(
-    folder, dtype: str, weights: str, tokens: list[int], chunks: list[int], dense_rows: int = 32
+    folder,
+    dtype: str,
+    weights: str,
+    tokens: list[int],
+    chunks: list[int],
+    dense_rows: int = 32,
+    kv_dtype: str = "auto",
 ) -> torch.Tensor:
     """Logits [len(tokens), vocab] of a chunked prefill and then single-token decode steps."""
-    model, pool = build(folder, dtype, weights, num_blocks=256, block_size=16, dense_rows=dense_rows)
+    model, pool = build(folder, dtype, weights, 256, 16, dense_rows, kv_dtype)
     ctx = Context(context_id=1, token_ids=list(tokens), materialized=True)
     pool.contexts[1] = ctx
     return run_chunks(model, pool, ctx, chunks)
@@ -80,6 +94,20 @@ def test_dense_copies_stay_close_on_random_configs(weights, random_model):
     got = logits_of(folder, "float32", weights, tokens, chunks, dense_rows=1)
     error = relative_error(got, exact)
     assert 0 < error < RANDOM_BOUNDS[("float32", weights)], f"{weights} dense: {error:.4f}"
+
+
+# 16-bit KV caches (--kv-dtype): keys and values rounded once when stored, read in float32.
+# kv dtype -> bound on the relative logit error against the exact model with a float32 cache
+KV_RANDOM_BOUNDS = {"bfloat16": 0.004}  # measured 5e-4 to 1.1e-3
+
+
+@pytest.mark.parametrize("kv_dtype", sorted(KV_RANDOM_BOUNDS))
+def test_16_bit_kv_caches_stay_close_on_random_configs(kv_dtype, random_model):
+    """Prefill chunks and decode steps, read back from a 16-bit cache (the eager paths)."""
+    folder, tokens, chunks, exact = random_model
+    got = logits_of(folder, "float32", "exact", tokens, chunks, kv_dtype=kv_dtype)
+    error = relative_error(got, exact)
+    assert 0 < error < KV_RANDOM_BOUNDS[kv_dtype], f"{kv_dtype} cache: relative logit error {error:.4f}"
 
 
 def test_quantized_modes_pack_every_linear(random_model):
@@ -120,6 +148,24 @@ def test_fast_modes_stay_close_on_the_default_model(mode, default_prompts):
         agreement = (got.argmax(-1) == ref.argmax(-1)).float().mean().item()
         assert 0 < error < max_error, f"{mode}: relative logit error {error:.4f}"
         assert agreement >= min_agreement, f"{mode}: top-1 agreement {agreement:.2f}"
+
+
+# The default mode (gguf) with either cache: (bound on the relative logit error, least top-1
+# agreement) against the exact model, as DEFAULT_BOUNDS. Measured 0.019-0.031 and 0.91-1.0
+# with either (the gguf mode's own error dominates).
+KV_DEFAULT_BOUNDS = {"bfloat16": (0.07, 0.8), "float32": (0.07, 0.8)}
+
+
+@pytest.mark.parametrize("kv_dtype", sorted(KV_DEFAULT_BOUNDS))
+def test_kv_caches_stay_close_on_the_default_model(kv_dtype, default_prompts):
+    folder, tokens, exact = default_prompts
+    max_error, min_agreement = KV_DEFAULT_BOUNDS[kv_dtype]
+    for t, ref in zip(tokens, exact, strict=True):
+        got = logits_of(folder, "float32", "gguf", t, [len(t) - 6] + [1] * 6, kv_dtype=kv_dtype)
+        error = relative_error(got, ref)
+        agreement = (got.argmax(-1) == ref.argmax(-1)).float().mean().item()
+        assert 0 < error < max_error, f"{kv_dtype} cache: relative logit error {error:.4f}"
+        assert agreement >= min_agreement, f"{kv_dtype} cache: top-1 agreement {agreement:.2f}"
 
 
 def test_gguf_codes_are_the_exact_weights(engine):
@@ -178,6 +224,25 @@ def test_cli_passes_the_weight_format():
     assert (config.weights, config.dtype) == ("gguf", "float32")
     exact = config_from_args(build_parser().parse_args(["engine", "--weights", "exact"]))
     assert exact.weights == "exact"
+
+
+def test_the_kv_dtype_comes_from_the_flag_or_the_variable_and_bad_ones_are_refused(monkeypatch):
+    from parrot.platform.cli.engine_cmd import config_from_args
+    from parrot.platform.cli.main import build_parser
+
+    assert EngineConfig().torch_kv_dtype() == torch.bfloat16  # auto: bfloat16 for packed weights
+    assert EngineConfig(weights="int8").torch_kv_dtype() == torch.bfloat16
+    assert EngineConfig(weights="exact").torch_kv_dtype() == torch.float32  # ... else the activations'
+    assert EngineConfig(dtype="bfloat16", weights="exact").torch_kv_dtype() == torch.bfloat16
+    assert EngineConfig(device="cuda").torch_kv_dtype() == torch.bfloat16
+    args = build_parser().parse_args(["engine", "--kv-dtype", "float32"])
+    assert config_from_args(args).torch_kv_dtype() == torch.float32
+    monkeypatch.setenv("PARROT_KV_DTYPE", "float32")
+    assert config_from_args(build_parser().parse_args(["engine"])).torch_kv_dtype() == torch.float32
+    with pytest.raises(ValueError, match="kv_dtype must be one of auto, float32, bfloat16, got 'float16'"):
+        EngineConfig(kv_dtype="float16")
+    with pytest.raises(ValueError, match="other than the model's runs on the CPU only"):
+        EngineConfig(device="cuda", kv_dtype="float32")
 
 
 def test_large_steps_use_the_dense_copy_of_the_same_weights():
