@@ -103,7 +103,7 @@ class BuiltinEngine:
         backend_name = config.attention_backend or default_backend(self.device.type)
         self.backend = create_backend(backend_name, mc.num_heads, mc.num_kv_heads, mc.head_dim)
         self.model = build_model(config, mc, self.model_folder, self.backend)
-        kv_dtype = config.torch_kv_dtype()
+        self.kv_dtype = kv_dtype = config.torch_kv_dtype()
         num_blocks = num_blocks_for_budget(mc, config.block_size, kv_dtype, config.kv_cache_bytes)
         sizes = graph_batch_sizes(config.cuda_graph_batch_sizes, self.device, self.model)
         pad = PAD_BLOCKS if sizes else 0  # the graphs' scratch block, outside the manager's
@@ -375,7 +375,7 @@ class BuiltinEngine:
 
     def _served(self) -> dict:
         """The model it serves, the weight format and dtype it runs in, and its KV cache's dtype."""
-        dtype, kv_dtype = (str(t).removeprefix("torch.") for t in (self.dtype, self.config.torch_kv_dtype()))
+        dtype, kv_dtype = (str(t).removeprefix("torch.") for t in (self.dtype, self.kv_dtype))
         served = {"model": self.model_name, "weights": self.config.weights, "dtype": dtype}
         return {**served, "kv_dtype": kv_dtype}
 

@@ -112,7 +112,7 @@ class EngineConfig:
         if self.kv_cache_bytes < 1:
             raise ValueError("the KV cache memory budget must be positive")
         if self.dtype not in DTYPES:
-            raise ValueError(f"dtype must be auto, float32, bfloat16 or float16, got {self.dtype!r}")
+            raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
         if self.kv_dtype not in KV_DTYPES:
             raise ValueError(f"kv_dtype must be one of {', '.join(KV_DTYPES)}, got {self.kv_dtype!r}")
         if self.torch_kv_dtype() != self.torch_dtype() and self.torch_device().type != "cpu":

@@ -6,7 +6,7 @@ import argparse
 
 from parrot.engines.builtin.attention import available_backends
 from parrot.engines.builtin.batch import SharedPrefixPolicy
-from parrot.engines.builtin.engine_config import CPU_MATMULS, EngineConfig, parse_size
+from parrot.engines.builtin.engine_config import CPU_MATMULS, DTYPES, KV_DTYPES, EngineConfig, parse_size
 from parrot.engines.builtin.grammars import GrammarLimits
 from parrot.engines.builtin.local_scheduler import SchedulerConfig
 from parrot.platform.cli.server_flags import add_server_arguments, server_limits_from_args
@@ -22,7 +22,7 @@ def add_parser(commands) -> None:
         "--model", default=None, help="HF model folder or .gguf file (default: bundled SmolLM2-135M)"
     )
     p.add_argument("--device", default=None, help="auto | cpu | cuda[:N]")
-    p.add_argument("--dtype", default=None, choices=["auto", "float32", "bfloat16", "float16"])
+    p.add_argument("--dtype", default=None, choices=DTYPES)
     p.add_argument(
         "--weights",
         default=None,
@@ -42,7 +42,7 @@ def add_parser(commands) -> None:
     p.add_argument(
         "--kv-dtype",
         default=None,
-        choices=["auto", "float32", "bfloat16"],
+        choices=KV_DTYPES,
         help="KV cache element type (default auto: bfloat16 for packed weights on the CPU, which "
         "holds twice the tokens of float32; else the model's dtype)",
     )
