@@ -14,7 +14,7 @@ STAMP := $(VENV)/.installed
 # The editable install records which top-level folders are packages (have an __init__.py),
 # so adding or removing one reinstalls.
 CPU := -c constraints/cpu.txt
-TOP_INITS := $(wildcard $(addsuffix /__init__.py,platform engines sdk adapters web wire))
+TOP_INITS := $(wildcard $(addsuffix /__init__.py,platform engines sdk adapters web wire cli))
 
 $(STAMP): pyproject.toml setup.py constraints/cpu.txt $(TOP_INITS)
 	@echo "Installing Parrot and its dependencies into $(VENV) (torch for the CPU, the bundled model):"

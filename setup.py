@@ -11,7 +11,7 @@ import os
 
 from setuptools import setup
 
-ROOTS = ("platform", "engines", "sdk", "adapters", "web", "wire", "migrations")
+ROOTS = ("platform", "engines", "sdk", "adapters", "web", "wire", "cli", "migrations")
 
 
 def _packages() -> list[str]:

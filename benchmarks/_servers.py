@@ -68,7 +68,7 @@ def launched(
 
 def parrot_command(*args: str) -> list[str]:
     """``parrot ARGS`` with this interpreter (a fresh process of the same venv)."""
-    return [sys.executable, "-m", "parrot.platform.cli.main", *args]
+    return [sys.executable, "-m", "parrot.cli.main", *args]
 
 
 @contextlib.contextmanager

@@ -64,7 +64,7 @@ for r in platform engines sdk adapters web wire migrations; do ln -sfn "$PWD/$r"
 export PYTHONPATH="$work/site:$work/ns:$PWD${PYTHONPATH:+:$PYTHONPATH}"
 export PYTHONUNBUFFERED=1
 stage versions 60 "$py" -c "
-import sys, torch, transformers, triton, litestar, parrot.platform.cli.main
+import sys, torch, transformers, triton, litestar, parrot.cli.main
 print(sys.version.split()[0], 'torch', torch.__version__, 'transformers', transformers.__version__,
       'triton', triton.__version__, 'cuda', torch.cuda.is_available() and torch.cuda.get_device_name(0))"
 
@@ -94,7 +94,7 @@ for size in $sizes; do
                 break
             fi
             rc=0
-            stage "bench-$w-$size-$run_label" "$left" "$py" -m parrot.platform.cli.main bench "$w" \
+            stage "bench-$w-$size-$run_label" "$left" "$py" -m parrot.cli.main bench "$w" \
                 "${quick[@]}" --docs --label "$run_label" --runs "$runs" --rtt-ms "$rtt" \
                 --logs "$out/processes-$w-$size" --kv-cache-memory "$kv" "${engine_args[@]}" || rc=$?
             if [ "$rc" = 0 ]; then

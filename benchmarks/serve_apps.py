@@ -54,7 +54,7 @@ def start(args: list[str], ready_path: str, data_dir: str) -> tuple[subprocess.P
     cmd = [
         sys.executable,
         "-m",
-        "parrot.platform.cli.main",
+        "parrot.cli.main",
         "--log-level",
         "warning",
         *args,

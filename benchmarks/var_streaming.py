@@ -41,7 +41,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks._report import machine, write_section
 from benchmarks._servers import free_port, launched, parrot_command
 from parrot.engines.protocol.schemas import StreamEnd
-from parrot.platform.serve.engine_client import HttpEngine
+from parrot.platform.serve.engines.client import HttpEngine
 from parrot.wire.sampling import SamplingParams
 
 FOLLOWERS = 16

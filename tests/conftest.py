@@ -84,11 +84,11 @@ class ServerThread:
 
 
 class ParrotProcess:
-    """``python -m parrot.platform.cli.main ARGS`` as a real child process."""
+    """``python -m parrot.cli.main ARGS`` as a real child process."""
 
     def __init__(self, args: list[str], env: dict) -> None:
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "parrot.platform.cli.main", *args],
+            [sys.executable, "-m", "parrot.cli.main", *args],
             cwd=REPO_ROOT,
             env=env,
             stdout=subprocess.PIPE,
@@ -344,7 +344,7 @@ def context_integrity() -> Iterator[None]:
     two awaits)."""
     import weakref
 
-    from parrot.platform.serve.context_manager import ContextAccountingError
+    from parrot.platform.serve.contexts.manager import ContextAccountingError
     from parrot.platform.serve.scheduler.global_scheduler import GlobalScheduler
 
     running: weakref.WeakSet[GlobalScheduler] = weakref.WeakSet()

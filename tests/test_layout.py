@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from conftest import REPO_ROOT
 
-CODE_FOLDERS = ("platform", "engines", "sdk", "adapters", "web", "wire")
+CODE_FOLDERS = ("platform", "engines", "sdk", "adapters", "web", "wire", "cli")
 
 
 def test_stdlib_platform_wins_in_the_repository_root():
@@ -60,7 +60,7 @@ def test_public_names_import_in_a_fresh_interpreter(where, tmp_path):
 
 def test_parrot_namespace_imports_from_the_root():
     out = subprocess.run(
-        [sys.executable, "-c", "import parrot.engines.builtin.engine, parrot.platform.cli.main; print('ok')"],
+        [sys.executable, "-c", "import parrot.engines.builtin.engine, parrot.cli.main; print('ok')"],
         cwd=REPO_ROOT,
         capture_output=True,
         text=True,
@@ -71,7 +71,7 @@ def test_parrot_namespace_imports_from_the_root():
 
 def test_parrot_console_script_has_engine_command():
     out = subprocess.run(
-        [sys.executable, "-m", "parrot.platform.cli.main", "engine", "--help"],
+        [sys.executable, "-m", "parrot.cli.main", "engine", "--help"],
         cwd=REPO_ROOT,
         capture_output=True,
         text=True,
@@ -145,3 +145,82 @@ def test_the_wire_contract_imports_only_msgspec_and_the_standard_library():
                 found.append(f"{path.relative_to(REPO_ROOT)}:{line}: imports {module}")
     assert (REPO_ROOT / "wire" / "__init__.py").is_file()
     assert not found, "\n".join(found)
+
+
+# The layers, bottom up (issue 34): each top-level package imports only itself and the
+# packages below it, so there is no import cycle between them. The dashboard sits on the
+# serve layer (never the reverse: ``parrot.web.app.create_server_app`` adds its pages to the
+# API's app), and the ``parrot`` command on everything.
+LAYERS = {
+    "wire": set(),
+    "sdk": {"wire"},
+    "adapters": {"sdk", "wire"},
+    "engines": {"wire"},
+    "platform": {"engines", "wire"},
+    "web": {"platform", "engines", "wire"},
+    "cli": {"web", "platform", "engines", "sdk", "wire"},
+}
+
+
+def top_level_imports(folder: str) -> Iterator[tuple[str, str]]:
+    """(where, imported top-level package) for every ``parrot.*`` import under ``folder``,
+    lazy ones inside functions included."""
+    for path in sorted((REPO_ROOT / folder).rglob("*.py")):
+        for line, module in imported_modules(ast.parse(path.read_text(), str(path))):
+            parts = module.split(".")
+            if parts[0] == "parrot" and len(parts) > 1:
+                yield f"{path.relative_to(REPO_ROOT)}:{line}", parts[1]
+
+
+def test_each_top_level_package_imports_only_the_layers_below_it():
+    assert set(LAYERS) == set(CODE_FOLDERS)
+    found = [
+        f"{where}: {folder} imports parrot.{package}"
+        for folder in CODE_FOLDERS
+        for where, package in top_level_imports(folder)
+        if package != folder and package not in LAYERS[folder]
+    ]
+    assert not found, "\n".join(found)
+
+
+def test_the_layers_have_no_cycle():
+    """What the test above allows is a DAG; and the packages' real imports form one too."""
+    edges = {folder: {p for _, p in top_level_imports(folder) if p != folder} for folder in CODE_FOLDERS}
+    for graph in (LAYERS, edges):
+        order, left = [], {k: set(v) for k, v in graph.items()}
+        while left:
+            free = [k for k, deps in left.items() if not deps & set(left)]
+            assert free, f"an import cycle among {sorted(left)}"
+            order += free
+            for k in free:
+                del left[k]
+    assert edges["platform"] and "web" not in edges["platform"]  # the scan sees imports
+
+
+def test_the_scan_sees_lazy_imports():
+    tree = ast.parse("def f():\n    from parrot.web.app import x\n    import parrot.cli.main\n")
+    assert [m for _, m in imported_modules(tree)] == ["parrot.web.app", "parrot.cli.main"]
+
+
+MAX_MODULE_LINES = 400  # a module is one concept a newcomer can read at once
+MAX_FOLDER_MODULES = 10  # a folder of platform/ is one room: a few modules, each with its role
+
+
+def test_no_module_is_over_400_lines():
+    long = [
+        f"{path.relative_to(REPO_ROOT)}: {n} lines"
+        for folder in (*CODE_FOLDERS, "tests")
+        for path in sorted((REPO_ROOT / folder).rglob("*.py"))
+        if (n := len(path.read_text().splitlines())) > MAX_MODULE_LINES
+    ]
+    assert not long, "\n".join(long)
+
+
+def test_no_folder_of_the_serve_layer_holds_more_than_ten_modules():
+    crowded = []
+    for folder in sorted(p for p in (REPO_ROOT / "platform").rglob("*") if p.is_dir()):
+        modules = [p for p in folder.glob("*.py") if p.name != "__init__.py"]
+        if len(modules) > MAX_FOLDER_MODULES:
+            crowded.append(f"{folder.relative_to(REPO_ROOT)}: {len(modules)} modules")
+    assert not crowded, "\n".join(crowded)
+    assert (REPO_ROOT / "platform" / "serve" / "calls").is_dir()

@@ -11,7 +11,7 @@ import httpx
 import pytest
 from conftest import ParrotProcess, free_port, parrot_process, serve_env
 
-from parrot.platform.cli.serve_cmd import port_in_use
+from parrot.cli.serve_cmd import port_in_use
 
 
 def _leave_time_wait(port: int) -> None:

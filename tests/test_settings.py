@@ -14,8 +14,8 @@ import httpx
 import pytest
 from conftest import REPO_ROOT, free_port, parrot_process
 
-from parrot.platform.cli.settings import ServeSettings, add_serve_arguments
-from parrot.platform.serve.activity import ActivityLog
+from parrot.cli.settings import ServeSettings, add_serve_arguments
+from parrot.platform.serve.ops.activity import ActivityLog
 
 
 def settings(argv: list[str], env: dict[str, str] | None = None) -> ServeSettings:
@@ -67,7 +67,7 @@ def test_bad_settings_are_clear_errors(argv, env, message):
 
 def test_a_bad_variable_stops_the_command_with_one_line():
     out = subprocess.run(
-        [sys.executable, "-m", "parrot.platform.cli.main", "serve", "--help"],
+        [sys.executable, "-m", "parrot.cli.main", "serve", "--help"],
         cwd=REPO_ROOT,
         env={"PARROT_SESSION_TIMEOUT": "forever", "PATH": "/usr/bin:/bin"},
         capture_output=True,
@@ -95,7 +95,7 @@ def test_calls_log_a_line_at_debug_and_a_summary_per_interval(caplog):
 
 def test_log_json_writes_json_lines(tmp_path):
     code = (
-        "import logging; from parrot.platform.cli.logs import configure_logging;"
+        "import logging; from parrot.cli.logs import configure_logging;"
         "configure_logging('info', json_lines=True); logging.getLogger('parrot.x').info('hello %s', 'there');"
         "logging.getLogger('alembic.runtime.migration').info('Context impl SQLiteImpl.')"
     )

@@ -23,12 +23,12 @@ OWNED = [
         r"\._refs\b|\b(blocks|block_manager|manager)\._(free|cached|hash_of|block_of)\b",
     ),
     (
-        "platform/serve/context_manager.py",  # the ServeCore's contexts on engines
+        "platform/serve/contexts/manager.py",  # the ServeCore's contexts on engines
         "platform",
         r"\.(refs|doomed)\s*(=|\+=|-=)[^=]|\b(contexts|tree)\.(add|extend|remove|unref|touch)\(",
     ),
 ]
-DEFINERS = {"platform/serve/contexts.py"}  # the tree itself defines those methods
+DEFINERS = {"platform/serve/contexts/tree.py"}  # the tree itself defines those methods
 
 
 @pytest.mark.parametrize(("owner", "folder", "pattern"), OWNED, ids=[o for o, _, _ in OWNED])

@@ -1,4 +1,5 @@
-"""The dashboard's routes, plugged into the API's Litestar app (``create_app``).
+"""The dashboard's routes, and the ServeCore's whole app: the API's Litestar app with them
+(:func:`create_server_app`).
 
 Pages: ``/`` (overview), ``/sessions``, ``/sessions/{id}``, ``/contexts``, ``/engines``;
 their live parts at ``/live/...`` (SSE); ``/login``, ``/logout``; forms ``POST /engines``
@@ -23,7 +24,7 @@ from pathlib import Path
 from typing import Annotated, Any
 from urllib.parse import quote
 
-from litestar import Controller, Request, Response, Router, get, post
+from litestar import Controller, Litestar, Request, Response, Router, get, post
 from litestar.datastructures import State
 from litestar.enums import RequestEncodingType
 from litestar.exceptions import HTTPException
@@ -32,9 +33,11 @@ from litestar.response import File, Redirect, ServerSentEvent
 from litestar.static_files import create_static_files_router
 
 from parrot.engines.protocol.errors import ParrotError, TooManyRequestsError
+from parrot.platform.api.app import create_app
 from parrot.platform.api.auth import check_admin_token
 from parrot.platform.api.deps import Core
-from parrot.platform.serve.operator_views import OperatorViews
+from parrot.platform.serve.core import ServeCore
+from parrot.platform.serve.ops.views import OperatorViews
 from parrot.web import auth, forms, live, render, views
 from parrot.web.auth import Dashboard
 from parrot.web.config import DashboardConfig
@@ -255,3 +258,20 @@ def dashboard_routes(config: DashboardConfig) -> list[Router]:
 async def favicon() -> File:
     """Browsers ask for ``/favicon.ico`` whatever the page links: the same small SVG."""
     return File(STATIC / "favicon.svg", media_type="image/svg+xml", content_disposition_type="inline")
+
+
+def create_server_app(
+    core: ServeCore,
+    engine_urls: tuple[str, ...] = (),
+    admin_token: str | None = None,
+    openai_api_keys: tuple[str, ...] = (),
+    dashboard: DashboardConfig | None = None,
+    own_engine: str | None = None,
+) -> Litestar:
+    """The ServeCore's whole HTTP app, as ``parrot serve`` runs it: the Parrot API
+    (:func:`parrot.platform.api.app.create_app`) and the dashboard's pages beside it (none
+    when ``dashboard.enabled`` is False). The API knows nothing of the dashboard: the
+    dashboard is layered on top of it, never the other way."""
+    dashboard = dashboard or DashboardConfig()
+    pages = dashboard_routes(dashboard) if dashboard.enabled else []
+    return create_app(core, engine_urls, admin_token, openai_api_keys, own_engine, pages)

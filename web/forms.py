@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
 from parrot.engines.protocol.urls import INVALID, has_secrets, public_url
-from parrot.platform.serve.engine_registry import BUILTIN, OPENAI, EngineSpec
+from parrot.platform.serve.engines.registry import BUILTIN, OPENAI, EngineSpec
 
 FIELDS = ("kind", "url", "base_url", "model", "api", "capacity")  # shown again (never api_key)
 MAX_URL, MAX_MODEL, MAX_KEY, MAX_CAPACITY = 2048, 256, 4096, 4096

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 
 from markupsafe import Markup
 
-from parrot.platform.serve.observe import (
+from parrot.platform.serve.ops.observe import (
     ContextTreeView,
     DagCall,
     DagVar,
@@ -16,7 +16,7 @@ from parrot.platform.serve.observe import (
     SessionDag,
     SessionSummary,
 )
-from parrot.platform.serve.operator_views import EngineView, OperatorViews
+from parrot.platform.serve.ops.views import EngineView, OperatorViews
 from parrot.web.svg import charts, dag, tree
 
 CALL_STATES = tuple(DisplayState)  # in the order the pages list them

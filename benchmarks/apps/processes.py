@@ -87,7 +87,7 @@ class Stack:
         port = free_port()
         log = self.workdir / f"{name}.log"
         env = {**os.environ, "PARROT_ADMIN_TOKEN": ADMIN_TOKEN, "PARROT_DATA_DIR": str(self.workdir)}
-        cmd = [sys.executable, "-m", "parrot.platform.cli.main", "--log-level", self.log_level, *args]
+        cmd = [sys.executable, "-m", "parrot.cli.main", "--log-level", self.log_level, *args]
         with log.open("w") as out:
             proc = subprocess.Popen(
                 [*cmd, "--port", str(port)], env=env, stdout=out, stderr=subprocess.STDOUT

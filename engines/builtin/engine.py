@@ -53,7 +53,7 @@ Reply = TypeVar("Reply", GenerateResponse, StreamEnd)
 
 class BuiltinEngine:
     """One model served by one engine thread; the ``Engine`` protocol of the ServeCore
-    (platform/serve/engine_client.py), so it is used in-process as ``HttpEngine`` is remotely.
+    (platform/serve/engines/client.py), so it is used in-process as ``HttpEngine`` is remotely.
 
     The engine thread builds the model and then runs the step loop: all torch work of the
     engine happens on it. (With the OpenMP build of torch, a thread that starts running
@@ -199,7 +199,7 @@ class BuiltinEngine:
         self._wake.set()
         return await future
 
-    # -- the engine API (the ``Engine`` protocol of platform/serve/engine_client.py) ------
+    # -- the engine API (the ``Engine`` protocol of platform/serve/engines/client.py) ------
     async def fill(
         self,
         context_id: int,

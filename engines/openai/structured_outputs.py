@@ -20,7 +20,7 @@ Fields an endpoint does not know are ignored by vLLM, SGLang, llama.cpp and Parr
 refused (400) by OpenAI itself, which has no regex, choice or grammar: the call then fails
 with the endpoint's reason rather than run unconstrained. Whatever the endpoint does with
 the request, the ServeCore checks the value it gets back against the format
-(:mod:`parrot.platform.serve.typed_values`): one that does not match fails its call.
+(:mod:`parrot.platform.serve.variables.formats`): one that does not match fails its call.
 """
 
 from __future__ import annotations

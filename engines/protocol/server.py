@@ -39,7 +39,7 @@ FD_RESERVE = 0.25  # of the fd limit kept for everything else (engine clients, d
 @dataclass(frozen=True)
 class ServerLimits:
     """Limits of the HTTP server (flags and ``PARROT_*`` variables in
-    :mod:`parrot.platform.cli.server_flags`)."""
+    :mod:`parrot.cli.server_flags`)."""
 
     header_timeout_s: float = 10.0  # a request head arrives within this, from its first byte
     body_timeout_s: float = 60.0  # a request body arrives within this, from the end of its head

@@ -16,9 +16,9 @@ from parrot.engines.protocol.error_docs import BODY, PARAMS, SESSION, error_resp
 from parrot.engines.protocol.errors import NotFoundError
 from parrot.platform.api.auth import Sessions
 from parrot.platform.api.deps import Core
+from parrot.platform.serve.calls.graph import RequestChain
 from parrot.platform.serve.core import ServeCore
-from parrot.platform.serve.graph import RequestChain
-from parrot.platform.serve.oneshot import render_chat
+from parrot.platform.serve.sessions.oneshot import render_chat
 from parrot.wire.adapter_bodies import CallUsage, RenderChat, RenderedChat, SessionUsage
 
 

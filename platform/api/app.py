@@ -7,6 +7,7 @@ header's ``session_auth``), both declared once on the app (:mod:`.deps`)."""
 from __future__ import annotations
 
 import secrets
+from collections.abc import Sequence
 from typing import Annotated
 
 from litestar import Controller, Litestar, Request, delete, get, post, put
@@ -14,6 +15,7 @@ from litestar.datastructures import State
 from litestar.logging.config import LoggingConfig
 from litestar.params import FromPath, FromQuery, JSONBody, QueryParameter
 from litestar.response import ServerSentEvent
+from litestar.types import ControllerRouterHandler
 
 from parrot.engines.protocol.error_docs import (
     ADMIN,
@@ -34,13 +36,11 @@ from parrot.platform.api.openai_front import OpenAIController
 from parrot.platform.api.schemas import CreateVar, RegisterEngine, SetVar, SubmitCall, SubmitTransform
 from parrot.platform.api.token_throttle import TokenThrottle
 from parrot.platform.api.var_stream_events import sse_messages
+from parrot.platform.serve.calls.graph import RequestChain, SemanticVariable
 from parrot.platform.serve.core import ServeCore
-from parrot.platform.serve.graph import RequestChain, SemanticVariable
-from parrot.platform.serve.metrics import CONTENT_TYPE
-from parrot.platform.serve.observe import ContextTreeView, SessionDag
-from parrot.platform.serve.operator_views import EngineView
-from parrot.web.app import dashboard_routes
-from parrot.web.config import DashboardConfig
+from parrot.platform.serve.ops.metrics import CONTENT_TYPE
+from parrot.platform.serve.ops.observe import ContextTreeView, SessionDag
+from parrot.platform.serve.ops.views import EngineView
 from parrot.wire.responses import (
     CallInfo,
     CallSubmitted,
@@ -268,15 +268,13 @@ def create_app(
     engine_urls: tuple[str, ...] = (),
     admin_token: str | None = None,
     openai_api_keys: tuple[str, ...] = (),
-    dashboard: DashboardConfig | None = None,
     own_engine: str | None = None,
+    pages: Sequence[ControllerRouterHandler] = (),
 ) -> Litestar:
     """The API app; on start it starts the core (restoring what its store holds) and
     registers the given engines (``own_engine``: the one among them that ``parrot serve``
-    started itself). The dashboard's pages (``parrot.web``) are served by it too, unless
-    ``dashboard.enabled`` is False."""
-    dashboard = dashboard or DashboardConfig()
-    pages = dashboard_routes(dashboard) if dashboard.enabled else []
+    started itself). ``pages``: more routes served beside the API (the dashboard's: the
+    serve layer knows nothing of them, :func:`parrot.web.app.create_server_app` adds them)."""
 
     async def start() -> None:
         await core.start(engine_urls, own_engine)

@@ -3,7 +3,7 @@
 
 Existing OpenAI clients (the ``openai`` package, LangChain's ``ChatOpenAI``) get Parrot's
 scheduling and prefix sharing without changes: each request runs as a one-call session
-(:mod:`parrot.platform.serve.oneshot`), its prompt split into constant pieces at message
+(:mod:`parrot.platform.serve.sessions.oneshot`), its prompt split into constant pieces at message
 boundaries, so a system prompt shared by many requests is one context per engine. API
 keys for this front are optional (``--openai-api-key``); without any, it is open.
 """
@@ -36,7 +36,7 @@ from parrot.engines.protocol.stream_docs import JsonOrEventStream
 from parrot.platform.api.auth import openai_key_guard
 from parrot.platform.api.deps import Core
 from parrot.platform.serve.core import ServeCore
-from parrot.platform.serve.oneshot import OneShot, render_chat
+from parrot.platform.serve.sessions.oneshot import OneShot, render_chat
 from parrot.wire.openai_schemas import (
     ChatCompletionRequest,
     ChatCompletionResponse,

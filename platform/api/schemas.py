@@ -7,9 +7,9 @@ from typing import Annotated, Literal
 import msgspec
 
 from parrot.engines.protocol.errors import BadRequestError
-from parrot.platform.serve.call_service import Binding
-from parrot.platform.serve.engine_registry import EngineSpec
-from parrot.platform.serve.transforms import Steps
+from parrot.platform.serve.calls.service import Binding
+from parrot.platform.serve.calls.transforms import Steps
+from parrot.platform.serve.engines.registry import EngineSpec
 from parrot.wire.formats import OutputFormat
 from parrot.wire.sampling import SamplingParams
 

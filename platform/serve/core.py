@@ -29,31 +29,31 @@ from __future__ import annotations
 
 import asyncio
 
-from parrot.platform.serve.activity import ActivityLog
-from parrot.platform.serve.admission import Admission
-from parrot.platform.serve.call_ledger import CallLedger
-from parrot.platform.serve.call_service import CallService
-from parrot.platform.serve.context_manager import ContextManager
-from parrot.platform.serve.contexts import MemoryPressure
-from parrot.platform.serve.engine_registry import EngineRegistry
-from parrot.platform.serve.engine_service import EngineService
-from parrot.platform.serve.history import LoadHistory
+from parrot.platform.serve.calls.ledger import CallLedger
+from parrot.platform.serve.calls.service import CallService
+from parrot.platform.serve.calls.transform_runner import TransformLimits, TransformRunner
+from parrot.platform.serve.contexts.manager import ContextManager
+from parrot.platform.serve.contexts.tree import MemoryPressure
+from parrot.platform.serve.engines.registry import EngineRegistry
+from parrot.platform.serve.engines.service import EngineService
+from parrot.platform.serve.engines.tokenizers import TokenizerManager
 from parrot.platform.serve.journal import Journal
-from parrot.platform.serve.limits import Limits
-from parrot.platform.serve.memory import MemoryTrimmer
-from parrot.platform.serve.metrics import ServeMetrics
-from parrot.platform.serve.operator_views import OperatorViews
-from parrot.platform.serve.prompt import PromptBuilder
+from parrot.platform.serve.limits.admission import Admission
+from parrot.platform.serve.limits.settings import Limits
+from parrot.platform.serve.ops.activity import ActivityLog
+from parrot.platform.serve.ops.history import LoadHistory
+from parrot.platform.serve.ops.memory import MemoryTrimmer
+from parrot.platform.serve.ops.metrics import ServeMetrics
+from parrot.platform.serve.ops.views import OperatorViews
 from parrot.platform.serve.scheduler.global_scheduler import GlobalScheduler
 from parrot.platform.serve.scheduler.health import HealthSettings
 from parrot.platform.serve.scheduler.policy import SchedulingPolicy
+from parrot.platform.serve.scheduler.prompt import PromptBuilder
 from parrot.platform.serve.scheduler.slot import EngineSlot
-from parrot.platform.serve.session_service import SessionService
-from parrot.platform.serve.stream_service import StreamService
-from parrot.platform.serve.tokenizer_manager import TokenizerManager
-from parrot.platform.serve.transform_runner import TransformLimits, TransformRunner
-from parrot.platform.serve.variable_service import VariableService
-from parrot.platform.serve.variables import Variables
+from parrot.platform.serve.sessions.service import SessionService
+from parrot.platform.serve.variables.follow import StreamService
+from parrot.platform.serve.variables.service import VariableService
+from parrot.platform.serve.variables.values import Variables
 from parrot.platform.store.store import Store
 
 

@@ -70,7 +70,7 @@ class CallRecord(Base):
 
 class ServeCoreStateRecord(Base):
     """Small facts the ServeCore keeps about its own runs (by name), e.g. the context-id
-    regions its earlier runs used on engines (``platform/serve/orphans.py``)."""
+    regions its earlier runs used on engines (``platform/serve/contexts/orphans.py``)."""
 
     __tablename__ = "servecore_state"
 

@@ -18,7 +18,7 @@ from sqlalchemy import delete, event, select, update
 from sqlalchemy.ext.asyncio import AsyncEngine, async_sessionmaker, create_async_engine
 
 from parrot.engines.protocol.urls import public_url
-from parrot.platform.serve.call_state import UNFINISHED, CallState
+from parrot.platform.serve.calls.state import UNFINISHED, CallState
 from parrot.platform.store.models import (
     CallRecord,
     EngineRecord,

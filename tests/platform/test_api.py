@@ -8,7 +8,7 @@ from conftest import DATABASES, ServerThread, database_url
 from prometheus_client.parser import text_string_to_metric_families
 
 from parrot.platform.api.app import create_app
-from parrot.platform.serve.call_service import Binding
+from parrot.platform.serve.calls.service import Binding
 from parrot.platform.serve.core import ServeCore
 from parrot.platform.store.store import Store
 from parrot.sdk.results import parse_metrics

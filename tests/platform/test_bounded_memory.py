@@ -8,11 +8,11 @@ import asyncio
 
 import pytest
 
-from parrot.platform.serve.call_service import Binding
+from parrot.platform.serve.calls.service import Binding
 from parrot.platform.serve.core import ServeCore
-from parrot.platform.serve.engine_registry import OPENAI, EngineSpec
-from parrot.platform.serve.oneshot import OneShot
+from parrot.platform.serve.engines.registry import OPENAI, EngineSpec
 from parrot.platform.serve.scheduler.health import HealthSettings
+from parrot.platform.serve.sessions.oneshot import OneShot
 from parrot.wire.sampling import SamplingParams
 
 pytestmark = pytest.mark.asyncio(loop_scope="function")

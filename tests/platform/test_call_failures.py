@@ -16,7 +16,7 @@ import pytest
 from conftest import ParrotProcess, ServerThread, free_port
 
 from parrot.platform.api.app import create_app
-from parrot.platform.serve import transforms
+from parrot.platform.serve.calls import transforms
 from parrot.platform.serve.core import ServeCore
 from parrot.platform.store.store import Store, sqlite_url
 

@@ -7,8 +7,8 @@ import random
 
 import pytest
 
-from parrot.platform.serve.contexts import READY, ContextTree
-from parrot.platform.serve.radix import RadixTree, common_prefix
+from parrot.platform.serve.contexts.radix import RadixTree, common_prefix
+from parrot.platform.serve.contexts.tree import READY, ContextTree
 
 
 def test_common_prefix_on_tokens_and_text():
@@ -153,8 +153,8 @@ class FreeLog:
 
 def leased_engine():
     """A context manager with one engine slot (no engine behind it: bookkeeping only)."""
-    from parrot.platform.serve.context_manager import ContextManager
-    from parrot.platform.serve.contexts import MemoryPressure
+    from parrot.platform.serve.contexts.manager import ContextManager
+    from parrot.platform.serve.contexts.tree import MemoryPressure
     from parrot.platform.serve.scheduler.slot import EngineSlot
 
     slot = EngineSlot("e", "m", client=FreeLog(), contexts=ContextTree(itertools.count(1)))
@@ -166,8 +166,8 @@ def leased_engine():
 async def test_a_lease_holds_its_contexts_until_it_settles_and_the_accounting_adds_up():
     from types import SimpleNamespace
 
-    from parrot.platform.serve.context_manager import ContextAccountingError
-    from parrot.platform.serve.prompt import Prompt
+    from parrot.platform.serve.contexts.manager import ContextAccountingError
+    from parrot.platform.serve.scheduler.prompt import Prompt
 
     manager, slot = leased_engine()
     first = manager.place(SimpleNamespace(session_id="s1"), slot, Prompt(tuple(range(40)), shared=(16,)))
@@ -197,8 +197,8 @@ async def test_a_lease_holds_its_contexts_until_it_settles_and_the_accounting_ad
 def test_the_integrity_check_finds_accounting_that_does_not_add_up():
     from types import SimpleNamespace
 
-    from parrot.platform.serve.context_manager import ContextAccountingError
-    from parrot.platform.serve.prompt import Prompt
+    from parrot.platform.serve.contexts.manager import ContextAccountingError
+    from parrot.platform.serve.scheduler.prompt import Prompt
 
     manager, slot = leased_engine()
     lease = manager.place(SimpleNamespace(session_id="s1"), slot, Prompt(tuple(range(40)), shared=(16,)))

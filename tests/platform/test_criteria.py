@@ -9,8 +9,8 @@ import itertools
 
 import pytest
 
-from parrot.platform.serve.call_service import Binding
-from parrot.platform.serve.contexts import ContextTree
+from parrot.platform.serve.calls.service import Binding
+from parrot.platform.serve.contexts.tree import ContextTree
 from parrot.platform.serve.core import ServeCore
 from parrot.platform.serve.errors import WaitTimeoutError
 from parrot.platform.serve.scheduler.policy import SchedulingPolicy

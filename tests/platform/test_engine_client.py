@@ -7,7 +7,7 @@ from conftest import free_port
 
 from parrot.engines.protocol.errors import EngineUnavailableError, InvalidTokenError, UnknownContextError
 from parrot.engines.protocol.schemas import StreamEnd
-from parrot.platform.serve.engine_client import HttpEngine
+from parrot.platform.serve.engines.client import HttpEngine
 from parrot.wire.sampling import SamplingParams
 
 pytestmark = pytest.mark.asyncio(loop_scope="function")

@@ -15,7 +15,7 @@ import httpx
 import pytest
 from conftest import ParrotProcess, free_port, rss_mib
 
-from parrot.platform.serve.memory import malloc_trim
+from parrot.platform.serve.ops.memory import malloc_trim
 
 CATASTROPHIC = r"(a|aa)+$"  # on "a" * 60 + "b": exponential backtracking
 STALL_S = 0.3  # p99 allowed: "well under a second" (measured: 7-60 ms; before the fix 0.5-2.8 s)
@@ -202,7 +202,7 @@ def test_the_memory_of_a_big_prompt_is_given_back(engine_server, tmp_path):
 def test_transform_limits_come_from_flags_and_variables():
     import argparse
 
-    from parrot.platform.cli.settings import ServeSettings, add_serve_arguments
+    from parrot.cli.settings import ServeSettings, add_serve_arguments
 
     def settings(argv: list[str], env: dict[str, str]) -> ServeSettings:
         parser = argparse.ArgumentParser()

@@ -13,7 +13,7 @@ import httpx
 import pytest
 from conftest import ParrotProcess, free_port
 
-from parrot.platform.serve.call_service import Binding
+from parrot.platform.serve.calls.service import Binding
 from parrot.platform.serve.core import ServeCore
 from parrot.platform.serve.errors import ProducerFailedError
 from parrot.platform.serve.scheduler.health import HealthSettings

@@ -6,8 +6,7 @@ import itertools
 
 import pytest
 
-from parrot.platform.serve.errors import GraphError
-from parrot.platform.serve.graph import (
+from parrot.platform.serve.calls.graph import (
     ConstantFill,
     Graph,
     PlaceholderFill,
@@ -15,6 +14,7 @@ from parrot.platform.serve.graph import (
     RequestChain,
     SemanticVariable,
 )
+from parrot.platform.serve.errors import GraphError
 from parrot.wire.sampling import SamplingParams
 from parrot.wire.template import TemplateError, parse_template
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from parrot.platform.serve.core import ServeCore
-from parrot.platform.serve.history import LoadHistory, LoadSample
+from parrot.platform.serve.ops.history import LoadHistory, LoadSample
 
 
 def test_history_keeps_the_last_span_only():

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from sqlalchemy import event
 
-from parrot.platform.serve.call_service import Binding
+from parrot.platform.serve.calls.service import Binding
 from parrot.platform.serve.core import ServeCore
 from parrot.platform.serve.errors import StoreError
 from parrot.platform.store.store import Store, sqlite_url

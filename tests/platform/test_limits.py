@@ -12,10 +12,10 @@ import httpx
 import pytest
 from conftest import ServerThread
 
+from parrot.cli.settings import ServeSettings, add_serve_arguments
 from parrot.platform.api.app import create_app
-from parrot.platform.cli.settings import ServeSettings, add_serve_arguments
 from parrot.platform.serve.core import ServeCore
-from parrot.platform.serve.limits import Limits
+from parrot.platform.serve.limits.settings import Limits
 from parrot.platform.store.store import Store, sqlite_url
 
 LIMITS = Limits(

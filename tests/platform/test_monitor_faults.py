@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import asyncio
 
-from parrot.platform.serve.context_manager import ContextManager
-from parrot.platform.serve.contexts import ContextTree, MemoryPressure, context_ids
+from parrot.platform.serve.contexts.manager import ContextManager
+from parrot.platform.serve.contexts.tree import ContextTree, MemoryPressure, context_ids
 from parrot.platform.serve.scheduler.health import EngineMonitor, HealthSettings
 from parrot.platform.serve.scheduler.slot import EngineSlot
 

@@ -10,7 +10,7 @@ import pytest
 from conftest import free_port
 from test_restart import start_servecore, submit_chain
 
-from parrot.platform.serve.orphans import REGIONS_KEPT, claim_region, region_range
+from parrot.platform.serve.contexts.orphans import REGIONS_KEPT, claim_region, region_range
 from parrot.platform.store.store import Store
 
 

@@ -12,7 +12,7 @@ import pytest
 from conftest import free_port, parrot_process, serve_env
 
 from parrot.platform.serve.core import ServeCore
-from parrot.platform.serve.engine_registry import OPENAI, EngineSpec
+from parrot.platform.serve.engines.registry import OPENAI, EngineSpec
 from parrot.platform.store.store import Store, sqlite_url
 
 

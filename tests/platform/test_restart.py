@@ -131,7 +131,7 @@ async def test_a_stored_engine_that_does_not_answer_comes_back_marked_down(tmp_p
     """A restart finds its engines in the store; one that is gone is kept, marked down, with
     its model (so calls for it get a clear 503, and it is used again once it answers)."""
     from parrot.engines.protocol.errors import EngineUnavailableError
-    from parrot.platform.serve.call_service import Binding
+    from parrot.platform.serve.calls.service import Binding
     from parrot.platform.serve.core import ServeCore
     from parrot.platform.store.store import Store, sqlite_url
 

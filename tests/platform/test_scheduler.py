@@ -9,10 +9,10 @@ import itertools
 import pytest
 import pytest_asyncio
 
-from parrot.platform.serve.call_service import Binding
+from parrot.platform.serve.calls.service import Binding
+from parrot.platform.serve.calls.transforms import JsonField
 from parrot.platform.serve.core import ServeCore
 from parrot.platform.serve.errors import ProducerFailedError
-from parrot.platform.serve.transforms import JsonField
 from parrot.wire.sampling import SamplingParams
 
 pytestmark = pytest.mark.asyncio(loop_scope="function")

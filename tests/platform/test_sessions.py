@@ -12,7 +12,7 @@ import pytest_asyncio
 from conftest import ServerThread
 
 from parrot.platform.api.app import create_app
-from parrot.platform.serve.call_service import Binding
+from parrot.platform.serve.calls.service import Binding
 from parrot.platform.serve.core import ServeCore
 from parrot.platform.serve.errors import SessionClosedError, WaitTimeoutError
 from parrot.wire.sampling import SamplingParams

@@ -18,9 +18,9 @@ from conftest import REPO_ROOT, free_port
 
 from benchmarks.reliability.flood import slow_flood
 from benchmarks.reliability.health import probe_health
+from parrot.cli.log_limit import RepeatFilter
+from parrot.cli.settings import ServeSettings, add_serve_arguments
 from parrot.engines.protocol.server import ServerLimits
-from parrot.platform.cli.log_limit import RepeatFilter
-from parrot.platform.cli.settings import ServeSettings, add_serve_arguments
 
 FD_LIMIT = 256  # the server's open-file limit (hard): a quick flood of 400 would exhaust it
 
@@ -35,7 +35,7 @@ def _serve(tmp_path, *flags: str) -> tuple[subprocess.Popen, str, object]:
     args = ["serve", "--no-engine", "--port", str(port), "--admin-token", "admin"]
     args += ["--data-dir", str(tmp_path)]
     proc = subprocess.Popen(
-        [sys.executable, "-m", "parrot.platform.cli.main", *args, *flags],
+        [sys.executable, "-m", "parrot.cli.main", *args, *flags],
         cwd=REPO_ROOT,
         stdout=log,
         stderr=subprocess.STDOUT,

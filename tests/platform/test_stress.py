@@ -10,7 +10,7 @@ import random
 import pytest
 import pytest_asyncio
 
-from parrot.platform.serve.call_service import Binding
+from parrot.platform.serve.calls.service import Binding
 from parrot.platform.serve.core import ServeCore
 from parrot.wire.sampling import SamplingParams
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from parrot.platform.serve.engine_client import HttpEngine
-from parrot.platform.serve.tokenizer_manager import INLINE_CHARS, Encoding, TokenizerManager
+from parrot.platform.serve.engines.client import HttpEngine
+from parrot.platform.serve.engines.tokenizers import INLINE_CHARS, Encoding, TokenizerManager
 
 pytestmark = pytest.mark.asyncio(loop_scope="function")
 

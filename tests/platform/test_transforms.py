@@ -8,8 +8,8 @@ import msgspec
 import pytest
 import regex
 
+from parrot.platform.serve.calls.transforms import Steps, apply, validate
 from parrot.platform.serve.errors import TransformError
-from parrot.platform.serve.transforms import Steps, apply, validate
 
 
 def steps(*raw: dict) -> list:

@@ -6,7 +6,13 @@ from __future__ import annotations
 import pytest
 
 from parrot.engines.protocol.errors import BadFormatError, FormatTooLargeError
-from parrot.platform.serve.typed_values import FieldError, check_format, mismatch, read_field, unreachable
+from parrot.platform.serve.variables.formats import (
+    FieldError,
+    check_format,
+    mismatch,
+    read_field,
+    unreachable,
+)
 from parrot.wire.formats import OutputFormat
 
 PLAN = {
@@ -160,7 +166,7 @@ def test_checking_a_schema_never_fetches_a_url_it_names():
     import http.server
     import threading
 
-    from parrot.platform.serve.typed_values import check_format as check
+    from parrot.platform.serve.variables.formats import check_format as check
 
     hits = []
 

@@ -12,7 +12,7 @@ from conftest import ServerThread
 
 from parrot.platform.api.app import create_app
 from parrot.platform.serve.core import ServeCore
-from parrot.platform.serve.limits import Limits
+from parrot.platform.serve.limits.settings import Limits
 from parrot.platform.store.store import Store, sqlite_url
 
 PLAN = {
@@ -355,7 +355,7 @@ async def test_a_call_the_store_refuses_leaves_its_output_variable_untyped(engin
     a refused write (503) leaves the variable as it was, in memory and in the store."""
     from test_journal import Refusal
 
-    from parrot.platform.serve.call_service import Binding
+    from parrot.platform.serve.calls.service import Binding
     from parrot.platform.serve.errors import StoreError
     from parrot.wire.formats import OutputFormat
 

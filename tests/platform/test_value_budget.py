@@ -18,12 +18,12 @@ import pytest
 from conftest import ServerThread
 from test_journal import Refusal
 
+from parrot.cli.settings import ServeSettings, add_serve_arguments
 from parrot.platform.api.app import create_app
-from parrot.platform.cli.settings import ServeSettings, add_serve_arguments
 from parrot.platform.serve.core import ServeCore
 from parrot.platform.serve.errors import InsufficientStorageError, StoreError
-from parrot.platform.serve.limits import Limits
-from parrot.platform.serve.value_budget import BIG_RELEASE, ValueBudget
+from parrot.platform.serve.limits.settings import Limits
+from parrot.platform.serve.limits.value_budget import BIG_RELEASE, ValueBudget
 from parrot.platform.store.store import Store, sqlite_url
 
 VALUE = "x" * 900

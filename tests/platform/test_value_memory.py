@@ -10,7 +10,7 @@ import httpx
 import pytest
 from conftest import ParrotProcess, free_port, rss_mib
 
-from parrot.platform.serve.memory import malloc_trim
+from parrot.platform.serve.ops.memory import malloc_trim
 
 VALUE_CHARS = 8 * 2**20  # the default --max-value-chars
 VALUES = 25  # 200 MiB in all

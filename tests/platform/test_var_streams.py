@@ -16,7 +16,7 @@ from httpx_sse import connect_sse
 
 from parrot.platform.api.app import create_app
 from parrot.platform.serve.core import ServeCore
-from parrot.platform.serve.limits import Limits
+from parrot.platform.serve.limits.settings import Limits
 from parrot.platform.store.store import Store, sqlite_url
 
 LIMITS = Limits(max_subscribers_per_var=2, max_subscribers_per_session=3)

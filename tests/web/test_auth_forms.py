@@ -11,9 +11,9 @@ import pytest
 from conftest import ServerThread
 from httpx_sse import connect_sse
 
-from parrot.platform.api.app import create_app
 from parrot.platform.serve.core import ServeCore
 from parrot.web import auth, forms
+from parrot.web.app import create_server_app
 from parrot.web.config import DashboardConfig
 
 ADMIN = "dash-admin"
@@ -30,7 +30,7 @@ def field_error(page: str, name: str) -> str | None:
 
 @pytest.fixture(scope="module")
 def server():
-    with ServerThread(create_app(ServeCore(), admin_token=ADMIN)) as running:
+    with ServerThread(create_server_app(ServeCore(), admin_token=ADMIN)) as running:
         yield running
 
 
@@ -125,7 +125,7 @@ def test_the_rest_api_needs_no_csrf_token(browser_like):
 
 
 def test_require_sign_in_closes_the_read_only_pages():
-    app = create_app(ServeCore(), admin_token=ADMIN, dashboard=DashboardConfig(require_sign_in=True))
+    app = create_server_app(ServeCore(), admin_token=ADMIN, dashboard=DashboardConfig(require_sign_in=True))
     with ServerThread(app) as server, httpx.Client(base_url=server.url, timeout=30) as client:
         r = client.get("/sessions")
         assert r.status_code == 303 and r.headers["location"] == "/login?next=/sessions"
@@ -136,7 +136,7 @@ def test_require_sign_in_closes_the_read_only_pages():
 
 
 def test_no_dashboard_serves_the_api_only():
-    app = create_app(ServeCore(), admin_token=ADMIN, dashboard=DashboardConfig(enabled=False))
+    app = create_server_app(ServeCore(), admin_token=ADMIN, dashboard=DashboardConfig(enabled=False))
     with ServerThread(app) as server, httpx.Client(base_url=server.url, timeout=30) as client:
         assert client.get("/").status_code == 404
         assert client.get("/healthz").status_code == 200

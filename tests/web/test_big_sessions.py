@@ -14,10 +14,10 @@ import pytest
 from conftest import ServerThread
 from httpx_sse import connect_sse
 
-from parrot.platform.api.app import create_app
 from parrot.platform.serve.core import ServeCore
-from parrot.platform.serve.observe import DagCall, DagEdge, DagVar, DisplayState, SessionDag
+from parrot.platform.serve.ops.observe import DagCall, DagEdge, DagVar, DisplayState, SessionDag
 from parrot.web import live, render, views
+from parrot.web.app import create_server_app
 
 
 def big_dag(calls: int) -> SessionDag:
@@ -104,7 +104,7 @@ def test_the_live_session_page_over_http(engine_server):
     """A real session: its bounded snapshot keeps the latest calls (and the selected node),
     its counts cover every call, its live page streams, and the server stays healthy."""
     core = ServeCore()
-    app = create_app(core, engine_urls=(engine_server.url,))
+    app = create_server_app(core, engine_urls=(engine_server.url,))
     with ServerThread(app) as server, httpx.Client(base_url=server.url, timeout=60) as api:
         s = api.post("/v1/session").json()
         sid, auth = s["session_id"], {"Authorization": f"Bearer {s['session_auth']}"}

@@ -16,10 +16,10 @@ from conftest import ServerThread
 from httpx_sse import connect_sse
 from playwright.sync_api import expect
 
-from parrot.platform.api.app import create_app
 from parrot.platform.serve.core import ServeCore
-from parrot.platform.serve.observe import VALUE_PREVIEW
+from parrot.platform.serve.ops.observe import VALUE_PREVIEW
 from parrot.sdk import Client, Output
+from parrot.web.app import create_server_app
 from parrot.web.config import DashboardConfig
 
 from .test_browser import shoot
@@ -35,7 +35,7 @@ STORY = (
 def in_process(engine_server):
     """A ServeCore in this process (the test writes its variables' streams)."""
     core = ServeCore()
-    app = create_app(core, (engine_server.url,), dashboard=DashboardConfig(live_interval_s=0.2))
+    app = create_server_app(core, (engine_server.url,), dashboard=DashboardConfig(live_interval_s=0.2))
     with ServerThread(app) as server:
         yield server, core
 

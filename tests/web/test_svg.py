@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import xml.etree.ElementTree as ET
 
-from parrot.platform.serve.observe import (
+from parrot.platform.serve.ops.observe import (
     ContextNode,
     ContextTreeView,
     DagCall,

@@ -6,7 +6,7 @@ import heapq
 import time
 from collections.abc import Sequence
 
-from parrot.platform.serve.observe import DagCall, DisplayState
+from parrot.platform.serve.ops.observe import DagCall, DisplayState
 from parrot.web.svg import Markup, num, text
 
 UNSETTLED = (DisplayState.WAITING, DisplayState.QUEUED, DisplayState.RUNNING)  # still moving

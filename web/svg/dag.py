@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from parrot.platform.serve.observe import SessionDag
+from parrot.platform.serve.ops.observe import SessionDag
 from parrot.web.svg import Markup, num, text
 
 COL, ROW = 170.0, 46.0  # layer and row pitch

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from parrot.platform.serve.observe import ContextNode, ContextTreeView
+from parrot.platform.serve.ops.observe import ContextNode, ContextTreeView
 from parrot.web.svg import Markup, num, text
 from parrot.web.words import plural
 

@@ -10,5 +10,5 @@
 - :mod:`.snapshot`: what the rest of the ServeCore may read of it (engines, counters).
 
 What the engines hold (contexts, leases, fill-ahead holds, eviction, frees) is owned by
-:mod:`parrot.platform.serve.context_manager`, never changed here.
+:mod:`parrot.platform.serve.contexts.manager`, never changed here.
 """

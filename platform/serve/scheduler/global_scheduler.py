@@ -7,7 +7,7 @@ task makes its contexts in the engine's tree at once, so the tasks placed right 
 engine sees them together and batches their shared prefix. A task whose engine is lost runs
 again elsewhere; a session that goes takes its queued and running tasks and its contexts
 with it. The scheduler owns the set of engine slots; what they hold is the context
-manager's (platform/serve/context_manager.py).
+manager's (platform/serve/contexts/manager.py).
 """
 
 from __future__ import annotations
@@ -18,20 +18,20 @@ import time
 from collections.abc import Coroutine
 
 from parrot.engines.protocol.errors import ParrotError
-from parrot.platform.serve.call_ledger import CallLedger
-from parrot.platform.serve.context_manager import ContextManager, spawn
-from parrot.platform.serve.graph import CompletionChain
-from parrot.platform.serve.leases import Lease
-from parrot.platform.serve.metrics import ServeMetrics
-from parrot.platform.serve.prompt import PromptBuilder
-from parrot.platform.serve.radix import common_prefix
+from parrot.platform.serve.calls.graph import CompletionChain
+from parrot.platform.serve.calls.ledger import CallLedger
+from parrot.platform.serve.contexts.leases import Lease
+from parrot.platform.serve.contexts.manager import ContextManager, spawn
+from parrot.platform.serve.contexts.radix import common_prefix
+from parrot.platform.serve.ops.metrics import ServeMetrics
 from parrot.platform.serve.scheduler.health import EngineMonitor, HealthSettings
 from parrot.platform.serve.scheduler.policy import SchedulingPolicy
+from parrot.platform.serve.scheduler.prompt import PromptBuilder
 from parrot.platform.serve.scheduler.queue import TaskQueue
 from parrot.platform.serve.scheduler.runner import Requeue, SchedulerStats, TaskRunner
 from parrot.platform.serve.scheduler.slot import EngineSlot
 from parrot.platform.serve.scheduler.task import CompletionTask
-from parrot.platform.serve.variables import Variables
+from parrot.platform.serve.variables.values import Variables
 
 log = logging.getLogger(__name__)
 

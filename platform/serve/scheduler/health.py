@@ -18,7 +18,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from parrot.engines.protocol.errors import ParrotError
-from parrot.platform.serve.context_manager import ContextManager
+from parrot.platform.serve.contexts.manager import ContextManager
 from parrot.platform.serve.scheduler.slot import EngineSlot
 
 log = logging.getLogger(__name__)

@@ -1,7 +1,7 @@
 """Running one completion task on an engine: one engine request on the critical path.
 
 The runner only talks to the engine: what to send comes from the task's lease
-(:mod:`parrot.platform.serve.leases`), which it settles or discards. The task's
+(:mod:`parrot.platform.serve.contexts.leases`), which it settles or discards. The task's
 prompt forks from the engine context holding its longest prefix, at the length
 matched (wherever it falls); the rest of the prompt and the generation go to the engine as
 one ``generate`` request, which also keeps the prompt's shared prefixes (constant template
@@ -21,11 +21,11 @@ from dataclasses import dataclass
 
 from parrot.engines.protocol.errors import ContextFreedError, EngineUnavailableError, UnknownContextError
 from parrot.engines.protocol.schemas import StreamEnd
-from parrot.platform.serve.call_ledger import CallLedger
-from parrot.platform.serve.leases import AheadLease, Lease, Result
-from parrot.platform.serve.metrics import ServeMetrics
-from parrot.platform.serve.prompt import Prompt, PromptBuilder
+from parrot.platform.serve.calls.ledger import CallLedger
+from parrot.platform.serve.contexts.leases import AheadLease, Lease, Result
+from parrot.platform.serve.ops.metrics import ServeMetrics
 from parrot.platform.serve.scheduler.policy import SchedulingPolicy
+from parrot.platform.serve.scheduler.prompt import Prompt, PromptBuilder
 from parrot.platform.serve.scheduler.slot import EngineSlot
 from parrot.platform.serve.scheduler.task import CompletionTask
 

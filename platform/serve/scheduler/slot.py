@@ -1,17 +1,17 @@
 """An engine as the scheduler sees it: its model, contexts, load, capacity and health.
 
 Its ``contexts`` tree is read by the scheduler (prefix matches) and the operator views;
-only the context manager (platform/serve/context_manager.py) changes it."""
+only the context manager (platform/serve/contexts/manager.py) changes it."""
 
 from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass, field
 
-from parrot.platform.serve.contexts import ContextTree
-from parrot.platform.serve.engine_client import Engine
+from parrot.platform.serve.contexts.tree import ContextTree
+from parrot.platform.serve.engines.client import Engine
+from parrot.platform.serve.engines.tokenizers import Tokenize
 from parrot.platform.serve.scheduler.task import CompletionTask, PromptKey
-from parrot.platform.serve.tokenizer_manager import Tokenize
 
 
 @dataclass(eq=False)

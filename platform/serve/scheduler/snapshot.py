@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from parrot.engines.protocol.errors import NotFoundError
-from parrot.platform.serve.observe import ContextTreeView, context_tree
+from parrot.platform.serve.ops.observe import ContextTreeView, context_tree
 from parrot.platform.serve.scheduler.global_scheduler import GlobalScheduler
 from parrot.platform.serve.scheduler.runner import SchedulerStats
 from parrot.platform.serve.scheduler.slot import EngineSlot

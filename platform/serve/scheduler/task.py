@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from parrot.platform.serve.graph import CompletionChain, PlaceholderGen
-from parrot.platform.serve.prompt import Prompt
+from parrot.platform.serve.calls.graph import CompletionChain, PlaceholderGen
+from parrot.platform.serve.scheduler.prompt import Prompt
 
 LATENCY, THROUGHPUT = "latency", "throughput"
 # Whose prompt: an engine's model, and whether its contexts are text (an OpenAI endpoint)

@@ -149,8 +149,8 @@ def test_bad_cpu_matmul_settings_are_refused(overrides, message):
 
 
 def test_cli_and_environment_pass_the_choice(monkeypatch):
-    from parrot.platform.cli.engine_cmd import config_from_args
-    from parrot.platform.cli.main import build_parser
+    from parrot.cli.engine_cmd import config_from_args
+    from parrot.cli.main import build_parser
 
     args = build_parser().parse_args(["engine", "--cpu-matmul", "torch"])
     assert config_from_args(args).cpu_matmul == "torch"

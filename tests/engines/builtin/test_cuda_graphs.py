@@ -130,8 +130,8 @@ def test_graphs_are_captured_on_cuda_with_the_triton_backend_only(side):
 
 def test_the_cli_flag_sets_the_sizes():
     pytest.importorskip("llguidance")
-    from parrot.platform.cli.engine_cmd import config_from_args
-    from parrot.platform.cli.main import build_parser
+    from parrot.cli.engine_cmd import config_from_args
+    from parrot.cli.main import build_parser
 
     def sizes(*flags: str) -> tuple[int, ...]:
         return config_from_args(build_parser().parse_args(["engine", *flags])).cuda_graph_batch_sizes

@@ -7,7 +7,7 @@ from __future__ import annotations
 import inspect
 
 from parrot.engines.builtin.engine import BuiltinEngine
-from parrot.platform.serve.engine_client import Engine
+from parrot.platform.serve.engines.client import Engine
 
 
 def protocol_methods() -> dict[str, object]:

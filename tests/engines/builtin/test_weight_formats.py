@@ -216,8 +216,8 @@ def test_gguf_mode_needs_a_gguf_file():
 
 
 def test_cli_passes_the_weight_format():
-    from parrot.platform.cli.engine_cmd import config_from_args
-    from parrot.platform.cli.main import build_parser
+    from parrot.cli.engine_cmd import config_from_args
+    from parrot.cli.main import build_parser
 
     args = build_parser().parse_args(["engine", "--weights", "gguf", "--dtype", "float32"])
     config = config_from_args(args)
@@ -227,8 +227,8 @@ def test_cli_passes_the_weight_format():
 
 
 def test_the_kv_dtype_comes_from_the_flag_or_the_variable_and_bad_ones_are_refused(monkeypatch):
-    from parrot.platform.cli.engine_cmd import config_from_args
-    from parrot.platform.cli.main import build_parser
+    from parrot.cli.engine_cmd import config_from_args
+    from parrot.cli.main import build_parser
 
     assert EngineConfig().torch_kv_dtype() == torch.bfloat16  # auto: bfloat16 for packed weights
     assert EngineConfig(weights="int8").torch_kv_dtype() == torch.bfloat16

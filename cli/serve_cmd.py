@@ -1,0 +1,154 @@
+"""``parrot serve``: the ServeCore on 127.0.0.1:9000, with a builtin engine process by default."""
+
+from __future__ import annotations
+
+import argparse
+import secrets
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import httpx
+
+from parrot.cli.settings import ServeSettings, add_serve_arguments
+
+
+def add_parser(commands) -> None:
+    p: argparse.ArgumentParser = commands.add_parser("serve", help="run the ServeCore (Parrot API)")
+    add_serve_arguments(p)
+    p.set_defaults(run=run)
+
+
+def port_in_use(port: int, host: str = "127.0.0.1") -> bool:
+    """Whether a process holds ``port``. SO_REUSEADDR, as every server sets it (uvicorn
+    too): without it, the TIME_WAIT sockets that a stopped engine leaves for about a minute
+    count as "in use" and a restart fails; with it, only a socket really bound there does."""
+    with socket.socket() as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((host, port))
+        except OSError:
+            return True
+    return False
+
+
+def _die_with_parent() -> None:
+    """In the child, before exec: Linux sends it SIGTERM when ``parrot serve`` dies, even by
+    SIGKILL, so an engine is never left running (and holding its port) without its server."""
+    import ctypes
+
+    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+
+
+def start_engine(settings: ServeSettings) -> tuple[subprocess.Popen, str]:
+    """A ``parrot engine`` child process; returns it once it answers ``/ping``."""
+    if port_in_use(settings.engine_port):  # else another engine there would answer our pings
+        raise SystemExit(
+            f"parrot serve: port {settings.engine_port} for the builtin engine is in use "
+            "(another engine? pass --engine URL to use it, or --engine-port)"
+        )
+    cmd = [
+        sys.executable,
+        "-m",
+        "parrot.cli.main",
+        "engine",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(settings.engine_port),
+    ]
+    if settings.model:
+        cmd += ["--model", settings.model]
+    proc = subprocess.Popen(cmd, preexec_fn=_die_with_parent if sys.platform == "linux" else None)
+    url = f"http://127.0.0.1:{settings.engine_port}"
+    deadline = time.monotonic() + 600  # the first start converts the model
+    while True:
+        if proc.poll() is not None:
+            raise SystemExit(f"parrot serve: the builtin engine exited with code {proc.returncode}")
+        try:
+            if httpx.get(f"{url}/ping", timeout=2).status_code == 200:
+                return proc, url
+        except httpx.TransportError:
+            pass
+        if time.monotonic() > deadline:
+            proc.terminate()
+            raise SystemExit("parrot serve: the builtin engine did not start in time")
+        time.sleep(0.5)
+
+
+def run(args: argparse.Namespace) -> None:
+    from parrot.engines.protocol import server
+    from parrot.engines.protocol.urls import public_url
+    from parrot.platform.serve.core import ServeCore
+    from parrot.platform.store.secret_box import SecretBox
+    from parrot.platform.store.store import Store, sqlite_url
+    from parrot.web.app import create_server_app
+    from parrot.web.config import DashboardConfig
+
+    settings = ServeSettings.from_args(args)
+    token = settings.admin_token
+    if not token:
+        token = secrets.token_urlsafe(24)
+        print(
+            f"parrot serve: admin token (shown once, not stored; set a fixed one with --admin-token "
+            f"or PARROT_ADMIN_TOKEN): {token}",
+            flush=True,
+        )
+    if port_in_use(settings.port, settings.host):  # before an engine starts for nothing
+        raise SystemExit(
+            f"parrot serve: port {settings.port} for the Parrot API is in use on {settings.host}; "
+            "stop what holds it, or pick another port (--port, PARROT_PORT; make run PORT=...)"
+        )
+    # SIGTERM stops the server as SIGINT does (uvicorn handles both while it runs; this
+    # covers the start), so the engine child is always stopped below.
+    signal.signal(signal.SIGTERM, signal.getsignal(signal.SIGINT))
+    child = own = None
+    urls = settings.engine_urls
+    if not urls and settings.start_engine:
+        child, own = start_engine(settings)
+        urls = (own,)
+    host, port = settings.host, settings.port
+    try:
+        # Engine secrets at rest: PARROT_SECRET_KEY, else a key file in the data folder.
+        box = SecretBox.load(settings.secret_keys, settings.data_dir)
+        store = Store(settings.db or sqlite_url(settings.data_dir), secrets=box)
+        core = ServeCore(
+            settings.session_timeout_s,
+            store,
+            settings.policy,
+            settings.pressure,
+            settings.health,
+            limits=settings.limits,
+            transform_limits=settings.transforms,
+        )
+        dashboard = DashboardConfig(
+            enabled=settings.dashboard,
+            require_sign_in=settings.dashboard_auth,
+            secure_cookies=settings.secure_cookies,
+        )
+        app = create_server_app(
+            core,
+            engine_urls=urls,
+            admin_token=token,
+            openai_api_keys=settings.openai_api_keys,
+            dashboard=dashboard,
+            own_engine=own,
+        )
+        # Open live streams (the dashboard's SSE) must not hold a shutdown up.
+        ready = (
+            f"parrot serve: Parrot API on http://{host}:{port} with engines {[public_url(u) for u in urls]}"
+            + (f"; dashboard on http://{host}:{port}/" if settings.dashboard else "")
+        )
+        server.run(
+            app, host, port, settings.server, ready_message=ready, log_level="warning",
+            timeout_graceful_shutdown=5,
+        )  # fmt: skip
+    finally:
+        if child is not None:
+            child.send_signal(signal.SIGINT)
+            try:
+                child.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                child.kill()

@@ -1,0 +1,304 @@
+"""Semantic calls: checked, built into the session's DAG, stored, then started.
+
+Three kinds of call arrive here: a templated call (``POST /v1/semantic_call``), a
+transform (native string work on the ServeCore) and a prompt (the OpenAI front: constant
+text pieces, one generation). Each is built into a :class:`RequestChain`, linked into its
+session's graph (or refused, changing nothing), stored with its new variables, and only
+then handed to the session's executor. From there on its state advances in the
+:class:`~parrot.platform.serve.calls.ledger.CallLedger`. After a restart, unfinished calls
+are rebuilt from their records and run again.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import msgspec
+
+from parrot.engines.protocol.errors import BadRequestError, EngineUnavailableError, NotFoundError, ParrotError
+from parrot.platform.serve.calls import transforms
+from parrot.platform.serve.calls.graph import RequestChain, SemanticVariable
+from parrot.platform.serve.calls.recovery import rebuild_call
+from parrot.platform.serve.calls.typed_outputs import check_formats, check_paths, type_outputs
+from parrot.platform.serve.errors import NoEngineError, SessionClosedError, UnknownModelError
+from parrot.platform.serve.journal import Journal
+from parrot.platform.serve.limits.admission import Admission
+from parrot.platform.serve.scheduler.global_scheduler import GlobalScheduler
+from parrot.platform.serve.scheduler.task import LATENCY, THROUGHPUT
+from parrot.platform.serve.sessions.service import Session, SessionService
+from parrot.platform.serve.variables.service import VariableService, check_criteria, new_id
+from parrot.platform.store.models import CallRecord
+from parrot.wire.formats import OutputFormat
+from parrot.wire.sampling import SamplingParams
+from parrot.wire.template import ParameterSpec, check_binding, parse_template
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Binding:
+    """What a placeholder of a call is bound to: an existing variable (``var_id``), a value
+    (a new input variable), or, for an output, a new variable generated with ``sampling``
+    (its value constrained to ``format``, when given: a typed variable)."""
+
+    name: str
+    is_output: bool = False
+    var_id: str | None = None
+    value: str | None = None
+    sampling: SamplingParams | None = None
+    format: OutputFormat | None = None
+
+
+class CallService:
+    def __init__(
+        self, journal: Journal, admission: Admission, variables: VariableService, scheduler: GlobalScheduler
+    ) -> None:
+        self.journal = journal
+        self.admission = admission
+        self.variables = variables
+        self.scheduler = scheduler
+        self._seq = itertools.count(1)  # call submission order, kept across restarts
+
+    async def submit(
+        self,
+        session: Session,
+        template: str,
+        bindings: list[Binding],
+        models: list[str],
+        output_criteria: str | None,
+    ) -> tuple[RequestChain, dict[str, str]]:
+        """A templated call; its outputs' variable ids by name."""
+        check_criteria(output_criteria, "output_criteria")
+        self.admission.check_prompt(len(template), "the template")
+        self.admission.check_text(template, "the template")
+        for p in bindings:
+            self.admission.check_value(p.value, f"input {p.name!r}")
+        chunks = parse_template(template)
+        check_binding(chunks, [ParameterSpec(p.name, p.is_output) for p in bindings])
+        outputs: dict[str, SamplingParams] = {}
+        output_vars: dict[str, str] = {}  # var_id -> the output bound to it
+        for p in bindings:
+            if p.is_output and p.var_id is not None:
+                if p.var_id in output_vars:  # else the second output would be dropped silently
+                    raise BadRequestError(
+                        f"outputs {output_vars[p.var_id]!r} and {p.name!r} are bound to the same "
+                        f"variable {p.var_id!r}: a variable has one producer"
+                    )
+                output_vars[p.var_id] = p.name
+            if p.var_id is not None and p.value is not None:
+                raise BadRequestError(f"parameter {p.name!r}: give var_id or value, not both")
+            if p.is_output:
+                if p.value is not None:
+                    raise BadRequestError(f"output {p.name!r} cannot have a value")
+                outputs[p.name] = p.sampling or SamplingParams()
+            elif p.sampling is not None:
+                raise BadRequestError(f"input {p.name!r} cannot have sampling settings")
+            elif p.var_id is None and p.value is None:
+                raise BadRequestError(f"input {p.name!r} needs a var_id or a value")
+        check_formats(bindings, self.variables.check_format)
+        self._require_engine(models)
+        named = {p.name: self.variables.find(session, p.var_id) for p in bindings if p.var_id is not None}
+        retyped = type_outputs(bindings, named, outputs)
+        # New variables (inputs given by value, fresh outputs) join the session only if the
+        # call is accepted: a rejected call leaves nothing behind.
+        fresh = {
+            p.name: SemanticVariable(
+                new_id("var"), p.name, p.value, format=outputs[p.name].format if p.is_output else None
+            )
+            for p in bindings
+            if p.var_id is None
+        }
+        check_paths(chunks, named | fresh)
+        request = RequestChain.build(new_id("call"), chunks, named | fresh, outputs)
+        stored = [
+            {
+                "name": p.name,
+                "is_output": p.is_output,
+                "sampling": msgspec.to_builtins(outputs[p.name]) if p.is_output else None,
+            }
+            for p in bindings
+        ]
+        return await self._accept(
+            session,
+            request,
+            named | fresh,
+            list(fresh.values()),
+            stored,
+            template,
+            models,
+            output_criteria,
+            retyped,
+        )
+
+    async def submit_transform(
+        self, session: Session, inputs: list[Binding], steps: list, output: str
+    ) -> tuple[RequestChain, dict[str, str]]:
+        """A call that derives ``output`` from ``inputs`` (each a ``var_id`` or a ``value``,
+        bound under its ``name``) by native string transforms."""
+        transforms.validate(steps)
+        self.admission.check_text(output, "the output name")
+        if not inputs:
+            raise BadRequestError("a transform needs at least one input")
+        bound: dict[str, SemanticVariable] = {}
+        fresh = []
+        for n, item in enumerate(inputs):
+            if (item.var_id is None) == (item.value is None):
+                raise BadRequestError(f"transform input {n}: give a var_id or a value")
+            self.admission.check_value(item.value, f"transform input {n}")
+            if item.var_id is not None:
+                bound[item.name] = self.variables.find(session, item.var_id)
+            else:
+                bound[item.name] = SemanticVariable(new_id("var"), item.name, item.value)
+                fresh.append(bound[item.name])
+        out = SemanticVariable(new_id("var"), output)
+        fresh.append(out)
+        request = RequestChain.transform(new_id("call"), list(bound.values()), out, steps)
+        bound[output] = out
+        stored = [{"name": name, "is_output": False} for name in bound if name != output]
+        stored.append({"name": output, "is_output": True, "transform": msgspec.to_builtins(steps)})
+        return await self._accept(session, request, bound, fresh, stored, "", [], None)
+
+    async def submit_prompt(
+        self,
+        session: Session,
+        pieces: list[str],
+        sampling: SamplingParams,
+        models: list[str],
+        on_token: Callable[[str], None] | None = None,
+    ) -> RequestChain:
+        """One latency-critical generation after text ``pieces``, taken as they are (no
+        template, so braces are just text): how the OpenAI front runs a request. The pieces
+        are constant text: each piece's end is a prefix every session may share (a system
+        prompt, the turns of a chat), kept as a context of its own on the engine."""
+        self.admission.check_prompt(sum(len(piece) for piece in pieces), "the prompt")
+        for piece in pieces:
+            self.admission.check_text(piece, "the prompt")
+        if sampling.format is not None:  # a 400 / 413 now, not a failed generation later
+            self.variables.check_format(sampling.format)
+        self._require_engine(models)
+        out = SemanticVariable(new_id("var"), "completion")
+        request = RequestChain.prompt(new_id("call"), pieces, out, sampling, on_token)
+        await self._accept(session, request, {"completion": out}, [out], [], "", models, LATENCY)
+        return request
+
+    async def _accept(
+        self,
+        session: Session,
+        request: RequestChain,
+        bound: dict[str, SemanticVariable],
+        fresh: list[SemanticVariable],
+        stored: list[dict],
+        template: str,
+        models: list[str],
+        output_criteria: str | None,
+        retyped: Sequence[tuple[SemanticVariable, OutputFormat]] = (),
+    ) -> tuple[RequestChain, dict[str, str]]:
+        """Link a built call into the session's DAG (or raise, changing nothing), store it
+        with its new variables (and the formats it gives existing ones), and only then
+        start it."""
+        self.admission.check_session_growth(
+            session.session_id, len(session.vars), len(fresh), len(session.calls), 1
+        )
+        # Inputs given by value: charged to the session's values (429 / 507), all or none.
+        charged = self.admission.values.take(session.session_id, [(v.var_id, v.value) for v in fresh])
+        try:
+            self.admission.admit_call(request)
+        except BaseException:
+            self.admission.values.give_back(charged)
+            raise
+        try:
+            session.graph.add(request)
+        except BaseException:
+            self.admission.call_settled(request.call_id)
+            self.admission.values.give_back(charged)
+            raise
+        request.seq = next(self._seq)
+        for param in stored:
+            param["var_id"] = bound[param["name"]].var_id
+        request.timings["submitted_at"] = time.time()
+        session.calls[request.call_id] = request
+        writes = [w for var in fresh if (w := self.variables.add(session, var)) is not None]
+        writes += [w for var, fmt in retyped if (w := self.variables.retype(var, fmt)) is not None]
+        if session.stored:
+            writes.append(
+                self.journal.record(
+                    lambda store, t=dict(request.timings), seq=request.seq: store.add_call(
+                        request.call_id,
+                        session.session_id,
+                        seq,
+                        template,
+                        stored,
+                        models,
+                        output_criteria,
+                        timings=t,
+                    )
+                )
+            )
+        try:
+            await self.journal.commit(*writes)
+        except ParrotError:
+            self.admission.call_settled(request.call_id)
+            session.graph.unlink(request)
+            session.calls.pop(request.call_id, None)
+            self.variables.forget(session, fresh)
+            for var, _ in retyped:
+                self.variables.untype(var)
+            raise
+        if session.closed:
+            raise SessionClosedError(f"session {session.session_id!r} was deleted")
+        self._run(session, request, tuple(models), output_criteria or THROUGHPUT)
+        return request, request.outputs()
+
+    def _require_engine(self, models: list[str]) -> None:
+        """Refuse a call no engine can run now (503), rather than fail it later."""
+        serving = self.scheduler.serving(tuple(models))
+        if not serving:
+            served = sorted({s.model for s in self.scheduler.serving(()) if s.model})
+            if not served:
+                raise NoEngineError("no engine is registered")
+            raise UnknownModelError(
+                f"no registered engine serves the {len(models)} model(s) asked for; "
+                f"the engines serve {served[:16]}"
+            )
+        if not any(s.up for s in serving):
+            raise EngineUnavailableError("every engine that serves the model(s) asked for is down")
+
+    def _run(self, session: Session, request: RequestChain, models: tuple[str, ...], criteria: str) -> None:
+        if criteria == LATENCY:
+            self.variables.activate(session, request.output_vars())
+        session.executor.submit(request, models, criteria)
+
+    def find(self, session: Session, call_id: str) -> RequestChain:
+        request = session.calls.get(call_id)
+        if request is None:
+            raise NotFoundError(f"call {call_id!r} does not exist in session {session.session_id!r}")
+        return request
+
+    def restore(self, records: Sequence[CallRecord], sessions: SessionService) -> None:
+        """Calls from the store, linked into their sessions' DAGs; unfinished ones run again."""
+        for record in records:
+            session = sessions.get(record.session_id)
+            if session is None:
+                continue
+            self._seq = itertools.count(record.seq + 1)
+            try:
+                self._restore_call(session, record)
+            except (ParrotError, KeyError) as error:  # a record this version cannot rebuild
+                log.error("call %s could not be restored: %s", record.call_id, error)
+
+    def _restore_call(self, session: Session, record: CallRecord) -> None:
+        request = rebuild_call(record, session.vars)
+        request.seq = record.seq
+        session.graph.link(request)
+        session.calls[record.call_id] = request
+        if request.state.settled:
+            return
+        for mark in ("started_at", "first_token_at"):  # it runs again from the start
+            request.timings.pop(mark, None)
+        self.admission.track_call(request)
+        log.info("re-queueing call %s of session %s", record.call_id, session.session_id)
+        self._run(session, request, tuple(record.models), record.output_criteria or THROUGHPUT)

@@ -1,0 +1,1 @@
+"""The contexts the ServeCore holds on its engines, and their one owner."""

@@ -1,0 +1,1 @@
+"""The engines the ServeCore schedules on: clients, registration, tokenizers."""

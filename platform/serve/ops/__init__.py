@@ -1,0 +1,1 @@
+"""What operators see: views, metrics, load history, activity log."""

@@ -1,0 +1,1 @@
+"""Sessions: made, authenticated, expired and deleted; one-shot OpenAI sessions."""

@@ -1,0 +1,207 @@
+"""Sessions: made, opened with their ``session_auth``, kept alive, expired and deleted.
+
+A session owns its variables, its calls, its graph and its executor; deleting or expiring
+it stops its work and frees all of them (its contexts on the engines included). Its
+``session_auth`` is kept only as a hash. The last few closed sessions are kept as they
+were when they closed, for the dashboard.
+
+What a client is told exists is stored first: ``create`` returns only after the session's
+record is in the database, and undoes the session if the database does not take it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import hmac
+import itertools
+import logging
+import secrets
+import time
+from collections import deque
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+
+from parrot.engines.protocol.errors import NotFoundError, ParrotError
+from parrot.platform.serve.calls.executor import GraphExecutor
+from parrot.platform.serve.calls.graph import Graph, RequestChain, SemanticVariable
+from parrot.platform.serve.calls.ledger import CallLedger
+from parrot.platform.serve.calls.transform_runner import TransformRunner
+from parrot.platform.serve.errors import ForbiddenError, UnauthorizedError
+from parrot.platform.serve.journal import Journal
+from parrot.platform.serve.limits.admission import Admission
+from parrot.platform.serve.ops import observe
+from parrot.platform.serve.ops.observe import SessionDag, SessionSummary
+from parrot.platform.serve.scheduler.global_scheduler import GlobalScheduler
+from parrot.platform.serve.variables.values import Variables
+from parrot.platform.store.models import SessionRecord
+
+log = logging.getLogger(__name__)
+TOUCH_EVERY_S = 30.0  # how stale a session's stored last-activity time may get
+RECENT_SESSIONS = 20  # closed sessions whose DAG the dashboard still shows
+
+
+@dataclass(eq=False)
+class Session:
+    session_id: str
+    auth_hash: str
+    graph: Graph
+    executor: GraphExecutor
+    vars: dict[str, SemanticVariable] = field(default_factory=dict)
+    calls: dict[str, RequestChain] = field(default_factory=dict)
+    last_active: float = field(default_factory=time.monotonic)
+    stored: bool = True  # persisted; one-shot sessions of the OpenAI front are not
+    stored_active: float = field(default_factory=time.monotonic)  # last_active as stored
+    closed: bool = False  # deleted or expired: its work is stopped
+
+
+def hash_auth(secret: str) -> str:
+    return hashlib.sha256(secret.encode()).hexdigest()
+
+
+class SessionService:
+    """The live sessions (``session_id in sessions``, ``len(sessions)``, iteration: ids)."""
+
+    def __init__(
+        self,
+        journal: Journal,
+        admission: Admission,
+        scheduler: GlobalScheduler,
+        variables: Variables,
+        calls: CallLedger,
+        transforms: TransformRunner,
+        timeout_s: float,
+    ) -> None:
+        if timeout_s <= 0:
+            raise ValueError("session_timeout_s must be positive")
+        self.timeout_s = timeout_s
+        self.journal = journal
+        self.admission = admission
+        self.scheduler = scheduler
+        self.variables = variables
+        self.calls = calls
+        self.transforms = transforms
+        self._live: dict[str, Session] = {}
+        self._task_seq = itertools.count()  # task arrival order, over all sessions
+        # Closed sessions, newest last, as they were when they closed (for the dashboard).
+        self.recent: deque[tuple[SessionSummary, SessionDag]] = deque(maxlen=RECENT_SESSIONS)
+        self._expiry: asyncio.Task | None = None
+
+    def __contains__(self, session_id: object) -> bool:
+        return session_id in self._live
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(list(self._live))
+
+    def __len__(self) -> int:
+        return len(self._live)
+
+    def get(self, session_id: str) -> Session | None:
+        """A live session, without an auth check (the caller checks who may see it)."""
+        return self._live.get(session_id)
+
+    def live(self) -> list[Session]:
+        return list(self._live.values())
+
+    async def create(self, stored: bool = True, client: str | None = None) -> tuple[Session, str]:
+        """A new session and its ``session_auth``; ``client`` (its address) counts it
+        towards that client's limit."""
+        session_id = secrets.token_hex(8)
+        auth = secrets.token_urlsafe(24)
+        self.admission.open_session(session_id, client)
+        session = self._add(session_id, hash_auth(auth))
+        session.stored = stored
+        if stored:
+            try:
+                await self.journal.commit(
+                    self.journal.record(lambda store: store.add_session(session_id, session.auth_hash))
+                )
+            except ParrotError:
+                self._live.pop(session_id, None)
+                self.admission.close_session(session_id)
+                raise
+        return session, auth
+
+    def _add(self, session_id: str, auth_hash: str) -> Session:
+        executor = GraphExecutor(session_id, self.scheduler, self._task_seq, self.transforms, self.calls)
+        session = Session(session_id, auth_hash, Graph(), executor)
+        self._live[session_id] = session
+        return session
+
+    def open(self, session_id: str, auth: str | None) -> Session:
+        """The session, for the holder of its ``session_auth`` (raises 401 / 403 / 404)."""
+        if not auth:
+            raise UnauthorizedError("missing 'Authorization: Bearer <session_auth>' header")
+        session = self._live.get(session_id)
+        if session is None:
+            raise NotFoundError(f"session {session_id!r} does not exist")
+        if not hmac.compare_digest(session.auth_hash.encode(), hash_auth(auth).encode()):
+            raise ForbiddenError(f"the session_auth does not belong to session {session_id!r}")
+        session.last_active = time.monotonic()
+        if session.stored and session.last_active - session.stored_active > TOUCH_EVERY_S:
+            session.stored_active = session.last_active
+            self.journal.record(lambda store: store.touch_session(session_id))
+        return session
+
+    async def delete(self, session: Session) -> None:
+        """Delete the session's records, then stop its work (queued tasks dropped, running
+        generations aborted on their engines), free its contexts and wake whoever waits on
+        its variables. The store goes first: a delete it refuses (:class:`StoreError`, 503)
+        changes nothing, and the session goes on as before."""
+        if session.closed:
+            return
+        session.closed = True  # no new work while the store deletes
+        if session.stored:
+            sid = session.session_id  # the write holds the id, not the session and its values
+            try:
+                await self.journal.commit(self.journal.record(lambda store: store.delete_session(sid)))
+            except BaseException:
+                session.closed = False
+                raise
+        self._live.pop(session.session_id, None)
+        self.admission.close_session(session.session_id, list(session.calls), list(session.vars))
+        if session.stored:
+            sid, calls = session.session_id, session.calls.values()
+            self.recent.append(
+                (
+                    observe.summarize(sid, calls, live=False, closed_at=time.time()),
+                    observe.session_dag(sid, calls, session.vars.values(), live=False),
+                )
+            )
+        session.executor.cancel()
+        await self.scheduler.drop_session(session.session_id)
+        self.variables.close(session.vars.values(), f"session {session.session_id} was deleted")
+
+    async def expire_idle(self) -> list[str]:
+        """Delete sessions idle for longer than the timeout, freeing everything they hold."""
+        deadline = time.monotonic() - self.timeout_s
+        idle = [s for s in self._live.values() if s.last_active < deadline]
+        for session in idle:
+            await self.delete(session)
+        return [s.session_id for s in idle]
+
+    def restore(self, records: Sequence[SessionRecord]) -> None:
+        """Sessions from the store, idle for as long as they were before the restart."""
+        now_wall, now = time.time(), time.monotonic()
+        for record in records:
+            session = self._add(record.session_id, record.auth_hash)
+            self.admission.open_session(record.session_id, None)  # its values count server-wide
+            idle = now_wall - record.last_active_at.timestamp()
+            session.last_active = now - max(0.0, idle)
+
+    def start(self) -> None:
+        self._expiry = asyncio.create_task(self._expire_loop())
+
+    def stop(self) -> None:
+        if self._expiry is not None:
+            self._expiry.cancel()
+
+    async def _expire_loop(self) -> None:
+        while True:
+            await asyncio.sleep(min(60.0, self.timeout_s / 2))
+            try:
+                await self.expire_idle()
+            except ParrotError as error:  # the store: the next round tries again
+                log.warning("expiring idle sessions failed: %s", error)
+            except Exception:  # a bug: logged, and expiry goes on
+                log.exception("expiring idle sessions failed")

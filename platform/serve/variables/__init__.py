@@ -1,0 +1,1 @@
+"""Semantic variables: their values, formats, readiness and streams."""

@@ -1,0 +1,90 @@
+"""Readiness of semantic variables: values and errors arrive, waiters wake.
+
+The waiting state is each variable's own event (:attr:`SemanticVariable.settled`), so it
+goes with the variable when its session goes; nothing here is keyed by variable.
+
+Every value and reason kept here is valid text (storable, encodable as JSON): a produced
+value that is not (a lone surrogate) fails its variable with that reason instead, and a
+reason that quotes one gets it escaped. A typed variable's value must match its format
+(:mod:`parrot.platform.serve.variables.formats`): whatever engine produced it, a value that does
+not fails the variable with what did not match, and is never stored as valid. A value
+past the memory bound of values (:class:`~parrot.platform.serve.limits.value_budget.ValueBudget`)
+fails its variable with the limit it would pass, and is not kept.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Iterable
+
+from parrot.engines.protocol import text
+from parrot.platform.serve.calls.graph import SemanticVariable
+from parrot.platform.serve.calls.ledger import CallLedger
+from parrot.platform.serve.errors import ProducerFailedError
+from parrot.platform.serve.limits.value_budget import ValueBudget
+from parrot.platform.serve.ops.metrics import ServeMetrics
+from parrot.platform.serve.variables.formats import mismatch
+
+
+class Variables:
+    def __init__(self, calls: CallLedger, metrics: ServeMetrics, budget: ValueBudget) -> None:
+        self.calls = calls  # told of every value and error (it journals them, advances calls)
+        self.metrics = metrics  # seconds each get waited
+        self.budget = budget  # charged every value kept
+
+    def set_value(self, var: SemanticVariable, value: str, finish_reason: str | None = None) -> None:
+        """``finish_reason``: its producer's, for those who stream it."""
+        if var.ready or var.error is not None:
+            return  # settled once: a late result (a task that ran twice) changes nothing
+        why = text.problem(value)
+        if why is not None:
+            self.fail(var, f"the value produced is not valid text: {why}")
+            return
+        why = None if var.format is None else mismatch(var.format, value)
+        if why is not None:
+            self.fail(
+                var, f"the value produced does not match the {var.format.kind} format of {var.name!r}: {why}"
+            )
+            return
+        why = self.budget.admit(var.var_id, value)  # a client's value was charged when set
+        if why is not None:
+            self.fail(var, why)
+            return
+        var.value = value
+        self._changed(var, finish_reason)
+
+    def fail(self, var: SemanticVariable, error: str) -> None:
+        if var.ready or var.error is not None:
+            return
+        var.error = text.printable(error)
+        self._changed(var)
+
+    def close(self, variables: Iterable[SemanticVariable], reason: str) -> None:
+        """Their session is gone: whoever still waits on one of them wakes with ``reason``
+        (nothing is recorded: the session's records go with it)."""
+        for var in variables:
+            if not var.ready and var.error is None:
+                var.error = reason
+                var.settled.set()
+                var.end_stream()
+
+    def _changed(self, var: SemanticVariable, finish_reason: str | None = None) -> None:
+        var.settled.set()
+        var.end_stream(finish_reason)  # its readers end with the value or the error
+        self.calls.var_settled(var)
+
+    async def wait(self, var: SemanticVariable, timeout: float | None = None) -> str:
+        """The value, once there; raises :class:`ProducerFailedError` with the reason when it
+        will never come, ``TimeoutError`` when ``timeout`` passes first."""
+        started = time.monotonic()
+        try:
+            if not var.settled.is_set():
+                if timeout is not None and timeout <= 0:
+                    raise TimeoutError
+                await asyncio.wait_for(var.settled.wait(), timeout)
+        finally:
+            self.metrics.observe_wait(time.monotonic() - started)
+        if var.error:
+            raise ProducerFailedError(f"variable {var.name!r} has no value: {var.error}")
+        return var.value or ""
