@@ -122,6 +122,7 @@ def run(args: argparse.Namespace) -> None:
             settings.health,
             limits=settings.limits,
             transform_limits=settings.transforms,
+            engine_settings=settings.engine,
         )
         dashboard = DashboardConfig(
             enabled=settings.dashboard,

@@ -60,6 +60,7 @@ from parrot.cli.server_flags import add_server_arguments, server_limits_from_arg
 from parrot.engines.protocol.server import ServerLimits
 from parrot.platform.serve.calls.transform_runner import TransformLimits
 from parrot.platform.serve.contexts.tree import MemoryPressure
+from parrot.platform.serve.engines.settings import EngineSettings
 from parrot.platform.serve.limits.settings import Limits, env_name, flag
 from parrot.platform.serve.scheduler.health import HealthSettings
 from parrot.platform.serve.scheduler.policy import SchedulingPolicy
@@ -112,6 +113,7 @@ class ServeSettings:
     policy: SchedulingPolicy = field(default_factory=SchedulingPolicy)
     pressure: MemoryPressure = field(default_factory=MemoryPressure)
     health: HealthSettings = field(default_factory=HealthSettings)
+    engine: EngineSettings = field(default_factory=EngineSettings)
     server: ServerLimits = field(default_factory=ServerLimits)
     limits: Limits = field(default_factory=Limits)
     # PARROT_SECRET_KEY: keys encrypting engine secrets at rest, the first the current one;
@@ -155,6 +157,8 @@ class ServeSettings:
                 timeout_s=args.ping_timeout,
                 max_missed=args.max_missed_pings,
                 down_grace_s=args.down_grace,
+            ),
+            engine=EngineSettings(
                 request_timeout_s=args.engine_timeout,
                 parent_wait_s=args.parent_wait,
                 openai_capacity=args.openai_capacity,
@@ -169,6 +173,7 @@ class ServeSettings:
 def add_serve_arguments(p: argparse.ArgumentParser, env: Mapping[str, str] | None = None) -> None:
     """The flags of ``parrot serve``, their defaults from ``PARROT_*`` variables."""
     d, policy, pressure, health = ServeSettings, SchedulingPolicy(), MemoryPressure(), HealthSettings()
+    engine = EngineSettings()
     limits = TransformLimits()
 
     def e(name: str, parse: Callable[[str], T], default: T) -> T:
@@ -282,15 +287,15 @@ def add_serve_arguments(p: argparse.ArgumentParser, env: Mapping[str, str] | Non
         help="seconds a task whose every engine is down waits for one to come back (15)",
     )
     engines.add_argument(
-        "--engine-timeout", type=float, default=e("ENGINE_TIMEOUT", float, health.request_timeout_s),
+        "--engine-timeout", type=float, default=e("ENGINE_TIMEOUT", float, engine.request_timeout_s),
         help="seconds one request to an engine may take (600)",
     )
     engines.add_argument(
-        "--parent-wait", type=float, default=e("PARENT_WAIT", float, health.parent_wait_s),
+        "--parent-wait", type=float, default=e("PARENT_WAIT", float, engine.parent_wait_s),
         help="seconds a fork waits for its parent context's request to reach the engine (10)",
     )
     engines.add_argument(
-        "--openai-capacity", type=int, default=e("OPENAI_CAPACITY", int, health.openai_capacity),
+        "--openai-capacity", type=int, default=e("OPENAI_CAPACITY", int, engine.openai_capacity),
         help="requests at once on an OpenAI endpoint registered without a capacity (16)",
     )
     engines.add_argument(

@@ -27,8 +27,8 @@ def settings(argv: list[str], env: dict[str, str] | None = None) -> ServeSetting
 def test_defaults_are_documented_values():
     s = settings([])
     assert (s.host, s.port, s.engine_urls, s.start_engine) == ("127.0.0.1", 9000, (), True)
-    assert s.health.interval_s == 1.0 and s.health.request_timeout_s == 600.0 and s.health.parent_wait_s == 10
-    assert (s.pressure.high, s.pressure.low, s.health.openai_capacity) == (0.9, 0.75, 16)
+    assert s.health.interval_s == 1.0 and s.engine.request_timeout_s == 600.0 and s.engine.parent_wait_s == 10
+    assert (s.pressure.high, s.pressure.low, s.engine.openai_capacity) == (0.9, 0.75, 16)
     assert s.policy.cluster_min_shared == 64 and s.policy.criteria
     with pytest.raises(dataclasses.FrozenInstanceError):
         s.port = 1

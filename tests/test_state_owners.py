@@ -1,6 +1,7 @@
-"""One owner per piece of context state (issue 23): a context on an engine is changed only by
-its owner, on both sides of the wire. A source scan, so that a new write elsewhere fails here
-rather than going unnoticed until the integrity checks catch a leak."""
+"""One owner per piece of state (issues 23 and 34): a context on an engine, a semantic call, a
+variable's value and an engine slot are each changed only by their owner, on both sides of the
+wire. A source scan, so that a new write elsewhere fails here rather than going unnoticed until
+the integrity checks (or a call left ``running``) catch it."""
 
 from __future__ import annotations
 
@@ -27,8 +28,31 @@ OWNED = [
         "platform",
         r"\.(refs|doomed)\s*(=|\+=|-=)[^=]|\b(contexts|tree)\.(add|extend|remove|unref|touch)\(",
     ),
+    (
+        "platform/serve/calls/drive.py",  # a call's order, engine, timings, chains' results
+        "platform",
+        r"\.(seq|engine_id|latency_depth|group|result|timings|prompt_ids_by_model)\s*(=|\+=)[^=]"
+        r"|\.timings\[[^]]*\]\s*=[^=]|\.timings\.(setdefault|pop|update|clear)\("
+        r"|\.prompt_ids_by_model\[[^]]*\]\s*=[^=]",
+    ),
+    (
+        "platform/serve/variables/values.py",  # a variable's value or error (a call's outcome)
+        "platform/serve",
+        r"\.(value|error)\s*=[^=]",
+    ),
+    (
+        "platform/serve/scheduler/global_scheduler.py",  # an engine slot's load and health
+        "platform",
+        r"\.(task_limit|token_capacity|up|missed_pings|info|load)\s*(=|\+=|-=)[^=]"
+        r"|\.running\[[^]]*\]\s*=[^=]|\.running\.(pop|clear|update)\(",
+    ),
 ]
-DEFINERS = {"platform/serve/contexts/tree.py"}  # the tree itself defines those methods
+# Where those fields are defined or built (a dataclass, a constructor), not changed.
+DEFINERS = {
+    "platform/serve/contexts/tree.py",
+    "platform/serve/calls/graph.py",
+    "platform/serve/variables/variable.py",
+}
 
 
 @pytest.mark.parametrize(("owner", "folder", "pattern"), OWNED, ids=[o for o, _, _ in OWNED])
@@ -50,8 +74,35 @@ def test_the_scan_sees_a_write():
         OWNED[0][2]: ["ctx.num_computed += n", "ctx.token_ids.append(t)", "ctx.blocks = []"],
         OWNED[1][2]: ["pool.blocks._refs[b] += 1", "manager._free.append(b)"],
         OWNED[2][2]: ["ctx.refs -= 1", "slot.contexts.remove(ctx)", "tree.add(symbols, owner)"],
+        OWNED[3][2]: [
+            "call.engine_id = engine_id",
+            'call.timings["started_at"] = now',
+            'request.timings.setdefault("first_token_at", t)',
+            "chain.latency_depth = max(depth, chain.latency_depth)",
+            "chain.group = (app, seq)",
+            "chain.result = result",
+            "chain.prompt_ids_by_model[model] = ids",
+            "call.seq = next(self._seq)",
+        ],
+        OWNED[4][2]: ["var.value = value", "var.error = reason"],
+        OWNED[5][2]: [
+            "slot.up = False",
+            "slot.missed_pings += 1",
+            "slot.load -= need",
+            "slot.running[key] = task",
+        ],
     }
     for pattern, lines in samples.items():
         for line in lines:
             assert re.search(pattern, line), line
     assert not re.search(OWNED[0][2], "if ctx.num_computed == n:")
+    assert not re.search(OWNED[3][2], "if call.seq == 0:")
+    assert not re.search(OWNED[5][2], "if slot.up == up:")
+
+
+@pytest.mark.parametrize(("owner", "folder", "pattern"), OWNED, ids=[o for o, _, _ in OWNED])
+def test_the_owner_makes_the_writes_its_pattern_names(owner, folder, pattern):
+    """Each pattern matches real writes in its owner's code (a pattern that matched nothing
+    there would guard nothing)."""
+    lines = (REPO_ROOT / owner).read_text().splitlines()
+    assert any(re.search(pattern, line.split("#")[0]) for line in lines), owner

@@ -36,11 +36,12 @@ from parrot.platform.api.openai_front import OpenAIController
 from parrot.platform.api.schemas import CreateVar, RegisterEngine, SetVar, SubmitCall, SubmitTransform
 from parrot.platform.api.token_throttle import TokenThrottle
 from parrot.platform.api.var_stream_events import sse_messages
-from parrot.platform.serve.calls.graph import RequestChain, SemanticVariable
+from parrot.platform.serve.calls.graph import RequestChain
 from parrot.platform.serve.core import ServeCore
 from parrot.platform.serve.ops.metrics import CONTENT_TYPE
 from parrot.platform.serve.ops.observe import ContextTreeView, SessionDag
 from parrot.platform.serve.ops.views import EngineView
+from parrot.platform.serve.variables.variable import SemanticVariable
 from parrot.wire.responses import (
     CallInfo,
     CallSubmitted,

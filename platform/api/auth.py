@@ -25,7 +25,7 @@ from parrot.engines.protocol.errors import TooManyRequestsError
 from parrot.platform.api.token_throttle import TokenThrottle
 from parrot.platform.serve.core import ServeCore
 from parrot.platform.serve.errors import ForbiddenError, UnauthorizedError
-from parrot.platform.serve.sessions.service import Session
+from parrot.platform.serve.sessions.session import Session
 
 
 def bearer_token(connection: ASGIConnection) -> str | None:

@@ -13,12 +13,12 @@ dashboard, the OpenAI front, the CLI, the tests) use the services it names:
 - ``views`` (:class:`OperatorViews`): what the dashboard, ``/metrics`` and ``/healthz``
   show.
 
-Below them: the :class:`GlobalScheduler` (orders tasks, picks engines), the
-:class:`ContextManager` (``contexts``: the contexts on the engines, built here over the
-scheduler's engine slots and given to it), the :class:`Variables` (values arrive, waiters
-wake) and the :class:`CallLedger` (a call's state advances and is journaled there), and
-the :class:`Journal` over the SQL store. Lower parts are given what they call at
-construction; none calls back into a higher one.
+Below them: the :class:`CallDriver` (``driver``: the one place a call's state advances,
+and is journaled), the :class:`GlobalScheduler` (orders tasks, picks engines, reports what
+happened to each task), the :class:`ContextManager` (``contexts``: the contexts on the
+engines), the :class:`VariableValues` (values arrive, waiters wake) and the
+:class:`Journal` over the SQL store. Lower parts are given what they call at construction;
+none calls back into a higher one.
 
 What a client is told exists is stored first: a route returns only after its own writes
 are in the database, and a write the database does not take fails the request (503) and
@@ -29,13 +29,14 @@ from __future__ import annotations
 
 import asyncio
 
-from parrot.platform.serve.calls.ledger import CallLedger
+from parrot.platform.serve.calls.drive import CallDriver
 from parrot.platform.serve.calls.service import CallService
 from parrot.platform.serve.calls.transform_runner import TransformLimits, TransformRunner
 from parrot.platform.serve.contexts.manager import ContextManager
 from parrot.platform.serve.contexts.tree import MemoryPressure
 from parrot.platform.serve.engines.registry import EngineRegistry
 from parrot.platform.serve.engines.service import EngineService
+from parrot.platform.serve.engines.settings import EngineSettings
 from parrot.platform.serve.engines.tokenizers import TokenizerManager
 from parrot.platform.serve.journal import Journal
 from parrot.platform.serve.limits.admission import Admission
@@ -49,11 +50,10 @@ from parrot.platform.serve.scheduler.global_scheduler import GlobalScheduler
 from parrot.platform.serve.scheduler.health import HealthSettings
 from parrot.platform.serve.scheduler.policy import SchedulingPolicy
 from parrot.platform.serve.scheduler.prompt import PromptBuilder
-from parrot.platform.serve.scheduler.slot import EngineSlot
 from parrot.platform.serve.sessions.service import SessionService
 from parrot.platform.serve.variables.follow import StreamService
 from parrot.platform.serve.variables.service import VariableService
-from parrot.platform.serve.variables.values import Variables
+from parrot.platform.serve.variables.values import VariableValues
 from parrot.platform.store.store import Store
 
 
@@ -69,7 +69,9 @@ class ServeCore:
         activity: ActivityLog | None = None,
         limits: Limits | None = None,
         transform_limits: TransformLimits | None = None,
+        engine_settings: EngineSettings | None = None,
     ) -> None:
+        engine_settings = engine_settings or EngineSettings()
         # The parts below the services.
         self.admission = Admission(limits)
         self.journal = Journal(store)
@@ -79,37 +81,29 @@ class ServeCore:
         self.memory = MemoryTrimmer()  # gives the memory of big prompts and values back once freed
         self.history = history or LoadHistory()
         self.activity = activity or ActivityLog()
-        ledger = CallLedger(self.journal, self.admission, self.activity)
-        variables = Variables(ledger, self.metrics, self.admission.values)
-        health = health or HealthSettings()
-        # The engine slots: the scheduler adds and removes them, the context manager owns
-        # the contexts they hold.
-        slots: dict[str, EngineSlot] = {}
-        self.contexts = ContextManager(pressure or MemoryPressure(), health.text_chars, slots.values)
+        values = VariableValues(self.metrics, self.admission.budget)
+        self.contexts = ContextManager(pressure or MemoryPressure())
         self.scheduler = GlobalScheduler(
-            variables,
             PromptBuilder(self.tokenizers),
             self.contexts,
-            slots,
             policy,
             health,
             self.metrics,
-            calls=ledger,
+            engine_settings.parent_wait_s,
         )
-        registry = EngineRegistry(self.scheduler, self.journal, self.tokenizers)
+        self.driver = CallDriver(
+            self.journal, self.admission, self.activity, values, self.scheduler, self.transforms
+        )
+        registry = EngineRegistry(
+            self.scheduler, self.contexts, self.journal, self.tokenizers, engine_settings
+        )
         # The services the routes use.
         self.sessions = SessionService(
-            self.journal,
-            self.admission,
-            self.scheduler,
-            variables,
-            ledger,
-            self.transforms,
-            session_timeout_s,
+            self.journal, self.admission, self.scheduler, values, self.driver, session_timeout_s
         )
-        self.vars = VariableService(self.journal, self.admission, variables, self.scheduler)
+        self.vars = VariableService(self.journal, self.admission, values, self.driver)
         self.streams = StreamService(self.vars, self.admission.limits)
-        self.calls = CallService(self.journal, self.admission, self.vars, self.scheduler)
+        self.calls = CallService(self.journal, self.admission, self.vars, self.scheduler, self.driver)
         self.engines = EngineService(registry, self.journal, self.scheduler)
         self.views = OperatorViews(
             self.scheduler,
@@ -146,7 +140,7 @@ class ServeCore:
         self.sessions.start()
         self.views.start()
         self._trimmer = asyncio.create_task(
-            self.memory.watch([self.tokenizers, self.admission.values], self.history.interval_s)
+            self.memory.watch([self.tokenizers, self.admission.budget], self.history.interval_s)
         )
 
     async def stop(self) -> None:

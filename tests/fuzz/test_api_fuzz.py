@@ -190,7 +190,7 @@ def test_fuzz_the_servecore_api(servecore, client):
         http.delete(f"/v1/session/{world.session_id}", headers={"Authorization": f"Bearer {world.auth}"})
     # The shared prompt prefixes this ServeCore keeps on the shared engine go with it.
     (slot,) = core.scheduler.engines.values()
-    held = list(slot.contexts.contexts)
+    held = list(core.contexts.tree(slot).contexts)
     if held:
         assert client.post("/abort", json={"context_ids": held}).status_code == 200
     print(f"ServeCore fuzz: freed the {len(held)} contexts it held on the engine")

@@ -264,7 +264,7 @@ async def test_idle_sessions_expire_and_free_their_contexts(engine_server):
             None,
         )
         await core.vars.get(session, outputs["a"], "latency", 60)
-        mine = [c.context_id for c in slot.contexts.of_session(session.session_id)]
+        mine = [c.context_id for c in core.contexts.tree(slot).of_session(session.session_id)]
         assert mine
         active, active_auth = await core.sessions.create()
         session.last_active -= 61  # idle for longer than the timeout (no sleeping in tests)
@@ -274,7 +274,7 @@ async def test_idle_sessions_expire_and_free_their_contexts(engine_server):
         assert session.session_id not in core.sessions and active.session_id in core.sessions
         # Its contexts are gone, here and on the engine (freeing them again frees nothing);
         # a prefix of constant template text may stay cached for other sessions.
-        assert not slot.contexts.of_session(session.session_id)
+        assert not core.contexts.tree(slot).of_session(session.session_id)
         for cid in mine:
             assert await slot.client.free_context(cid) == 0
     finally:

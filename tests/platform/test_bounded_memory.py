@@ -9,6 +9,7 @@ import asyncio
 import pytest
 
 from parrot.platform.serve.calls.service import Binding
+from parrot.platform.serve.contexts.tree import MemoryPressure
 from parrot.platform.serve.core import ServeCore
 from parrot.platform.serve.engines.registry import OPENAI, EngineSpec
 from parrot.platform.serve.scheduler.health import HealthSettings
@@ -19,8 +20,7 @@ pytestmark = pytest.mark.asyncio(loop_scope="function")
 
 
 async def monitor_round(core: ServeCore) -> None:
-    for slot in core.engines.slots():
-        await core.scheduler.monitor.check(slot)
+    await core.scheduler.check_engines()
 
 
 async def test_one_shot_prompts_stay_within_what_the_engine_holds(engine_server):
@@ -37,8 +37,10 @@ async def test_one_shot_prompts_stay_within_what_the_engine_holds(engine_server)
             run = await OneShot.start(core, [system, "Question: which rule?\nAnswer:"], sampling, 1, model)
             await run.answers()
             await monitor_round(core)
-            assert slot.contexts.held_symbols() <= capacity
-        assert core.views.stats().evicted > 0 and not slot.contexts.of_session(run.session.session_id)
+            assert core.contexts.tree(slot).held_symbols() <= capacity
+        assert core.views.stats().evicted > 0 and not core.contexts.tree(slot).of_session(
+            run.session.session_id
+        )
         info = await slot.client.ping()
         assert info["kv_blocks_used"] <= info["kv_blocks_total"]
     finally:
@@ -47,7 +49,7 @@ async def test_one_shot_prompts_stay_within_what_the_engine_holds(engine_server)
 
 async def test_text_contexts_of_an_openai_engine_stay_within_their_budget(engine_server, engine):
     budget = 3_000  # characters
-    core = ServeCore(health=HealthSettings(interval_s=60, text_chars=budget))
+    core = ServeCore(health=HealthSettings(interval_s=60), pressure=MemoryPressure(text_chars=budget))
     await core.start()
     try:
         slot = await core.engines.register(
@@ -62,7 +64,7 @@ async def test_text_contexts_of_an_openai_engine_stay_within_their_budget(engine
             _, out = await core.calls.submit(session, "{{doc}}\nSummary:{{a}}", params, [], None)
             await core.vars.get(session, out["a"], "latency", 120)
             await monitor_round(core)
-            assert slot.contexts.held_symbols() <= budget
+            assert core.contexts.tree(slot).held_symbols() <= budget
         await asyncio.sleep(0)
         assert core.views.stats().evicted > 0
     finally:

@@ -121,6 +121,8 @@ def test_text_contexts_use_characters():
 def test_a_task_needs_only_the_kv_its_engine_does_not_hold_yet():
     from types import SimpleNamespace
 
+    from parrot.platform.serve.contexts.manager import ContextManager
+    from parrot.platform.serve.contexts.tree import MemoryPressure
     from parrot.platform.serve.scheduler.global_scheduler import GlobalScheduler
     from parrot.platform.serve.scheduler.slot import EngineSlot
 
@@ -130,15 +132,19 @@ def test_a_task_needs_only_the_kv_its_engine_does_not_hold_yet():
             prompts={slot.prompt_key: SimpleNamespace(symbols=symbols)}, need=lambda key: len(symbols) + 32
         )
 
-    slot = EngineSlot("e", "m", client=None, contexts=ContextTree(itertools.count(1)))
-    slot.token_capacity, slot.running = 46_592, {"first": None}
+    slot = EngineSlot("e", "m", client=None)
+    contexts = ContextManager(MemoryPressure())
+    scheduler = GlobalScheduler(None, contexts)
+    scheduler.add_engine(slot, info={"kv_blocks_total": 2912, "block_size": 16})
+    slot.running = {"first": None}
+    assert slot.token_capacity == 46_592
     first, second = user(1), user(2)
-    assert GlobalScheduler._need(first, slot) == 2048 + 40 + 32  # nothing held yet
-    slot.contexts.add(first.prompts[slot.prompt_key].symbols, owner="s1")  # placed (still computing)
+    assert scheduler._need(first, slot) == 2048 + 40 + 32  # nothing held yet
+    contexts.tree(slot).add(first.prompts[slot.prompt_key].symbols, owner="s1")  # placed (still computing)
     slot.load = 2048 + 40 + 32  # what the first one added
-    assert GlobalScheduler._need(second, slot) == 40 + 32  # the shared prompt is there
+    assert scheduler._need(second, slot) == 40 + 32  # the shared prompt is there
     # 64 such users fit in a 46k-token engine together (their whole prompts would not).
-    assert slot.load + 63 * GlobalScheduler._need(second, slot) <= slot.token_capacity
+    assert slot.load + 63 * scheduler._need(second, slot) <= slot.token_capacity
 
 
 class FreeLog:
@@ -157,9 +163,9 @@ def leased_engine():
     from parrot.platform.serve.contexts.tree import MemoryPressure
     from parrot.platform.serve.scheduler.slot import EngineSlot
 
-    slot = EngineSlot("e", "m", client=FreeLog(), contexts=ContextTree(itertools.count(1)))
-    manager = ContextManager(MemoryPressure(), text_chars=0, slots=lambda: [slot])
-    slot.contexts = manager.new_tree(text=False)
+    slot = EngineSlot("e", "m", client=FreeLog())
+    manager = ContextManager(MemoryPressure(text_chars=0))
+    manager.track(slot)
     return manager, slot
 
 
@@ -182,14 +188,14 @@ async def test_a_lease_holds_its_contexts_until_it_settles_and_the_accounting_ad
     # The first session goes while the second task forks from its context: it is doomed,
     # and freed when the second task is done with it.
     await manager.drop_session("s1", manager.of_session("s1"))
-    assert first.context.doomed and first.context.context_id in slot.contexts.contexts
+    assert first.context.doomed and first.context.context_id in manager.tree(slot).contexts
     second.discard()
-    assert first.context.context_id not in slot.contexts.contexts
-    assert second.context.context_id not in slot.contexts.contexts
+    assert first.context.context_id not in manager.tree(slot).contexts
+    assert second.context.context_id not in manager.tree(slot).contexts
     manager.check_integrity()
     await manager.stop(free_timeout_s=5)  # the frees ran, each context freed once
     gone = [first.context.context_id, second.context.context_id, first.checkpoints[0].context_id]
-    assert sorted(slot.client.freed) == sorted(gone) and not slot.contexts.contexts
+    assert sorted(slot.client.freed) == sorted(gone) and not manager.tree(slot).contexts
     with pytest.raises(ContextAccountingError, match="ended twice"):
         second.settle(SimpleNamespace(stop_string=None, text="", token_ids=[1]))
 
@@ -208,13 +214,13 @@ def test_the_integrity_check_finds_accounting_that_does_not_add_up():
         manager.check_integrity()
     lease.context.refs -= 1
     manager.check_integrity()
-    slot.contexts.remove(lease.checkpoints[0])  # freed behind its owner's back
+    manager.tree(slot).remove(lease.checkpoints[0])  # freed behind its owner's back
     with pytest.raises(ContextAccountingError, match="2 contexts made, 0 freed, but 1 in its trees"):
         manager.check_integrity()
-    slot.contexts.contexts[lease.checkpoints[0].context_id] = lease.checkpoints[0]  # back, off its path
+    manager.tree(slot).contexts[lease.checkpoints[0].context_id] = lease.checkpoints[0]  # back, off its path
     with pytest.raises(ContextAccountingError, match="not where its path ends"):
         manager.check_integrity()
-    del slot.contexts.contexts[lease.checkpoints[0].context_id]
+    del manager.tree(slot).contexts[lease.checkpoints[0].context_id]
     lease.context.doomed = True
     lease.context.refs = 0  # a doomed context that lost its last user without being freed
     with pytest.raises(ContextAccountingError, match="doomed context"):

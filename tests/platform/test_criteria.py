@@ -5,12 +5,10 @@ queue orders by criteria, task groups and application; placement by prefix and l
 from __future__ import annotations
 
 import asyncio
-import itertools
 
 import pytest
 
 from parrot.platform.serve.calls.service import Binding
-from parrot.platform.serve.contexts.tree import ContextTree
 from parrot.platform.serve.core import ServeCore
 from parrot.platform.serve.errors import WaitTimeoutError
 from parrot.platform.serve.scheduler.policy import SchedulingPolicy
@@ -23,7 +21,7 @@ pytestmark = pytest.mark.asyncio(loop_scope="function")
 def idle_slot() -> EngineSlot:
     """An engine slot that is never dispatched to (the core is not started): text contexts,
     so prompts need no tokenizer."""
-    return EngineSlot("e", "m", client=None, contexts=ContextTree(itertools.count(1), text=True))
+    return EngineSlot("e", "m", client=None, text=True)
 
 
 async def chain_session(core: ServeCore, criteria: str | None = None):
@@ -105,7 +103,7 @@ async def test_a_consumer_makes_its_queued_producers_a_group_whenever_it_arrives
     params.append(Binding(name="total", is_output=True))
     reduce, _ = await core.calls.submit(session, "{{s0}} {{s1}} {{s2}} All: {{total}}", params, [], None)
     groups = {t.group for t in core.scheduler.queue}
-    assert groups == {(session.executor.app_seq, reduce.seq)}  # by application, then consumer
+    assert groups == {(next(iter(session.calls.values())).seq, reduce.seq)}  # by application, then consumer
 
 
 class FakeChain:

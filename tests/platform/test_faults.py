@@ -144,17 +144,19 @@ def engine_idle_but_for_the_servecore(
     while True:
         info = engine_contexts(engine_url)
         idle = info["num_running"] == 0 and info["num_waiting"] == 0
-        if idle and info["num_contexts"] == others + len(slot.contexts):
+        if idle and info["num_contexts"] == others + len(core.contexts.tree(slot)):
             return
         assert time.monotonic() < deadline, (
-            f"engine not idle: {info}; the ServeCore tracks {len(slot.contexts)}, others held {others}"
+            f"engine not idle: {info}; the ServeCore tracks {len(core.contexts.tree(slot))}, "
+            f"others held {others}"
         )
         time.sleep(0.2)
 
 
 def test_clients_that_go_away_lose_nothing_and_leak_nothing(served, engine_server):
     core, _store, api, _ = served
-    others = engine_contexts(engine_server.url)["num_contexts"] - len(core.engines.slots()[0].contexts)
+    held = len(core.contexts.tree(core.engines.slots()[0]))
+    others = engine_contexts(engine_server.url)["num_contexts"] - held
     # 1. A client gives up on a get of a long call: the call goes on, its value is kept.
     sid, auth = new_session(api)
     long_out = submit(api, sid, auth, "The history of lighthouses", 96, ignore_eos=True)
@@ -197,8 +199,8 @@ def test_clients_that_go_away_lose_nothing_and_leak_nothing(served, engine_serve
     assert api.delete(f"/v1/session/{sid}", headers=auth).status_code in (200, 204)
     engine_idle_but_for_the_servecore(core, engine_server.url, others)
     slot = core.engines.slots()[0]
-    assert not slot.contexts.of_session(sid)
-    assert all(c.owner is None and c.refs == 0 for c in slot.contexts.contexts.values())
+    assert not core.contexts.tree(slot).of_session(sid)
+    assert all(c.owner is None and c.refs == 0 for c in core.contexts.tree(slot).contexts.values())
 
 
 def test_a_delete_the_store_refuses_changes_nothing(served):

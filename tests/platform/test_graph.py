@@ -6,15 +6,10 @@ import itertools
 
 import pytest
 
-from parrot.platform.serve.calls.graph import (
-    ConstantFill,
-    Graph,
-    PlaceholderFill,
-    PlaceholderGen,
-    RequestChain,
-    SemanticVariable,
-)
+from parrot.platform.serve.calls import graph
+from parrot.platform.serve.calls.graph import ConstantFill, PlaceholderFill, PlaceholderGen, RequestChain
 from parrot.platform.serve.errors import GraphError
+from parrot.platform.serve.variables.variable import SemanticVariable
 from parrot.wire.sampling import SamplingParams
 from parrot.wire.template import TemplateError, parse_template
 
@@ -22,11 +17,11 @@ GEN = SamplingParams(max_tokens=8)
 
 
 class Session:
-    """A tiny harness: named variables and a graph."""
+    """A tiny harness: named variables and the calls linked through them."""
 
     def __init__(self) -> None:
         self.vars: dict[str, SemanticVariable] = {}
-        self.graph = Graph()
+        self.calls: list[RequestChain] = []
         self.ids = itertools.count(1)
 
     def var(self, name: str, value: str | None = None) -> SemanticVariable:
@@ -41,7 +36,8 @@ class Session:
             f"c{next(self.ids)}", chunks, {n: self.var(n) for n in names}, dict.fromkeys(outputs, GEN)
         )
         if add:
-            self.graph.add(request)
+            graph.add(request)
+            self.calls.append(request)
         return request
 
 
@@ -76,7 +72,7 @@ def test_chain_of_three_calls_links_through_variables():
     b = s.call("Improve: {{a}} -> {{b}}", ["b"])
     c = s.call("Shorten: {{b}} -> {{c}}", ["c"])
     assert c.chains[0].upstream() == [b.chains[0]] and b.chains[0].upstream() == [a.chains[0]]
-    order = s.graph.producers_of(s.vars["c"])
+    order = graph.producers_of(s.vars["c"])
     assert [(chain.request.call_id, depth) for chain, depth in order] == [("c3", 1), ("c2", 2), ("c1", 3)]
     assert s.vars["a"].consumers == [b.chains[0]]
     assert not b.chains[0].ready()
@@ -89,7 +85,7 @@ def test_map_reduce_shape():
         s.call(f"Summarize {{{{chunk{i}}}}}: {{{{s{i}}}}}", [f"s{i}"])
     reduce = s.call("Combine {{s0}} {{s1}} {{s2}} {{s3}}: {{final}}", ["final"])
     assert len(reduce.chains[0].upstream()) == 4
-    assert len(s.graph.producers_of(s.vars["final"])) == 5
+    assert len(graph.producers_of(s.vars["final"])) == 5
 
 
 def test_cycles_and_second_producers_are_refused_without_changing_the_graph():
@@ -97,13 +93,13 @@ def test_cycles_and_second_producers_are_refused_without_changing_the_graph():
     s.call("x {{v}} -> {{w}}", ["w"])
     with pytest.raises(GraphError, match="cycle"):
         s.call("y {{w}} -> {{v}}", ["v"])
-    assert s.vars["v"].producer is None and len(s.graph.requests) == 1
+    assert s.vars["v"].producer is None and len(s.calls) == 1 and not s.vars["w"].consumers
     with pytest.raises(GraphError, match="already produced by call c1"):
         s.call("z: {{w}}", ["w"])
     u = s.var("u")
     request = RequestChain.build("c9", parse_template("q {{a}} -> {{b}}"), {"a": u, "b": u}, {"b": GEN})
     with pytest.raises(GraphError, match="both an input and an output"):
-        s.graph.add(request)
+        graph.add(request)
     s.var("done", "value")
     with pytest.raises(GraphError, match="already has a value"):
         s.call("r: {{done}}", ["done"])

@@ -152,7 +152,7 @@ async def test_map_reduce_runs_the_maps_as_one_group_before_the_reduce(core):
     reduce = await call(core, session, f"Combine: {inputs}\nAll: {{{{total}}}}", **params, total=out("total"))
     await core.vars.get(session, reduce["total"], "throughput", 180)
     groups = {m["request"].chains[0].group for m in maps}
-    assert groups == {(session.executor.app_seq, reduce["request"].seq)}
+    assert groups == {(next(iter(session.calls.values())).seq, reduce["request"].seq)}
     last_map = max(m["request"].timings["finished_at"] for m in maps)
     assert reduce["request"].timings["started_at"] >= last_map
 
@@ -227,15 +227,15 @@ async def test_a_context_another_session_forks_from_outlives_its_session_until_t
     ((_, _, forked_from),) = held_calls
     assert forked_from == next(kw for n, kw in engine.calls if n == "generate")["args"][0]  # A's context
     await core.sessions.delete(first)
-    assert forked_from in core.engines.slots()[0].contexts.contexts  # kept for B
+    assert forked_from in core.contexts.tree(core.engines.slots()[0]).contexts  # kept for B
     gate.set()
     assert (await core.vars.get(second, b["b"], "latency", 120)).value
     assert len(held_calls) == 1 and engine.count("generate") == 2  # B ran once
     for _ in range(100):  # freed in the background once B was done with it
-        if forked_from not in core.engines.slots()[0].contexts.contexts:
+        if forked_from not in core.contexts.tree(core.engines.slots()[0]).contexts:
             break
         await asyncio.sleep(0.05)
-    assert forked_from not in core.engines.slots()[0].contexts.contexts
+    assert forked_from not in core.contexts.tree(core.engines.slots()[0]).contexts
     freed = [i for n, kw in engine.calls if n == "abort" for i in kw["args"][0]]
     freed += [kw["args"][0] for n, kw in engine.calls if n == "free_context"]
     assert forked_from in freed

@@ -118,6 +118,6 @@ async def test_a_session_that_goes_stops_its_work_and_frees_its_contexts(core, h
         await waiter
     # Nothing of it is left on the engine, and the queued call never runs.
     assert after["num_contexts"] <= before["num_contexts"] + 1  # a shared template prefix may stay
-    assert not core.engines.slots()[0].contexts.of_session(session.session_id)
+    assert not core.contexts.tree(core.engines.slots()[0]).of_session(session.session_id)
     await asyncio.sleep(0.5)
     assert (await engine_info(core))["tokens_generated"] == generated

@@ -173,7 +173,7 @@ async def test_values_count_per_client_and_a_restart_counts_them_again(tmp_path)
     core = ServeCore(store=Store(sqlite_url(tmp_path)), limits=limits)
     await core.start()
     try:
-        budget = core.admission.values
+        budget = core.admission.budget
         a, _ = await core.sessions.create(client="10.0.0.1")
         b, _ = await core.sessions.create(client="10.0.0.2")
         for session in (a, a, b, b):
@@ -198,7 +198,7 @@ async def test_values_count_per_client_and_a_restart_counts_them_again(tmp_path)
     again = ServeCore(store=Store(sqlite_url(tmp_path)), limits=limits)
     await again.start()
     try:
-        budget = again.admission.values
+        budget = again.admission.budget
         assert budget.held == 3 * SIZE
         assert (budget.of_session(a.session_id), budget.of_session(c.session_id)) == (2 * SIZE, SIZE)
         restored = again.sessions.get(c.session_id)

@@ -9,70 +9,17 @@ chain before it in its own call. Variables link calls of a session into a DAG.
 
 from __future__ import annotations
 
-import asyncio
 from collections import deque
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 
 from parrot.engines.protocol.schemas import GenerateResponse, StreamEnd
 from parrot.platform.serve.calls.state import CallState
 from parrot.platform.serve.errors import GraphError
 from parrot.platform.serve.variables.formats import read_field
-from parrot.platform.serve.variables.stream import ValueStream
-from parrot.wire.formats import OutputFormat
+from parrot.platform.serve.variables.variable import SemanticVariable
 from parrot.wire.sampling import SamplingParams
 from parrot.wire.template import Chunk, PathStep, PlaceholderChunk, TemplateError, TextChunk
-
-
-@dataclass(eq=False)
-class SemanticVariable:
-    """A named text container of a session; ``ready`` once it holds a value.
-
-    It owns its readiness event: waiting state lives and dies with the variable (never in
-    a table keyed by object addresses, which a later variable could reuse)."""
-
-    var_id: str
-    name: str
-    value: str | None = None
-    error: str | None = None  # why it will never get a value (its producer failed)
-    format: OutputFormat | None = None  # what its value must be (a typed variable), checked when set
-    producer: CompletionChain | None = None
-    consumers: list[CompletionChain] = field(default_factory=list)
-    stored: bool = True  # False in sessions that are not persisted (one-shot OpenAI requests)
-    _settled: asyncio.Event | None = field(default=None, repr=False)
-    _stream: ValueStream | None = field(default=None, repr=False)
-
-    @property
-    def ready(self) -> bool:
-        return self.value is not None
-
-    @property
-    def settled(self) -> asyncio.Event:
-        """Set once the variable has a value or an error."""
-        if self._settled is None:
-            self._settled = asyncio.Event()
-        if self.ready or self.error is not None:
-            self._settled.set()
-        return self._settled
-
-    @property
-    def stream(self) -> ValueStream:
-        """Its text while its producer generates it (made when first asked for)."""
-        if self._stream is None:
-            self._stream = ValueStream()
-        return self._stream
-
-    def end_stream(self, finish_reason: str | None = None) -> None:
-        """It settled: whoever streams it reads the rest and ends."""
-        if self._stream is not None:
-            self._stream.close(finish_reason)
-
-    @property
-    def partial(self) -> str | None:
-        """What its producer generated so far, while it runs (None: no text yet, or settled)."""
-        if self._stream is None or self.value is not None or self.error is not None:
-            return None
-        return self._stream.text or None
 
 
 @dataclass(eq=False)
@@ -98,8 +45,6 @@ class PlaceholderFill:
 class PlaceholderGen:
     var: SemanticVariable
     sampling: SamplingParams
-    # Set by a streaming client (the OpenAI front): receives each text delta as generated.
-    on_token: Callable[[str], None] | None = None
     placeholder: str = ""  # the template's name for it (its variable may be named otherwise)
 
 
@@ -236,11 +181,10 @@ class RequestChain:
         pieces: list[str],
         output: SemanticVariable,
         sampling: SamplingParams,
-        on_token: Callable[[str], None] | None = None,
     ) -> RequestChain:
         """Text pieces as they are (no template parsing), then one generation."""
         fills: list[FillNode] = [ConstantFill(p) for p in pieces if p]
-        gen = PlaceholderGen(output, sampling, on_token)
+        gen = PlaceholderGen(output, sampling)
         request = cls(call_id, [*fills, gen])
         request.chains.append(CompletionChain(request, 0, fills, gen))
         return request
@@ -268,83 +212,81 @@ class RequestChain:
         return [v for c in self.chains for v in c.input_vars()]
 
 
-class Graph:
-    """The DAG of one session's calls."""
+def add(call: RequestChain) -> None:
+    """Link a new call into its session's DAG, or raise :class:`GraphError` (nothing
+    changes then)."""
+    outputs = call.output_vars()
+    for var in outputs:
+        if var.producer is not None:
+            raise GraphError(
+                f"variable {var.name!r} ({var.var_id}) is already produced by call "
+                f"{var.producer.request.call_id}"
+            )
+        if var.ready:
+            raise GraphError(
+                f"variable {var.name!r} ({var.var_id}) already has a value; it cannot be an output"
+            )
+    out_ids = {v.var_id for v in outputs}
+    for var in call.input_vars():
+        if var.var_id in out_ids:
+            raise GraphError(f"variable {var.name!r} is both an input and an output of this call")
+    # A cycle: some chain upstream of this call's inputs consumes one of its outputs.
+    for chain in _ancestors(call):
+        hit = next((v for v in chain.input_vars() if v.var_id in out_ids), None)
+        if hit is not None:
+            raise GraphError(
+                f"call would create a cycle: its output {hit.name!r} feeds call {chain.request.call_id}, "
+                "which this call depends on"
+            )
+    link(call)
 
-    def __init__(self) -> None:
-        self.requests: dict[str, RequestChain] = {}
 
-    def add(self, request: RequestChain) -> None:
-        """Link a new call in, or raise :class:`GraphError` (nothing changes then)."""
-        outputs = request.output_vars()
-        for var in outputs:
-            if var.producer is not None:
-                raise GraphError(
-                    f"variable {var.name!r} ({var.var_id}) is already produced by call "
-                    f"{var.producer.request.call_id}"
-                )
-            if var.ready:
-                raise GraphError(
-                    f"variable {var.name!r} ({var.var_id}) already has a value; it cannot be an output"
-                )
-        out_ids = {v.var_id for v in outputs}
-        for var in request.input_vars():
-            if var.var_id in out_ids:
-                raise GraphError(f"variable {var.name!r} is both an input and an output of this call")
-        # A cycle: some chain upstream of this call's inputs consumes one of its outputs.
-        for chain in self._ancestors(request):
-            hit = next((v for v in chain.input_vars() if v.var_id in out_ids), None)
-            if hit is not None:
-                raise GraphError(
-                    f"call would create a cycle: its output {hit.name!r} feeds call {chain.request.call_id}, "
-                    "which this call depends on"
-                )
-        self.link(request)
+def link(call: RequestChain) -> None:
+    """Link a call in without checks: for calls restored from the store, which were
+    checked when they were first submitted. The DAG is the variables' links (each output's
+    producer, each input's consumers): a session's calls themselves are its own."""
+    for chain in call.chains:
+        chain.gen.var.producer = chain
+        for var in chain.input_vars():
+            var.consumers.append(chain)
 
-    def link(self, request: RequestChain) -> None:
-        """Link a call in without checks: for calls restored from the store, which were
-        checked when they were first submitted."""
-        for chain in request.chains:
-            chain.gen.var.producer = chain
-            for var in chain.input_vars():
-                var.consumers.append(chain)
-        self.requests[request.call_id] = request
 
-    def unlink(self, request: RequestChain) -> None:
-        """Undo :meth:`link` (a call whose store write failed: it never existed)."""
-        for chain in request.chains:
-            if chain.gen.var.producer is chain:
-                chain.gen.var.producer = None
-            for var in chain.input_vars():
-                if chain in var.consumers:
-                    var.consumers.remove(chain)
-        self.requests.pop(request.call_id, None)
+def unlink(call: RequestChain) -> None:
+    """Undo :func:`link` (a call whose store write failed: it never existed)."""
+    for chain in call.chains:
+        if chain.gen.var.producer is chain:
+            chain.gen.var.producer = None
+        for var in chain.input_vars():
+            if chain in var.consumers:
+                var.consumers.remove(chain)
 
-    def _ancestors(self, request: RequestChain) -> Iterator[CompletionChain]:
-        seen: set[str] = set()
-        stack = [v.producer for v in request.input_vars() if v.producer is not None]
-        while stack:
-            chain = stack.pop()
-            if chain.key in seen:
-                continue
-            seen.add(chain.key)
-            yield chain
-            stack.extend(chain.upstream())
 
-    def producers_of(self, var: SemanticVariable) -> list[tuple[CompletionChain, int]]:
-        """The chains that must run for ``var`` to get its value, with their depth (1 = its
-        producer), nearest first: what a ``get`` activates, backwards through the DAG."""
-        found: list[tuple[CompletionChain, int]] = []
-        seen: set[str] = set()
-        queue = deque([(var.producer, 1)] if var.producer is not None else [])
-        while queue:
-            chain, depth = queue.popleft()
-            if chain.key in seen:
-                continue
-            seen.add(chain.key)
-            found.append((chain, depth))
-            queue.extend((up, depth + 1) for up in chain.upstream())
-        return found
+def _ancestors(call: RequestChain) -> Iterator[CompletionChain]:
+    seen: set[str] = set()
+    stack = [v.producer for v in call.input_vars() if v.producer is not None]
+    while stack:
+        chain = stack.pop()
+        if chain.key in seen:
+            continue
+        seen.add(chain.key)
+        yield chain
+        stack.extend(chain.upstream())
+
+
+def producers_of(var: SemanticVariable) -> list[tuple[CompletionChain, int]]:
+    """The chains that must run for ``var`` to get its value, with their depth (1 = its
+    producer), nearest first: what a ``get`` activates, backwards through the DAG."""
+    found: list[tuple[CompletionChain, int]] = []
+    seen: set[str] = set()
+    queue = deque([(var.producer, 1)] if var.producer is not None else [])
+    while queue:
+        chain, depth = queue.popleft()
+        if chain.key in seen:
+            continue
+        seen.add(chain.key)
+        found.append((chain, depth))
+        queue.extend((up, depth + 1) for up in chain.upstream())
+    return found
 
 
 def placeholder_names(chunks: list[Chunk]) -> list[str]:

@@ -4,24 +4,23 @@ Three kinds of call arrive here: a templated call (``POST /v1/semantic_call``), 
 transform (native string work on the ServeCore) and a prompt (the OpenAI front: constant
 text pieces, one generation). Each is built into a :class:`RequestChain`, linked into its
 session's graph (or refused, changing nothing), stored with its new variables, and only
-then handed to the session's executor. From there on its state advances in the
-:class:`~parrot.platform.serve.calls.ledger.CallLedger`. After a restart, unfinished calls
-are rebuilt from their records and run again.
+then handed to the :class:`~parrot.platform.serve.calls.drive.CallDriver`, the one place
+its state advances from there on. After a restart, unfinished calls are rebuilt from their
+records and run again.
 """
 
 from __future__ import annotations
 
-import itertools
 import logging
-import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import msgspec
 
 from parrot.engines.protocol.errors import BadRequestError, EngineUnavailableError, NotFoundError, ParrotError
-from parrot.platform.serve.calls import transforms
-from parrot.platform.serve.calls.graph import RequestChain, SemanticVariable
+from parrot.platform.serve.calls import graph, transforms
+from parrot.platform.serve.calls.drive import CallDriver
+from parrot.platform.serve.calls.graph import RequestChain
 from parrot.platform.serve.calls.recovery import rebuild_call
 from parrot.platform.serve.calls.typed_outputs import check_formats, check_paths, type_outputs
 from parrot.platform.serve.errors import NoEngineError, SessionClosedError, UnknownModelError
@@ -29,8 +28,10 @@ from parrot.platform.serve.journal import Journal
 from parrot.platform.serve.limits.admission import Admission
 from parrot.platform.serve.scheduler.global_scheduler import GlobalScheduler
 from parrot.platform.serve.scheduler.task import LATENCY, THROUGHPUT
-from parrot.platform.serve.sessions.service import Session, SessionService
+from parrot.platform.serve.sessions.service import SessionService
+from parrot.platform.serve.sessions.session import Session
 from parrot.platform.serve.variables.service import VariableService, check_criteria, new_id
+from parrot.platform.serve.variables.variable import SemanticVariable
 from parrot.platform.store.models import CallRecord
 from parrot.wire.formats import OutputFormat
 from parrot.wire.sampling import SamplingParams
@@ -55,13 +56,18 @@ class Binding:
 
 class CallService:
     def __init__(
-        self, journal: Journal, admission: Admission, variables: VariableService, scheduler: GlobalScheduler
+        self,
+        journal: Journal,
+        admission: Admission,
+        variables: VariableService,
+        scheduler: GlobalScheduler,
+        driver: CallDriver,
     ) -> None:
         self.journal = journal
         self.admission = admission
-        self.variables = variables
-        self.scheduler = scheduler
-        self._seq = itertools.count(1)  # call submission order, kept across restarts
+        self.vars = variables
+        self.scheduler = scheduler  # asked which engines serve a model
+        self.driver = driver
 
     async def submit(
         self,
@@ -99,9 +105,9 @@ class CallService:
                 raise BadRequestError(f"input {p.name!r} cannot have sampling settings")
             elif p.var_id is None and p.value is None:
                 raise BadRequestError(f"input {p.name!r} needs a var_id or a value")
-        check_formats(bindings, self.variables.check_format)
+        check_formats(bindings, self.vars.check_format)
         self._require_engine(models)
-        named = {p.name: self.variables.find(session, p.var_id) for p in bindings if p.var_id is not None}
+        named = {p.name: self.vars.find(session, p.var_id) for p in bindings if p.var_id is not None}
         retyped = type_outputs(bindings, named, outputs)
         # New variables (inputs given by value, fresh outputs) join the session only if the
         # call is accepted: a rejected call leaves nothing behind.
@@ -150,7 +156,7 @@ class CallService:
                 raise BadRequestError(f"transform input {n}: give a var_id or a value")
             self.admission.check_value(item.value, f"transform input {n}")
             if item.var_id is not None:
-                bound[item.name] = self.variables.find(session, item.var_id)
+                bound[item.name] = self.vars.find(session, item.var_id)
             else:
                 bound[item.name] = SemanticVariable(new_id("var"), item.name, item.value)
                 fresh.append(bound[item.name])
@@ -168,7 +174,6 @@ class CallService:
         pieces: list[str],
         sampling: SamplingParams,
         models: list[str],
-        on_token: Callable[[str], None] | None = None,
     ) -> RequestChain:
         """One latency-critical generation after text ``pieces``, taken as they are (no
         template, so braces are just text): how the OpenAI front runs a request. The pieces
@@ -178,10 +183,10 @@ class CallService:
         for piece in pieces:
             self.admission.check_text(piece, "the prompt")
         if sampling.format is not None:  # a 400 / 413 now, not a failed generation later
-            self.variables.check_format(sampling.format)
+            self.vars.check_format(sampling.format)
         self._require_engine(models)
         out = SemanticVariable(new_id("var"), "completion")
-        request = RequestChain.prompt(new_id("call"), pieces, out, sampling, on_token)
+        request = RequestChain.prompt(new_id("call"), pieces, out, sampling)
         await self._accept(session, request, {"completion": out}, [out], [], "", models, LATENCY)
         return request
 
@@ -204,25 +209,24 @@ class CallService:
             session.session_id, len(session.vars), len(fresh), len(session.calls), 1
         )
         # Inputs given by value: charged to the session's values (429 / 507), all or none.
-        charged = self.admission.values.take(session.session_id, [(v.var_id, v.value) for v in fresh])
+        charged = self.admission.budget.take(session.session_id, [(v.var_id, v.value) for v in fresh])
         try:
             self.admission.admit_call(request)
         except BaseException:
-            self.admission.values.give_back(charged)
+            self.admission.budget.give_back(charged)
             raise
         try:
-            session.graph.add(request)
+            graph.add(request)
         except BaseException:
             self.admission.call_settled(request.call_id)
-            self.admission.values.give_back(charged)
+            self.admission.budget.give_back(charged)
             raise
-        request.seq = next(self._seq)
+        self.driver.number(request)
         for param in stored:
             param["var_id"] = bound[param["name"]].var_id
-        request.timings["submitted_at"] = time.time()
         session.calls[request.call_id] = request
-        writes = [w for var in fresh if (w := self.variables.add(session, var)) is not None]
-        writes += [w for var, fmt in retyped if (w := self.variables.retype(var, fmt)) is not None]
+        writes = [w for var in fresh if (w := self.vars.add(session, var)) is not None]
+        writes += [w for var, fmt in retyped if (w := self.vars.retype(var, fmt)) is not None]
         if session.stored:
             writes.append(
                 self.journal.record(
@@ -242,15 +246,15 @@ class CallService:
             await self.journal.commit(*writes)
         except ParrotError:
             self.admission.call_settled(request.call_id)
-            session.graph.unlink(request)
+            graph.unlink(request)
             session.calls.pop(request.call_id, None)
-            self.variables.forget(session, fresh)
+            self.vars.forget(session, fresh)
             for var, _ in retyped:
-                self.variables.untype(var)
+                self.vars.untype(var)
             raise
         if session.closed:
             raise SessionClosedError(f"session {session.session_id!r} was deleted")
-        self._run(session, request, tuple(models), output_criteria or THROUGHPUT)
+        self.driver.start(session, request, tuple(models), output_criteria or THROUGHPUT)
         return request, request.outputs()
 
     def _require_engine(self, models: list[str]) -> None:
@@ -267,11 +271,6 @@ class CallService:
         if not any(s.up for s in serving):
             raise EngineUnavailableError("every engine that serves the model(s) asked for is down")
 
-    def _run(self, session: Session, request: RequestChain, models: tuple[str, ...], criteria: str) -> None:
-        if criteria == LATENCY:
-            self.variables.activate(session, request.output_vars())
-        session.executor.submit(request, models, criteria)
-
     def find(self, session: Session, call_id: str) -> RequestChain:
         request = session.calls.get(call_id)
         if request is None:
@@ -284,21 +283,18 @@ class CallService:
             session = sessions.get(record.session_id)
             if session is None:
                 continue
-            self._seq = itertools.count(record.seq + 1)
             try:
                 self._restore_call(session, record)
             except (ParrotError, KeyError) as error:  # a record this version cannot rebuild
                 log.error("call %s could not be restored: %s", record.call_id, error)
 
     def _restore_call(self, session: Session, record: CallRecord) -> None:
-        request = rebuild_call(record, session.vars)
-        request.seq = record.seq
-        session.graph.link(request)
-        session.calls[record.call_id] = request
-        if request.state.settled:
+        call = rebuild_call(record, session.vars)
+        self.driver.restore(call, record)
+        graph.link(call)
+        session.calls[record.call_id] = call
+        if call.state.settled:
             return
-        for mark in ("started_at", "first_token_at"):  # it runs again from the start
-            request.timings.pop(mark, None)
-        self.admission.track_call(request)
+        self.admission.track_call(call)
         log.info("re-queueing call %s of session %s", record.call_id, session.session_id)
-        self._run(session, request, tuple(record.models), record.output_criteria or THROUGHPUT)
+        self.driver.start(session, call, tuple(record.models), record.output_criteria or THROUGHPUT)

@@ -11,8 +11,8 @@ from typing import TYPE_CHECKING
 import msgspec
 
 from parrot.engines.protocol.errors import BadFormatError
-from parrot.platform.serve.calls.graph import SemanticVariable
 from parrot.platform.serve.variables.formats import unreachable
+from parrot.platform.serve.variables.variable import SemanticVariable
 from parrot.wire.formats import OutputFormat
 from parrot.wire.sampling import SamplingParams
 from parrot.wire.template import Chunk, PlaceholderChunk

@@ -22,7 +22,7 @@ import asyncio
 import contextlib
 import logging
 from collections import Counter
-from collections.abc import Callable, Coroutine, Iterable, Sequence
+from collections.abc import Coroutine, Sequence
 
 from parrot.platform.serve.contexts.leases import AheadFill, AheadLease, Lease, Result
 from parrot.platform.serve.contexts.orphans import claim_region, free_orphans, region_range
@@ -62,16 +62,10 @@ class ContextAccountingError(RuntimeError):
 
 
 class ContextManager:
-    def __init__(
-        self,
-        pressure: MemoryPressure,
-        text_chars: int,
-        slots: Callable[[], Iterable[EngineSlot]] = tuple,
-    ) -> None:
+    def __init__(self, pressure: MemoryPressure) -> None:
         self.pressure = pressure
-        self.text_chars = text_chars  # text contexts (OpenAI engines) kept at most, in characters
-        self._slots = slots  # the engines, as their owner (the scheduler) lists them
         self.ids = context_ids()
+        self._trees: dict[EngineSlot, ContextTree] = {}  # by engine: the contexts held there
         # Context-id regions of earlier runs: their contexts are freed on each engine
         # registered (platform/serve/contexts/orphans.py).
         self.orphan_regions: tuple[int, ...] = ()
@@ -88,8 +82,17 @@ class ContextManager:
         region, self.orphan_regions = await claim_region(store)
         self.ids = context_ids(region_range(region)[0])
 
-    def new_tree(self, text: bool) -> ContextTree:
-        return ContextTree(self.ids, text)
+    def track(self, slot: EngineSlot) -> None:
+        """``slot`` is a new engine of this ServeCore: an empty tree of contexts for it."""
+        self._trees[slot] = ContextTree(self.ids, slot.text)
+
+    def tree(self, slot: EngineSlot) -> ContextTree:
+        """The contexts held on ``slot`` (to read: only this manager changes them)."""
+        return self._trees[slot]
+
+    def matched(self, slot: EngineSlot, symbols: Sequence) -> int:
+        """How much of ``symbols`` a context on ``slot`` holds (or is computing)."""
+        return self._trees[slot].matched(symbols)
 
     async def free_orphans(self, engine_name: str, client) -> int:
         return await free_orphans(engine_name, client, self.orphan_regions)
@@ -102,13 +105,14 @@ class ContextManager:
             for lease in [h for h in hold.held if h.slot is slot]:
                 hold.held.remove(lease)
                 self._unref(lease, lease.context)
-        self._stale.setdefault(slot, []).append(slot.contexts)
-        slot.contexts = ContextTree(slot.contexts.ids, slot.contexts.text)
+        self._stale.setdefault(slot, []).append(self._trees[slot])
+        self._trees[slot] = ContextTree(self.ids, slot.text)
 
     def forget(self, slot: EngineSlot) -> None:
         """``slot`` is no longer an engine of this ServeCore."""
         self._stale.pop(slot, None)
         self._counts.pop(slot, None)
+        self._trees.pop(slot, None)
 
     async def free_stale(self, slot: EngineSlot) -> None:
         """``slot`` answers again: free what its trees of before it went down held."""
@@ -123,7 +127,7 @@ class ContextManager:
     def place(self, task: CompletionTask, slot: EngineSlot, prompt: Prompt) -> Lease:
         """The task's contexts on ``slot``: it forks from the context holding its longest
         prefix, at the length matched; at least one token is computed by its request."""
-        tree, symbols = slot.contexts, prompt.symbols
+        tree, symbols = self._trees[slot], prompt.symbols
         point = tree.fork_point(symbols)
         length = min(point.length, len(symbols) - 1)
         parent = point.parent if length > 0 else None
@@ -166,7 +170,7 @@ class ContextManager:
         """Contexts for filling ``prompt`` (a waiting chain's known prefix) ahead on ``slot``,
         held for the chain; None when under ``min_new`` symbols of it are new there, or the
         engine's memory is for running tasks first."""
-        tree, symbols = slot.contexts, prompt.symbols
+        tree, symbols = self._trees[slot], prompt.symbols
         point = tree.fork_point(symbols)
         if len(symbols) - point.length < min_new:
             return None  # (nearly) all of it is there already
@@ -206,7 +210,7 @@ class ContextManager:
 
     # -- sessions and memory ----------------------------------------------------------------
     def of_session(self, session_id: str) -> dict[EngineSlot, list[EngineContext]]:
-        return {slot: slot.contexts.of_session(session_id) for slot in self._slots()}
+        return {slot: tree.of_session(session_id) for slot, tree in self._trees.items()}
 
     async def drop_session(self, session_id: str, before: dict[EngineSlot, list[EngineContext]]) -> None:
         """Free a session's contexts (``before``: those it had before its running tasks
@@ -215,14 +219,17 @@ class ContextManager:
         for key in [k for k, ahead in self._holds.items() if ahead.session_id == session_id]:
             self.release_hold(key)
         for slot, gone in before.items():
-            gone = gone + slot.contexts.of_session(session_id)  # made while the jobs stopped
+            if slot not in self._trees:
+                continue  # removed meanwhile
+            tree = self._trees[slot]
+            gone = gone + tree.of_session(session_id)  # made while the jobs stopped
             for ctx in set(gone):
                 if ctx.refs > 0 and ctx.state == READY:
                     # Another session's task forks from it (its request may not have reached
                     # the engine yet): it is freed when the last such task is done with it.
                     ctx.doomed = True
                 else:
-                    self._forget(slot, slot.contexts, ctx)
+                    self._forget(slot, tree, ctx)
             # Those its stopped tasks discarded too: their frees run in the background.
             await free_on_engine(slot.client, sorted({c.context_id for c in gone if not c.doomed}))
 
@@ -230,13 +237,13 @@ class ContextManager:
         """Free contexts no task needs (``queued``: the prompts of the queued tasks, which
         will fork from them), least recently used first, while the engine's KV use is
         above the pressure mark, or the contexts held exceed what the engine can hold."""
-        tree = slot.contexts
+        tree = self._trees[slot]
         info = slot.info
         total, used, block = info.get("kv_blocks_total"), info.get("kv_blocks_used"), info.get("block_size")
         to_free = 0  # symbols
         if total and block and used is not None and used > self.pressure.high * total:
             to_free = int((used - self.pressure.low * total) * block)
-        limit = self.text_chars if slot.text else slot.token_capacity
+        limit = self.pressure.text_chars if slot.text else slot.token_capacity
         if limit is not None:
             to_free = max(to_free, tree.held_symbols() - limit)
         if to_free <= 0:
@@ -259,12 +266,12 @@ class ContextManager:
         if self._frees:
             await asyncio.wait(list(self._frees), timeout=free_timeout_s)
         frees = []
-        for slot in self._slots():
-            gone = list(slot.contexts.contexts.values())
+        for slot, tree in self._trees.items():
+            gone = list(tree.contexts.values())
             if not slot.up or not gone:
                 continue
             for ctx in gone:
-                self._forget(slot, slot.contexts, ctx)
+                self._forget(slot, tree, ctx)
             frees.append(
                 asyncio.wait_for(free_on_engine(slot.client, [c.context_id for c in gone]), free_timeout_s)
             )
@@ -289,7 +296,7 @@ class ContextManager:
         """Forget contexts and free them on their engine, off the critical path. Those of
         a tree from before the engine went down stay in it: they are freed all at once if
         the engine answers again."""
-        if tree is not slot.contexts:
+        if tree is not self._trees.get(slot):
             return
         gone = [c for c in contexts if c.context_id in tree.contexts]
         for ctx in gone:
@@ -316,9 +323,9 @@ class ContextManager:
                 expected[lease.context] += 1
                 if lease.context.context_id not in lease.tree.contexts:
                     problems.append(f"context {lease.context.context_id} held for {key} after it was freed")
-        for slot in self._slots():
+        for slot, current in self._trees.items():
             live = 0
-            for tree in [slot.contexts, *self._stale.get(slot, ())]:
+            for tree in [current, *self._stale.get(slot, ())]:
                 problems += [f"engine {slot.engine_id}: {p}" for p in tree.problems()]
                 for ctx in tree.contexts.values():
                     live += 1
@@ -327,7 +334,7 @@ class ContextManager:
                             f"engine {slot.engine_id}: context {ctx.context_id} has refs={ctx.refs}, "
                             f"but {expected[ctx]} leases and holds use it"
                         )
-                    if ctx.doomed and ctx.refs <= 0 and tree is slot.contexts:
+                    if ctx.doomed and ctx.refs <= 0 and tree is current:
                         problems.append(
                             f"engine {slot.engine_id}: doomed context {ctx.context_id} is not freed"
                         )

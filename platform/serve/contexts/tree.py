@@ -34,10 +34,14 @@ class MemoryPressure:
 
     high: float = 0.9
     low: float = 0.75
+    # Text contexts (OpenAI engines) kept at most per engine, in characters, before the oldest go.
+    text_chars: int = 64 * 2**20
 
     def __post_init__(self) -> None:
         if not 0 < self.low <= self.high <= 1:
             raise ValueError(f"need 0 < low <= high <= 1, got low={self.low} high={self.high}")
+        if self.text_chars < 0:
+            raise ValueError(f"text_chars must not be negative, got {self.text_chars}")
 
 
 @dataclass(eq=False)

@@ -1,8 +1,8 @@
 """The engines the ServeCore schedules on: registration, removal, and their records.
 
 Engines are registered by URL (a running ``parrot engine``) or as an OpenAI-compatible
-endpoint; each becomes an :class:`EngineSlot` of the scheduler (which owns the set of
-slots: the registry asks it), and its record is stored
+endpoint; each becomes an :class:`EngineSlot` handed to the scheduler (which owns the
+slots from then on), and its record is stored
 so a restarted ServeCore finds its engines again. An engine that does not answer at
 restore is kept, marked down, until the monitor sees it answer again.
 
@@ -25,12 +25,13 @@ from dataclasses import dataclass, field
 
 from parrot.engines.protocol.errors import BadRequestError, ConflictError, NotFoundError, ParrotError
 from parrot.engines.protocol.urls import public_url
+from parrot.platform.serve.contexts.manager import ContextManager
 from parrot.platform.serve.engines.client import Engine, HttpEngine
+from parrot.platform.serve.engines.settings import EngineSettings
 from parrot.platform.serve.engines.tokenizers import TokenizerManager
 from parrot.platform.serve.engines.url import check_engine_url
 from parrot.platform.serve.journal import Journal
 from parrot.platform.serve.scheduler.global_scheduler import GlobalScheduler
-from parrot.platform.serve.scheduler.health import HealthSettings
 from parrot.platform.serve.scheduler.slot import EngineSlot
 from parrot.platform.store.models import EngineRecord
 
@@ -70,10 +71,10 @@ class EngineSpec:
 FIRST_PING_S = 10.0  # the first ping of an engine being registered
 
 
-def _connect(spec: EngineSpec, health: HealthSettings) -> Engine:
+def _connect(spec: EngineSpec, settings: EngineSettings, ping_timeout_s: float) -> Engine:
     if spec.kind == BUILTIN:
         check_engine_url(spec.url)
-        return HttpEngine(spec.url, timeout_s=health.request_timeout_s, ping_timeout_s=health.timeout_s)
+        return HttpEngine(spec.url, timeout_s=settings.request_timeout_s, ping_timeout_s=ping_timeout_s)
     if spec.kind == OPENAI:
         from parrot.engines.openai.config import OpenAIEngineConfig
         from parrot.engines.openai.engine import OpenAIEngine
@@ -86,7 +87,7 @@ def _connect(spec: EngineSpec, health: HealthSettings) -> Engine:
                 model=spec.model,
                 api_key=spec.api_key,
                 api=spec.api,
-                capacity=spec.capacity or health.openai_capacity,
+                capacity=spec.capacity or settings.openai_capacity,
             )
         )
     raise BadRequestError(f"engine kind must be {BUILTIN!r} or {OPENAI!r}, got {spec.kind!r}")
@@ -96,12 +97,16 @@ class EngineRegistry:
     def __init__(
         self,
         scheduler: GlobalScheduler,
+        contexts: ContextManager,
         journal: Journal,
         tokenizers: TokenizerManager,
+        settings: EngineSettings,
     ) -> None:
         self.scheduler = scheduler
+        self.contexts = contexts  # frees what earlier runs left on an engine being registered
         self.journal = journal
         self.tokenizers = tokenizers
+        self.settings = settings
         self.specs: dict[str, EngineSpec] = {}
         self._ids = itertools.count(1)
 
@@ -117,16 +122,17 @@ class EngineRegistry:
         for known_id, known in self.specs.items():
             if known.public_url == url and (known.model == spec.model or spec.kind == BUILTIN):
                 raise ConflictError(f"engine {url} is already registered as {known_id}")
-        client = _connect(spec, self.scheduler.health)
+        ping_s = self.scheduler.health.timeout_s
+        client = _connect(spec, self.settings, ping_s)
         model, up, info = spec.model or stored_model or "", True, {}
         try:
             # A new registration waits longer than a health ping: an engine that has just
             # started may be slow to answer its first one (a restore keeps the short ping, so
             # engines that are down do not hold the start up).
-            first = None if stored_model is not None else max(self.scheduler.health.timeout_s, FIRST_PING_S)
+            first = None if stored_model is not None else max(ping_s, FIRST_PING_S)
             info = await client.ping(first)
             model = info["model"]
-            await self.scheduler.contexts.free_orphans(url, client)
+            await self.contexts.free_orphans(url, client)
         except ParrotError as error:
             if stored_model is None:
                 await client.aclose()
@@ -137,15 +143,11 @@ class EngineRegistry:
         tokenize = getattr(client, "tokenize", None)  # engines that take token ids
         if tokenize is not None and up and not self.tokenizers.has_local(model):
             await self._load_tokenizer(model, client)
-        tree = self.scheduler.contexts.new_tree(text=tokenize is None)
-        slot = EngineSlot(engine_id, model, client, tree, tokenize)
-        slot.up = up
+        slot = EngineSlot(engine_id, model, client, text=tokenize is None, tokenize=tokenize)
         self.specs[engine_id] = spec
         # A builtin engine says how many jobs it runs at once (its ping); an endpoint does not.
-        default = None if spec.kind == BUILTIN else self.scheduler.health.openai_capacity
-        limit = spec.capacity or default
-        self.scheduler.add_engine(slot, task_limit=limit)
-        slot.update(info, limit)
+        default = None if spec.kind == BUILTIN else self.settings.openai_capacity
+        self.scheduler.add_engine(slot, task_limit=spec.capacity or default, info=info, up=up)
         done = self.journal.record(
             lambda store: store.save_engine(
                 engine_id, spec.kind, spec.url, model, spec.config(), {"api_key": spec.api_key or ""}

@@ -1,7 +1,7 @@
 """Admission: the ServeCore's :class:`Limits` checked before anything is created.
 
 Counts are kept here (sessions per client address, calls not finished yet, and in
-:attr:`Admission.values` the bytes of values held) so a check is a dictionary lookup, not a
+:attr:`Admission.budget` the bytes of values held) so a check is a dictionary lookup, not a
 scan of every session. A check and the count it guards change in
 the same step of the event loop (no ``await`` between them), so concurrent requests cannot
 both slip under a limit.
@@ -27,7 +27,7 @@ class Admission:
         self._clients: dict[str, set[str]] = {}  # client address -> its live session ids
         self._client_of: dict[str, str] = {}  # session id -> client address
         self._pending: dict[str, RequestChain] = {}  # call id -> call not finished yet
-        self.values = ValueBudget(self.limits)  # the bytes of values, per session and client
+        self.budget = ValueBudget(self.limits)  # the bytes of values, per session and client
 
     # -- sizes (413), and text that can be stored (400) ------------------------------------
     def check_value(self, value: str | None, what: str) -> None:
@@ -66,14 +66,14 @@ class Admission:
                 )
             self._clients.setdefault(client, set()).add(session_id)
             self._client_of[session_id] = client
-        self.values.open(session_id, client)
+        self.budget.open(session_id, client)
 
     def close_session(
         self, session_id: str, calls: Iterable[str] = (), variables: Iterable[str] = ()
     ) -> None:
         """A session is gone: it no longer counts for its client, nor do its calls and the
         values of its ``variables`` (ids)."""
-        self.values.close(session_id, variables)
+        self.budget.close(session_id, variables)
         client = self._client_of.pop(session_id, None)
         if client is not None:
             live = self._clients.get(client, set())

@@ -131,7 +131,7 @@ class OperatorViews:
             tokenizer_misses=self.tokenizers.misses,
             store_failures=self.journal.failures,
             engines=self.engine_views(now),
-            value_bytes=self.sessions.admission.values.held,
+            value_bytes=self.sessions.admission.budget.held,
         )
 
     # -- load history ------------------------------------------------------------------------

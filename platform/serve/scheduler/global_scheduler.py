@@ -6,8 +6,12 @@ task makes its contexts in the engine's tree at once, so the tasks placed right 
 (its task group, and queued tasks sharing its prompt's prefix) find it and go with it: the
 engine sees them together and batches their shared prefix. A task whose engine is lost runs
 again elsewhere; a session that goes takes its queued and running tasks and its contexts
-with it. The scheduler owns the set of engine slots; what they hold is the context
-manager's (platform/serve/contexts/manager.py).
+with it.
+
+The scheduler changes no call: it reports what happened to each task (started, finished,
+failed) on the task's queue, and its submitter advances the call. It owns the engine slots
+and is the one writer of their state (running tasks and load; health and capacity, from the
+monitor's pings); what the engines hold is the context manager's.
 """
 
 from __future__ import annotations
@@ -15,68 +19,56 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Coroutine
+from collections.abc import AsyncIterator, Coroutine, Sequence
 
 from parrot.engines.protocol.errors import ParrotError
-from parrot.platform.serve.calls.graph import CompletionChain
-from parrot.platform.serve.calls.ledger import CallLedger
 from parrot.platform.serve.contexts.leases import Lease
 from parrot.platform.serve.contexts.manager import ContextManager, spawn
 from parrot.platform.serve.contexts.radix import common_prefix
 from parrot.platform.serve.ops.metrics import ServeMetrics
-from parrot.platform.serve.scheduler.health import EngineMonitor, HealthSettings
+from parrot.platform.serve.scheduler.fill_ahead import FillAhead
+from parrot.platform.serve.scheduler.health import EngineMonitor, HealthSettings, Ping
 from parrot.platform.serve.scheduler.policy import SchedulingPolicy
 from parrot.platform.serve.scheduler.prompt import PromptBuilder
 from parrot.platform.serve.scheduler.queue import TaskQueue
-from parrot.platform.serve.scheduler.runner import Requeue, SchedulerStats, TaskRunner
+from parrot.platform.serve.scheduler.runner import Requeue, TaskRunner
 from parrot.platform.serve.scheduler.slot import EngineSlot
-from parrot.platform.serve.scheduler.task import CompletionTask
-from parrot.platform.serve.variables.values import Variables
+from parrot.platform.serve.scheduler.task import (
+    CompletionTask,
+    Failed,
+    Finished,
+    Report,
+    SchedulerStats,
+    Started,
+)
 
 log = logging.getLogger(__name__)
 
-
 MAX_ATTEMPTS = 4  # runs of one task (an engine lost, a parent context gone) before it fails
-FILL_AHEAD_MIN = 16  # tokens: shorter known prefixes are not worth a request of their own
 
 
 class GlobalScheduler:
     def __init__(
         self,
-        variables: Variables,
         prompts: PromptBuilder,
         contexts: ContextManager,
-        engines: dict[str, EngineSlot],
         policy: SchedulingPolicy | None = None,
         health: HealthSettings | None = None,
         metrics: ServeMetrics | None = None,
-        *,
-        calls: CallLedger,
+        parent_wait_s: float = 10.0,
     ) -> None:
-        """``engines``: the slots, empty; this scheduler adds and removes them, ``contexts``
-        (which the ServeCore built over the same slots) owns what they hold."""
-        self.variables = variables
-        self.calls = calls  # told when a task starts: the call's state advances there
+        """``contexts`` owns what the engines hold; this scheduler owns the engines' slots."""
         self.metrics = metrics or ServeMetrics()
-        self.prompts = prompts
         self.policy = policy or SchedulingPolicy()
         self.queue = TaskQueue(self.policy)
-        self.engines = engines
+        self.engines: dict[str, EngineSlot] = {}  # by engine id
         self.fixed_limits: dict[str, int] = {}  # engines with a configured task limit
         self.stats = SchedulerStats()
         self.health = health or HealthSettings()
-        parent_wait_ms = round(1000 * self.health.parent_wait_s)
-        self.runner = TaskRunner(prompts, self.policy, self.stats, self.metrics, parent_wait_ms, calls)
+        self.runner = TaskRunner(prompts, self.policy, self.metrics, round(1000 * parent_wait_s))
         self.contexts = contexts
-        self.monitor = EngineMonitor(
-            self.health,
-            self.contexts,
-            on_down=lambda slot: self.wake(),
-            on_up=lambda slot: self.wake(),
-            queued=self._queued_prompts,
-            fixed_limit=lambda slot: self.fixed_limits.get(slot.engine_id),
-            on_round=self.wake,
-        )
+        self.monitor = EngineMonitor(self.health)
+        self.ahead = FillAhead(prompts, contexts, self.runner, self.stats)
         self._jobs: dict[str, tuple[CompletionTask, asyncio.Task]] = {}  # running, by chain key
         self._background: set[asyncio.Task] = set()
         self._wake = asyncio.Event()
@@ -86,7 +78,7 @@ class GlobalScheduler:
     def start(self, monitor: bool = True) -> None:
         self._loops.append(asyncio.create_task(self._dispatch_loop()))
         if monitor:
-            self._loops.append(asyncio.create_task(self.monitor.run(lambda: list(self.engines.values()))))
+            self._loops.append(asyncio.create_task(self._monitor_loop()))
 
     async def stop(self, free_timeout_s: float = 5.0) -> None:
         """Stop dispatching and running; free what this ServeCore holds on its engines (its
@@ -98,39 +90,117 @@ class GlobalScheduler:
         await self.contexts.stop(free_timeout_s)
 
     def wake(self) -> None:
+        """Look at the queue again (its order changed: a latency get, a new task group)."""
         self._wake.set()
 
-    def add_engine(self, slot: EngineSlot, task_limit: int | None = None) -> None:
+    # -- engines ----------------------------------------------------------------------------
+    def add_engine(
+        self, slot: EngineSlot, task_limit: int | None = None, info: dict | None = None, up: bool = True
+    ) -> None:
+        """A new engine (``info``: its first ping; ``up``: False when it did not answer)."""
         if task_limit is not None:
             self.fixed_limits[slot.engine_id] = task_limit
             slot.task_limit = task_limit
+        slot.up = up
+        self._update(slot, info or {})
         self.engines[slot.engine_id] = slot
-        self.wake()
+        self.contexts.track(slot)
+        self._wake.set()
 
     def remove_engine(self, engine_id: str) -> EngineSlot | None:
         slot = self.engines.pop(engine_id, None)
         self.fixed_limits.pop(engine_id, None)
         if slot is not None:
-            slot.mark_down()  # its running tasks leave it
-            self.contexts.engine_lost(slot)
+            self._lose(slot)  # its running tasks leave it
             self.contexts.forget(slot)
-            self.wake()
+            self._wake.set()
         return slot
-
-    # -- tasks ------------------------------------------------------------------------------
-    def submit(self, task: CompletionTask) -> None:
-        self.queue.add(task)
-        self.wake()
-
-    def prioritize(self, producers: list[tuple[CompletionChain, int]]) -> None:
-        """A latency-critical get: these chains (with their depth upstream of the awaited
-        variable) go first, queued now or later; the deepest first, as the rest wait on it."""
-        for chain, depth in producers:
-            chain.latency_depth = max(depth, chain.latency_depth)
-        self.wake()
 
     def serving(self, models: tuple[str, ...]) -> list[EngineSlot]:
         return [s for s in self.engines.values() if not models or s.model in models]
+
+    def _lose(self, slot: EngineSlot) -> None:
+        """The engine is gone: it is down, its contexts are forgotten (kept to free if it
+        comes back), and its running tasks leave it at once, to run again elsewhere (a hung
+        engine answers nothing: its tasks must not wait for an HTTP timeout)."""
+        slot.up = False
+        self.contexts.engine_lost(slot)
+        for task in list(slot.running.values()):
+            job = self._jobs[task.key][1]
+            if job is not asyncio.current_task():  # (a task that saw the failure itself requeues)
+                task.lost = True
+                job.cancel()
+
+    def _update(self, slot: EngineSlot, info: dict) -> None:
+        """Capacity from a ping: the engine's KV size and its running-job limit."""
+        slot.info = info
+        total, block = info.get("kv_blocks_total"), info.get("block_size")
+        if total and block:
+            slot.token_capacity = int(total) * int(block)
+        if slot.engine_id not in self.fixed_limits and info.get("max_running"):
+            slot.task_limit = int(info["max_running"])
+
+    async def _monitor_loop(self) -> None:
+        while True:
+            await self.check_engines()
+            await asyncio.sleep(self.health.interval_s)
+
+    async def check_engines(self) -> None:
+        """One round of pings, each answer applied to its engine (the monitor loop runs one
+        every ``interval_s``)."""
+        for ping in await self.monitor.ping_all(list(self.engines.values())):
+            try:
+                await self._health(ping)
+            except Exception:  # a bug in one engine's check must not end the monitoring
+                log.exception("engine %s: health check failed", ping.slot.engine_id)
+        self._wake.set()
+
+    async def _health(self, ping: Ping) -> None:
+        """Apply one ping: an engine that stops answering (killed, or stopped and still
+        holding its port) is down after ``max_missed`` pings in a row; when it answers
+        again it is up, and whatever its earlier contexts left on it is freed. Each answer
+        carries its capacity and KV use: above the pressure mark, contexts no task needs
+        are freed, least recently used first."""
+        slot = ping.slot
+        if ping.info is None:
+            slot.missed_pings += 1
+            if slot.up and slot.missed_pings >= self.health.max_missed:
+                log.warning(
+                    "engine %s missed %d pings (%s): down", slot.engine_id, slot.missed_pings, ping.error
+                )
+                self._lose(slot)
+            return
+        slot.missed_pings = 0
+        self._update(slot, ping.info)
+        if not slot.up:
+            log.info("engine %s answers again: up", slot.engine_id)
+            slot.up = True
+            await self.contexts.free_stale(slot)
+        await self.contexts.relieve(slot, self._queued_prompts(slot))
+
+    # -- tasks ------------------------------------------------------------------------------
+    async def run(self, task: CompletionTask) -> AsyncIterator[Report]:
+        """Queue ``task`` and report what happens to it, until it finished or failed."""
+        self.queue.add(task)
+        self._wake.set()
+        try:
+            while not isinstance(report := await task.reports.get(), Finished | Failed):
+                yield report
+            yield report
+        finally:
+            self.queue.remove(task)  # its submitter went (its session is gone)
+
+    async def prepare(self, task: CompletionTask) -> None:
+        """The task's prompt for every kind of engine that may run it (usually one: a model,
+        on builtin engines)."""
+        slots = {s.prompt_key: s for s in self.serving(task.models) if s.up}
+        for slot in slots.values():
+            await self.runner.prompt(task, slot)
+
+    def fill_ahead(self, chain, session_id: str, models: tuple[str, ...], latency: bool) -> None:
+        """Fill a waiting chain's known prefix in the background (see :mod:`.fill_ahead`)."""
+        candidates = [s for s in self.serving(models) if s.up]
+        self.background(self.ahead.fill(chain, session_id, candidates, latency))
 
     async def drop_session(self, session_id: str) -> None:
         """Stop everything of a session: its queued tasks leave, its running generations are
@@ -145,32 +215,29 @@ class GlobalScheduler:
         await asyncio.gather(*jobs, return_exceptions=True)
         await self.contexts.drop_session(session_id, before)
 
+    @property
+    def idle(self) -> bool:
+        """No task is running."""
+        return not self._jobs
+
     # -- dispatch ---------------------------------------------------------------------------
     async def _dispatch_loop(self) -> None:
         while True:
             await self._wake.wait()
             self._wake.clear()
-            self.dispatch()
-
-    def dispatch(self) -> None:
-        for task in self.queue.ordered():
-            if task not in self.queue:
-                continue  # placed with its group or a task sharing its prefix
-            try:
-                self._dispatch(task)
-            except Exception as error:  # a bug: this task fails, the loop and the rest go on
-                log.exception("dispatching call %s failed", task.chain.request.call_id)
-                self.queue.remove(task)
-                self._fail(task, f"internal error: {error!r}")
-
-    def _dispatch(self, task: CompletionTask) -> None:
-        slot = self._pick(task)
-        if slot is None:
-            return
-        self._start(task, slot)
-        for other in self._companions(task, slot):
-            if slot.fits(self._need(other, slot)):
-                self._start(other, slot)
+            for task in self.queue.ordered():
+                if task not in self.queue:
+                    continue  # placed with its group or a task sharing its prefix
+                try:
+                    if (slot := self._pick(task)) is not None:
+                        self._start(task, slot)
+                        for other in self._companions(task, slot):
+                            if slot.fits(self._need(other, slot)):
+                                self._start(other, slot)
+                except Exception as error:  # a bug: this task fails, the loop and the rest go on
+                    log.exception("dispatching call %s failed", task.chain.request.call_id)
+                    self.queue.remove(task)
+                    self._fail(task, f"internal error: {error!r}")
 
     def _pick(self, task: CompletionTask) -> EngineSlot | None:
         serving = self.serving(task.models)
@@ -196,18 +263,18 @@ class GlobalScheduler:
 
         def key(slot: EngineSlot) -> int:
             symbols = task.prompts[slot.prompt_key].symbols
-            return self.policy.placement(task, slot.contexts.matched(symbols), slot.load, len(symbols))
+            matched = self.contexts.matched(slot, symbols)
+            return self.policy.placement(task, matched, slot.load, len(symbols))
 
         return min(free, key=key)
 
-    @staticmethod
-    def _need(task: CompletionTask, slot: EngineSlot) -> int:
+    def _need(self, task: CompletionTask, slot: EngineSlot) -> int:
         """KV tokens the task may add on ``slot``: its output and the part of its prompt the
         engine does not hold (or is not computing) already. Counting the whole prompt made
         64 users of one 2,048-token system prompt look like 134k tokens on a 46k-token
         engine: they ran in three waves."""
         symbols = task.prompts[slot.prompt_key].symbols
-        return task.need(slot.prompt_key) - slot.contexts.matched(symbols)
+        return task.need(slot.prompt_key) - self.contexts.matched(slot, symbols)
 
     def _companions(self, task: CompletionTask, slot: EngineSlot) -> list[CompletionTask]:
         """Queued tasks that should go where ``task`` went: its task group, and (context
@@ -234,51 +301,58 @@ class GlobalScheduler:
         self.stats.reused_tokens += lease.length
         slot.running[task.key] = task
         slot.load += need
-        task.engine_id = slot.engine_id
         task.attempts += 1
-        self.calls.started(task.chain.request, slot.engine_id)
-        job = asyncio.create_task(self._execute(task, lease, need))
-        self._jobs[task.key] = (task, job)
-
-    @property
-    def idle(self) -> bool:
-        """No task is running."""
-        return not self._jobs
+        task.lost = False
+        task.reports.put_nowait(Started(slot.engine_id))
+        self._jobs[task.key] = (task, asyncio.create_task(self._execute(task, lease, need)))
 
     async def _execute(self, task: CompletionTask, lease: Lease, need: int) -> None:
         slot = lease.slot
-        var = task.gen.var
+        report: Report | None
         try:
-            result = await self.runner.run(task, lease)
-            task.chain.result = result
-            self.variables.set_value(var, result.text, result.finish_reason)
-        except Requeue as why:
-            if task.attempts >= MAX_ATTEMPTS:
-                self._fail(task, f"gave up after {task.attempts} attempts: {why}")
-            else:
-                log.warning("call %s runs again: %s", task.chain.request.call_id, why)
-                self.stats.requeued += 1
-                if why.engine_failed and slot.up:  # the monitor brings it back once it answers
-                    slot.mark_down()
-                    self.contexts.engine_lost(slot)
-                    self.wake()
-                self.queue.add(task)
+            report = await self.runner.generate(task, lease)
+            self.stats.done += 1
         except asyncio.CancelledError:
-            raise  # its session is gone (or the ServeCore stops): nothing to report
+            if not task.lost:
+                raise  # its session is gone (or the ServeCore stops): nothing to report
+            asyncio.current_task().uncancel()  # its engine went away: it runs again
+            report = self._retry(task, f"engine {slot.engine_id} stopped answering its pings")
+        except Requeue as why:
+            if why.engine_failed and slot.up:  # the monitor brings it back once it answers
+                self._lose(slot)
+            report = self._retry(task, str(why))
         except ParrotError as error:
-            self._fail(task, str(error))
+            report = Failed(str(error))
         except Exception as error:  # a bug: the variable still carries the reason
             log.exception("task of call %s failed", task.chain.request.call_id)
-            self._fail(task, f"internal error: {error!r}")
+            report = Failed(f"internal error: {error!r}")
         finally:
             slot.running.pop(task.key, None)
             slot.load -= need
             self._jobs.pop(task.key, None)
-            self.wake()
+            self._wake.set()
+        if isinstance(report, Failed):
+            self.stats.failed += 1
+        if report is not None:
+            task.reports.put_nowait(report)
+
+    def _retry(self, task: CompletionTask, reason: str) -> Failed | None:
+        """Queue the task again (None), unless it ran too often or a client already saw some
+        of its text (a rerun would repeat it, or say something else)."""
+        stream = task.gen.var.stream
+        if stream.seen:
+            return Failed(reason)
+        if task.attempts >= MAX_ATTEMPTS:
+            return Failed(f"gave up after {task.attempts} attempts: {reason}")
+        log.warning("call %s runs again: %s", task.chain.request.call_id, reason)
+        stream.restart()
+        self.stats.requeued += 1
+        self.queue.add(task)
+        return None
 
     def _fail(self, task: CompletionTask, reason: str) -> None:
         self.stats.failed += 1
-        self.variables.fail(task.gen.var, reason)
+        task.reports.put_nowait(Failed(reason))
 
     def _prepare_prompt(self, task: CompletionTask, slot: EngineSlot) -> None:
         async def prepare() -> None:
@@ -291,45 +365,13 @@ class GlobalScheduler:
                     log.exception("the prompt of call %s failed", task.chain.request.call_id)
                 self.queue.remove(task)
                 self._fail(task, f"could not tokenize the prompt for {slot.model}: {error}")
-            self.wake()
+            self._wake.set()
 
         self.background(prepare())
 
-    # -- contexts ---------------------------------------------------------------------------
-    def _queued_prompts(self, slot: EngineSlot) -> list:
+    def _queued_prompts(self, slot: EngineSlot) -> list[Sequence]:
         """The prompts queued tasks have on ``slot`` (what they fork from is never evicted)."""
         return [t.prompts[slot.prompt_key].symbols for t in self.queue if slot.prompt_key in t.prompts]
-
-    async def fill_ahead(
-        self, chain: CompletionChain, session_id: str, models: tuple[str, ...], latency: bool
-    ) -> None:
-        """Fill a waiting chain's known prompt prefix (up to its first input without a value)
-        on the engine it will likely run on, so only the rest is computed once it is ready."""
-        candidates = [s for s in self.serving(models) if s.up]
-        if not candidates:
-            return
-        slot = min(candidates, key=lambda s: s.load)
-        fetch = None if slot.text else slot.tokenize
-        try:
-            prompt = await self.prompts.known_prefix(chain, slot.model, fetch, slot.text)
-        except ParrotError:
-            return  # an optimization only
-        if prompt is None or len(prompt) < FILL_AHEAD_MIN or chain.settled or not slot.up:
-            return
-        lease = self.contexts.hold(chain.key, session_id, slot, prompt, FILL_AHEAD_MIN)
-        if lease is None:
-            return
-        try:
-            await self.runner.fill(lease, latency)
-        except ParrotError as error:
-            log.info("fill-ahead of %s failed (%s); the call fills it when it runs", chain.key, error)
-            lease.discard()
-            return
-        except BaseException:
-            lease.discard()
-            raise
-        lease.settle()
-        self.stats.filled_ahead += len(lease.tail)
 
     def background(self, work: Coroutine) -> None:
         spawn(self._background, work)

@@ -1,24 +1,19 @@
-"""The engine monitor: pings, down and up, capacity and memory pressure.
+"""The engine monitor: pings every engine and says what each answered.
 
 Every engine is pinged every ``interval_s``, all at once, each ping bounded by
-``timeout_s``: an engine that stops answering (killed, or stopped and still holding its
-port) misses pings and after ``max_missed`` is marked down within seconds; its running
-tasks leave it at once and run elsewhere. When it answers again it is up, and whatever its
-earlier contexts left on it is freed. Each ping also carries the engine's capacity (KV
-size, running-job limit) and KV usage: the context manager is asked to relieve its memory
-(above the pressure mark, contexts no task needs are freed least recently used first).
-The monitor itself changes no context.
+``timeout_s``. The monitor only asks: the scheduler applies each answer to its engine slot
+(missed pings, down after ``max_missed`` in a row, up again, capacity and memory from the
+ping), since it is the one writer of the slots.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from parrot.engines.protocol.errors import ParrotError
-from parrot.platform.serve.contexts.manager import ContextManager
 from parrot.platform.serve.scheduler.slot import EngineSlot
 
 log = logging.getLogger(__name__)
@@ -31,72 +26,33 @@ class HealthSettings:
     max_missed: int = 2  # missed pings in a row before an engine is down
     # A task whose every engine is down waits this long for one to come back, then fails.
     down_grace_s: float = 15.0
-    # Text contexts (OpenAI engines) kept at most, in characters, before the oldest go.
-    text_chars: int = 64 * 2**20
-    request_timeout_s: float = 600.0  # one request to an engine may take this long
-    # A fork of a context whose own request is still on its way to the engine waits this long.
-    parent_wait_s: float = 10.0
-    openai_capacity: int = 16  # requests at once on an OpenAI endpoint registered without one
 
     def __post_init__(self) -> None:
-        positive = (
-            self.interval_s, self.timeout_s, self.max_missed, self.down_grace_s,
-            self.request_timeout_s, self.parent_wait_s, self.openai_capacity,
-        )
-        if min(positive) <= 0 or self.text_chars < 0:
+        if min(self.interval_s, self.timeout_s, self.max_missed, self.down_grace_s) <= 0:
             raise ValueError("health settings must be positive")
 
 
+@dataclass(frozen=True)
+class Ping:
+    """One engine's answer to a ping: its runtime info, or why it did not answer."""
+
+    slot: EngineSlot
+    info: dict | None
+    error: BaseException | None = None
+
+
 class EngineMonitor:
-    def __init__(
-        self,
-        settings: HealthSettings,
-        contexts: ContextManager,
-        on_down: Callable[[EngineSlot], None],
-        on_up: Callable[[EngineSlot], None],
-        queued: Callable[[EngineSlot], list[Sequence]],
-        fixed_limit: Callable[[EngineSlot], int | None],
-        on_round: Callable[[], None] = lambda: None,
-    ) -> None:
+    def __init__(self, settings: HealthSettings) -> None:
         self.settings = settings
-        self.contexts = contexts
-        self.on_down = on_down
-        self.on_up = on_up
-        self.queued = queued  # the prompts of the queued tasks (never evicted from under them)
-        self.fixed_limit = fixed_limit  # a configured task limit (None: the engine's own)
-        self.on_round = on_round  # after each round of pings
 
-    @property
-    def evicted(self) -> int:
-        return self.contexts.evicted
+    async def ping_all(self, slots: Sequence[EngineSlot]) -> list[Ping]:
+        return list(await asyncio.gather(*(self.ping(slot) for slot in slots)))
 
-    async def run(self, slots: Callable[[], list[EngineSlot]]) -> None:
-        while True:
-            results = await asyncio.gather(*(self.check(s) for s in slots()), return_exceptions=True)
-            for error in results:  # a bug in one engine's check must not end the monitoring
-                if isinstance(error, Exception):
-                    log.error("engine health check failed: %r", error)
-            self.on_round()
-            await asyncio.sleep(self.settings.interval_s)
-
-    async def check(self, slot: EngineSlot) -> None:
+    async def ping(self, slot: EngineSlot) -> Ping:
         try:
             info = await asyncio.wait_for(slot.client.ping(self.settings.timeout_s), self.settings.timeout_s)
         except Exception as error:  # a ParrotError, a timeout, or an answer nobody expected
             if not isinstance(error, ParrotError | TimeoutError):
                 log.warning("engine %s: unexpected ping failure %r", slot.engine_id, error)
-            slot.missed_pings += 1
-            if slot.up and slot.missed_pings >= self.settings.max_missed:
-                log.warning("engine %s missed %d pings (%s): down", slot.engine_id, slot.missed_pings, error)
-                slot.mark_down()
-                self.contexts.engine_lost(slot)
-                self.on_down(slot)
-            return
-        slot.missed_pings = 0
-        slot.update(info, self.fixed_limit(slot))
-        if not slot.up:
-            log.info("engine %s answers again: up", slot.engine_id)
-            slot.mark_up()
-            await self.contexts.free_stale(slot)
-            self.on_up(slot)
-        await self.contexts.relieve(slot, self.queued(slot))
+            return Ping(slot, None, error)
+        return Ping(slot, info)

@@ -13,8 +13,8 @@ from dataclasses import dataclass, replace
 from parrot.engines.protocol.errors import NotFoundError
 from parrot.platform.serve.ops.observe import ContextTreeView, context_tree
 from parrot.platform.serve.scheduler.global_scheduler import GlobalScheduler
-from parrot.platform.serve.scheduler.runner import SchedulerStats
 from parrot.platform.serve.scheduler.slot import EngineSlot
+from parrot.platform.serve.scheduler.task import SchedulerStats
 
 
 @dataclass(frozen=True)
@@ -50,7 +50,7 @@ def take(scheduler: GlobalScheduler) -> SchedulerSnapshot:
             up=slot.up,
             running=len(slot.running),
             task_limit=slot.task_limit,
-            contexts=len(slot.contexts),
+            contexts=len(scheduler.contexts.tree(slot)),
             missed_pings=slot.missed_pings,
             info=dict(slot.info),
         )
@@ -59,7 +59,7 @@ def take(scheduler: GlobalScheduler) -> SchedulerSnapshot:
     return SchedulerSnapshot(
         engines=engines,
         queued=len(scheduler.queue),
-        counters=replace(scheduler.stats, evicted=scheduler.monitor.evicted),
+        counters=replace(scheduler.stats, evicted=scheduler.contexts.evicted),
     )
 
 
@@ -78,4 +78,4 @@ def engine_contexts(scheduler: GlobalScheduler, engine_id: str) -> ContextTreeVi
     slot = scheduler.engines.get(engine_id)
     if slot is None:
         raise NotFoundError(f"engine {engine_id!r} is not registered")
-    return context_tree(engine_id, slot.model, slot.contexts, dict(slot.info))
+    return context_tree(engine_id, slot.model, scheduler.contexts.tree(slot), dict(slot.info))

@@ -18,7 +18,7 @@ import msgspec
 from parrot.engines.protocol.openai_stream import Answer, Delta, Finish, usage
 from parrot.platform.serve.calls.graph import RequestChain
 from parrot.platform.serve.core import ServeCore
-from parrot.platform.serve.sessions.service import Session
+from parrot.platform.serve.sessions.session import Session
 from parrot.wire.chat import ChatTurn
 from parrot.wire.openai_schemas import Usage
 from parrot.wire.sampling import SamplingParams
@@ -45,11 +45,10 @@ async def render_chat(core: ServeCore, model: str, messages: list[ChatTurn]) -> 
 
 
 class OneShot:
-    def __init__(self, core: ServeCore, session: Session, stream: bool) -> None:
+    def __init__(self, core: ServeCore, session: Session) -> None:
         self.core = core
         self.session = session
-        self.requests: list[RequestChain] = []
-        self.queue: asyncio.Queue | None = asyncio.Queue() if stream else None
+        self.calls: list[RequestChain] = []
 
     @classmethod
     async def start(
@@ -59,40 +58,26 @@ class OneShot:
         sampling: SamplingParams,
         n: int,
         model: str,
-        stream: bool = False,
     ) -> OneShot:
         session, _ = await core.sessions.create(stored=False)
-        run = cls(core, session, stream)
+        run = cls(core, session)
         try:
             for index in range(n):
                 seeded = sampling
                 if sampling.seed is not None and index:  # n choices from one seed must differ
                     seeded = msgspec.structs.replace(sampling, seed=sampling.seed + index)
-                on_token = None
-                if run.queue is not None:
-                    on_token = run._token_sink(index)
-                run.requests.append(
-                    await core.calls.submit_prompt(session, pieces, seeded, [model], on_token)
-                )
+                run.calls.append(await core.calls.submit_prompt(session, pieces, seeded, [model]))
         except BaseException:
             await run.close()
             raise
         return run
 
-    def _token_sink(self, index: int):
-        queue = self.queue
-
-        def put(text: str) -> None:
-            queue.put_nowait(Delta(index, text))
-
-        return put
-
     async def answers(self) -> list[Answer]:
         """Wait for every choice (a failed one raises its error); the session is closed."""
         try:
             out = []
-            for request in self.requests:
-                chain = request.chains[0]
+            for call in self.calls:
+                chain = call.chains[0]
                 text = await self.core.vars.wait_value(chain.gen.var)
                 out.append(Answer(text, chain.result.finish_reason, len(chain.result.token_ids)))
             return out
@@ -100,32 +85,43 @@ class OneShot:
             await self.close()
 
     async def events(self) -> AsyncIterator[Delta | Finish]:
-        """Text deltas of all choices as they are generated, and each choice's finish."""
-        watchers = [asyncio.create_task(self._finish(i, r)) for i, r in enumerate(self.requests)]
+        """Text deltas of all choices as they are generated (each choice's output followed
+        as ``GET /v1/semantic_var/{id}/stream`` follows it), and each choice's finish."""
+        queue: asyncio.Queue[Delta | Finish | BaseException] = asyncio.Queue()
+        followers = [asyncio.create_task(self._follow(i, c, queue)) for i, c in enumerate(self.calls)]
         try:
             finished = 0
-            while finished < len(self.requests):
-                event = await self.queue.get()
+            while finished < len(self.calls):
+                event = await queue.get()
                 if isinstance(event, BaseException):
                     raise event
                 finished += isinstance(event, Finish)
                 yield event
         finally:
-            for watcher in watchers:
-                watcher.cancel()
+            for follower in followers:
+                follower.cancel()
             await self.close()
 
-    async def _finish(self, index: int, request: RequestChain) -> None:
-        chain = request.chains[0]
+    async def _follow(self, index: int, call: RequestChain, queue: asyncio.Queue) -> None:
+        chain = call.chains[0]
+        var, stream, position = chain.gen.var, chain.gen.var.stream, 0
+        while True:
+            settled = var.settled.is_set()  # before the read: what follows it is all there
+            text, _, position = stream.read(position)  # (read text is seen: it never reruns)
+            if text:
+                queue.put_nowait(Delta(index, text))
+            if settled:
+                break
+            await stream.changed()
         try:
-            await self.core.vars.wait_value(chain.gen.var)
+            await self.core.vars.wait_value(var)
         except Exception as error:  # the producer failed: the stream ends with its reason
-            self.queue.put_nowait(error)
+            queue.put_nowait(error)
         else:
-            self.queue.put_nowait(Finish(index, chain.result.finish_reason, len(chain.result.token_ids)))
+            queue.put_nowait(Finish(index, chain.result.finish_reason, len(chain.result.token_ids)))
 
     def usage(self, completion_tokens: int) -> Usage:
-        first = next((r.chains[0].result for r in self.requests if r.chains[0].result is not None), None)
+        first = next((c.chains[0].result for c in self.calls if c.chains[0].result is not None), None)
         prompt = first.prompt_tokens if first is not None else 0
         cached = first.cached_tokens if first is not None else 0
         return usage(prompt, completion_tokens, cached)

@@ -1,6 +1,6 @@
 """Sessions: made, opened with their ``session_auth``, kept alive, expired and deleted.
 
-A session owns its variables, its calls, its graph and its executor; deleting or expiring
+A session owns its variables and its calls; deleting or expiring
 it stops its work and frees all of them (its contexts on the engines included). Its
 ``session_auth`` is kept only as a hash. The last few closed sessions are kept as they
 were when they closed, for the dashboard.
@@ -14,45 +14,27 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import hmac
-import itertools
 import logging
 import secrets
 import time
 from collections import deque
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
 
 from parrot.engines.protocol.errors import NotFoundError, ParrotError
-from parrot.platform.serve.calls.executor import GraphExecutor
-from parrot.platform.serve.calls.graph import Graph, RequestChain, SemanticVariable
-from parrot.platform.serve.calls.ledger import CallLedger
-from parrot.platform.serve.calls.transform_runner import TransformRunner
+from parrot.platform.serve.calls.drive import CallDriver
 from parrot.platform.serve.errors import ForbiddenError, UnauthorizedError
 from parrot.platform.serve.journal import Journal
 from parrot.platform.serve.limits.admission import Admission
 from parrot.platform.serve.ops import observe
 from parrot.platform.serve.ops.observe import SessionDag, SessionSummary
 from parrot.platform.serve.scheduler.global_scheduler import GlobalScheduler
-from parrot.platform.serve.variables.values import Variables
+from parrot.platform.serve.sessions.session import Session
+from parrot.platform.serve.variables.values import VariableValues
 from parrot.platform.store.models import SessionRecord
 
 log = logging.getLogger(__name__)
 TOUCH_EVERY_S = 30.0  # how stale a session's stored last-activity time may get
 RECENT_SESSIONS = 20  # closed sessions whose DAG the dashboard still shows
-
-
-@dataclass(eq=False)
-class Session:
-    session_id: str
-    auth_hash: str
-    graph: Graph
-    executor: GraphExecutor
-    vars: dict[str, SemanticVariable] = field(default_factory=dict)
-    calls: dict[str, RequestChain] = field(default_factory=dict)
-    last_active: float = field(default_factory=time.monotonic)
-    stored: bool = True  # persisted; one-shot sessions of the OpenAI front are not
-    stored_active: float = field(default_factory=time.monotonic)  # last_active as stored
-    closed: bool = False  # deleted or expired: its work is stopped
 
 
 def hash_auth(secret: str) -> str:
@@ -67,9 +49,8 @@ class SessionService:
         journal: Journal,
         admission: Admission,
         scheduler: GlobalScheduler,
-        variables: Variables,
-        calls: CallLedger,
-        transforms: TransformRunner,
+        values: VariableValues,
+        driver: CallDriver,
         timeout_s: float,
     ) -> None:
         if timeout_s <= 0:
@@ -78,11 +59,9 @@ class SessionService:
         self.journal = journal
         self.admission = admission
         self.scheduler = scheduler
-        self.variables = variables
-        self.calls = calls
-        self.transforms = transforms
+        self.values = values
+        self.driver = driver
         self._live: dict[str, Session] = {}
-        self._task_seq = itertools.count()  # task arrival order, over all sessions
         # Closed sessions, newest last, as they were when they closed (for the dashboard).
         self.recent: deque[tuple[SessionSummary, SessionDag]] = deque(maxlen=RECENT_SESSIONS)
         self._expiry: asyncio.Task | None = None
@@ -123,8 +102,7 @@ class SessionService:
         return session, auth
 
     def _add(self, session_id: str, auth_hash: str) -> Session:
-        executor = GraphExecutor(session_id, self.scheduler, self._task_seq, self.transforms, self.calls)
-        session = Session(session_id, auth_hash, Graph(), executor)
+        session = Session(session_id, auth_hash)
         self._live[session_id] = session
         return session
 
@@ -168,9 +146,9 @@ class SessionService:
                     observe.session_dag(sid, calls, session.vars.values(), live=False),
                 )
             )
-        session.executor.cancel()
+        self.driver.stop(session)
         await self.scheduler.drop_session(session.session_id)
-        self.variables.close(session.vars.values(), f"session {session.session_id} was deleted")
+        self.values.close(session.vars.values(), f"session {session.session_id} was deleted")
 
     async def expire_idle(self) -> list[str]:
         """Delete sessions idle for longer than the timeout, freeing everything they hold."""

@@ -14,12 +14,12 @@ from collections import Counter
 from collections.abc import AsyncIterator
 
 from parrot.engines.protocol.errors import TooManyRequestsError
-from parrot.platform.serve.calls.graph import SemanticVariable
 from parrot.platform.serve.errors import ProducerFailedError, SessionClosedError
 from parrot.platform.serve.limits.settings import Limits, describe
 from parrot.platform.serve.scheduler.task import LATENCY
-from parrot.platform.serve.sessions.service import Session
+from parrot.platform.serve.sessions.session import Session
 from parrot.platform.serve.variables.service import VariableService, check_criteria
+from parrot.platform.serve.variables.variable import SemanticVariable
 from parrot.wire.var_stream import ErrorDetail, VarDelta, VarStreamError, VarValue
 
 Event = VarDelta | VarValue | VarStreamError

@@ -1,9 +1,9 @@
 """Semantic variables of sessions: created, set by clients, read (waiting for their value).
 
 A variable joins its session here and its record is written here; values produced by calls
-arrive through :class:`~parrot.platform.serve.variables.values.Variables` (which the scheduler is
-given). A latency-critical get *activates* the variable's producers, backwards through the
-session's DAG, so the scheduler runs them first.
+arrive through the call driver (:mod:`parrot.platform.serve.calls.drive`). A latency-critical
+get *activates* the variable's producers, backwards through the session's DAG, so the
+scheduler runs them first.
 """
 
 from __future__ import annotations
@@ -15,15 +15,16 @@ from collections.abc import Sequence
 import msgspec
 
 from parrot.engines.protocol.errors import BadRequestError, NotFoundError, ParrotError
-from parrot.platform.serve.calls.graph import SemanticVariable
+from parrot.platform.serve.calls.drive import CallDriver
 from parrot.platform.serve.errors import FormatMismatchError, SessionClosedError, WaitTimeoutError
 from parrot.platform.serve.journal import Journal
 from parrot.platform.serve.limits.admission import Admission
-from parrot.platform.serve.scheduler.global_scheduler import GlobalScheduler
 from parrot.platform.serve.scheduler.task import LATENCY, THROUGHPUT
-from parrot.platform.serve.sessions.service import Session, SessionService
+from parrot.platform.serve.sessions.service import SessionService
+from parrot.platform.serve.sessions.session import Session
 from parrot.platform.serve.variables.formats import check_format, mismatch
-from parrot.platform.serve.variables.values import Variables
+from parrot.platform.serve.variables.values import VariableValues
+from parrot.platform.serve.variables.variable import SemanticVariable
 from parrot.platform.store.models import VariableRecord
 from parrot.wire.formats import OutputFormat
 
@@ -42,18 +43,18 @@ def check_criteria(criteria: str | None, what: str) -> None:
 
 class VariableService:
     def __init__(
-        self, journal: Journal, admission: Admission, variables: Variables, scheduler: GlobalScheduler
+        self, journal: Journal, admission: Admission, values: VariableValues, driver: CallDriver
     ) -> None:
         self.journal = journal
         self.admission = admission
-        self.variables = variables
-        self.scheduler = scheduler
+        self.values = values
+        self.driver = driver  # a latency get prioritizes the producers through it
 
     def add(self, session: Session, var: SemanticVariable) -> asyncio.Future | None:
         """Add ``var`` to its session; the future of its record's write (None: not stored)."""
         var.stored = session.stored
         session.vars[var.var_id] = var
-        self.admission.values.join(session.session_id, var.var_id)
+        self.admission.budget.join(session.session_id, var.var_id)
         if not var.stored:
             return None
         fmt = None if var.format is None else msgspec.to_builtins(var.format)
@@ -91,7 +92,7 @@ class VariableService:
             self._check_value(fmt, name, value)
         self.admission.check_session_growth(session.session_id, len(session.vars), 1, len(session.calls), 0)
         var = SemanticVariable(new_id("var"), name, value, format=fmt)
-        self.admission.values.take(session.session_id, [(var.var_id, value)])  # 429 / 507
+        self.admission.budget.take(session.session_id, [(var.var_id, value)])  # 429 / 507
         stored = self.add(session, var)
         try:
             await self.journal.commit(*filter(None, [stored]))
@@ -104,7 +105,7 @@ class VariableService:
         """Undo :meth:`add` (their store write failed: they never existed)."""
         for var in variables:
             session.vars.pop(var.var_id, None)
-        self.admission.values.give_back(v.var_id for v in variables)
+        self.admission.budget.give_back(v.var_id for v in variables)
 
     def find(self, session: Session, var_id: str) -> SemanticVariable:
         var = session.vars.get(var_id)
@@ -120,18 +121,18 @@ class VariableService:
         if var.ready:
             raise BadRequestError(f"variable {var_id!r} already has a value")
         self._check_value(var.format, var.name, value)
-        charged = self.admission.values.take(session.session_id, [(var_id, value)])  # 429 / 507
+        charged = self.admission.budget.take(session.session_id, [(var_id, value)])  # 429 / 507
         try:
             if var.stored:  # stored first: consumers start the moment the value is set
                 await self.journal.commit(
                     self.journal.record(lambda store: store.set_var_value(var_id, value))
                 )
         except BaseException:
-            self.admission.values.uncharge(charged)
+            self.admission.budget.uncharge(charged)
             raise
         if var.ready:  # set by a concurrent request meanwhile
             raise BadRequestError(f"variable {var_id!r} already has a value")
-        self.variables.set_value(var, value)
+        self.values.set_value(var, value)
         return var
 
     @staticmethod
@@ -149,7 +150,7 @@ class VariableService:
         if criteria == LATENCY:
             self.activate(session, [var])
         try:
-            await self.variables.wait(var, timeout)
+            await self.values.wait(var, timeout)
         except TimeoutError:
             raise WaitTimeoutError(f"variable {var_id!r} has no value after {timeout}s") from None
         except ParrotError:
@@ -162,14 +163,11 @@ class VariableService:
 
     async def wait_value(self, var: SemanticVariable) -> str:
         """The value of a variable of a live session (raises the producer's failure)."""
-        return await self.variables.wait(var)
+        return await self.values.wait(var)
 
     def activate(self, session: Session, targets: list[SemanticVariable]) -> None:
-        """Mark the producers of ``targets``, backwards through the DAG, latency-critical."""
-        found = []
-        for var in targets:
-            found += [(chain, depth) for chain, depth in session.graph.producers_of(var) if not chain.settled]
-        self.scheduler.prioritize(found)
+        """A latency-critical read of ``targets``: their producers go first."""
+        self.driver.prioritize(session, targets)
 
     def restore(self, records: Sequence[VariableRecord], sessions: SessionService) -> None:
         """Variables from the store, with the values and errors they had (their values
@@ -180,4 +178,4 @@ class VariableService:
                 fmt = None if record.format is None else msgspec.convert(record.format, OutputFormat)
                 var = SemanticVariable(record.var_id, record.name, record.value, record.error, fmt)
                 session.vars[var.var_id] = var
-                self.admission.values.restore(session.session_id, var.var_id, var.value)
+                self.admission.budget.restore(session.session_id, var.var_id, var.value)

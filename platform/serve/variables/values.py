@@ -1,4 +1,4 @@
-"""Readiness of semantic variables: values and errors arrive, waiters wake.
+"""The values of semantic variables: values and errors arrive, waiters wake.
 
 The waiting state is each variable's own event (:attr:`SemanticVariable.settled`), so it
 goes with the variable when its session goes; nothing here is keyed by variable.
@@ -19,17 +19,18 @@ import time
 from collections.abc import Iterable
 
 from parrot.engines.protocol import text
-from parrot.platform.serve.calls.graph import SemanticVariable
-from parrot.platform.serve.calls.ledger import CallLedger
 from parrot.platform.serve.errors import ProducerFailedError
 from parrot.platform.serve.limits.value_budget import ValueBudget
 from parrot.platform.serve.ops.metrics import ServeMetrics
 from parrot.platform.serve.variables.formats import mismatch
+from parrot.platform.serve.variables.variable import SemanticVariable
 
 
-class Variables:
-    def __init__(self, calls: CallLedger, metrics: ServeMetrics, budget: ValueBudget) -> None:
-        self.calls = calls  # told of every value and error (it journals them, advances calls)
+class VariableValues:
+    """Sets values and errors (a client's value through the variable service, a produced one
+    through the call driver, which journals it) and wakes whoever waits."""
+
+    def __init__(self, metrics: ServeMetrics, budget: ValueBudget) -> None:
         self.metrics = metrics  # seconds each get waited
         self.budget = budget  # charged every value kept
 
@@ -69,10 +70,10 @@ class Variables:
                 var.settled.set()
                 var.end_stream()
 
-    def _changed(self, var: SemanticVariable, finish_reason: str | None = None) -> None:
+    @staticmethod
+    def _changed(var: SemanticVariable, finish_reason: str | None = None) -> None:
         var.settled.set()
         var.end_stream(finish_reason)  # its readers end with the value or the error
-        self.calls.var_settled(var)
 
     async def wait(self, var: SemanticVariable, timeout: float | None = None) -> str:
         """The value, once there; raises :class:`ProducerFailedError` with the reason when it
