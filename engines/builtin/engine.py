@@ -129,8 +129,9 @@ class BuiltinEngine:
         self._publish()
 
     # -- lifecycle -----------------------------------------------------------------------
-    def start(self) -> None:
-        """The engine runs from construction on; this only checks that it still does."""
+    def check_running(self) -> None:
+        """The engine runs from construction on (its thread starts then); raise when it was
+        stopped since."""
         if self._thread is None or not self._thread.is_alive():
             raise EngineShutdownError("the engine has been stopped")
 

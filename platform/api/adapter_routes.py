@@ -31,10 +31,10 @@ def _served_model(core: ServeCore, asked: str | None) -> str:
     raise NotFoundError(f"model {asked!r} is not served here; the engines serve {served}")
 
 
-def _call_usage(request: RequestChain) -> CallUsage:
-    results = [chain.result for chain in request.chains if chain.result is not None]
+def _call_usage(call: RequestChain) -> CallUsage:
+    results = [chain.result for chain in call.chains if chain.result is not None]
     return CallUsage(
-        call_id=request.call_id,
+        call_id=call.call_id,
         prompt_tokens=sum(r.prompt_tokens for r in results),
         completion_tokens=sum(len(r.token_ids) for r in results),
         cached_tokens=sum(r.cached_tokens for r in results),

@@ -69,14 +69,14 @@ def _var_summary(var: SemanticVariable) -> VarSummary:
     return VarSummary(var_id=var.var_id, name=var.name, ready=var.ready, error=var.error, format=var.format)
 
 
-def _call_info(request: RequestChain) -> CallInfo:
+def _call_info(call: RequestChain) -> CallInfo:
     return CallInfo(
-        call_id=request.call_id,
-        state=request.state,
-        outputs=request.outputs(),
-        engine=request.engine_id,
-        timings=request.timings,
-        error=request.error,
+        call_id=call.call_id,
+        state=call.state,
+        outputs=call.outputs(),
+        engine=call.engine_id,
+        timings=call.timings,
+        error=call.error,
     )
 
 

@@ -32,20 +32,20 @@ class Session:
     def call(self, template: str, outputs: list[str], add: bool = True) -> RequestChain:
         chunks = parse_template(template)
         names = [c.name for c in chunks if hasattr(c, "name")]
-        request = RequestChain.build(
+        call = RequestChain.build(
             f"c{next(self.ids)}", chunks, {n: self.var(n) for n in names}, dict.fromkeys(outputs, GEN)
         )
         if add:
-            graph.add(request)
-            self.calls.append(request)
-        return request
+            graph.add(call)
+            self.calls.append(call)
+        return call
 
 
 def test_request_chain_nodes_and_completion_chains():
     s = Session()
     s.var("doc", "text")
-    request = s.call("Read {{doc}}. Title: {{title}}. Summary: {{summary}}. Done.", ["title", "summary"])
-    kinds = [type(n) for n in request.nodes]
+    call = s.call("Read {{doc}}. Title: {{title}}. Summary: {{summary}}. Done.", ["title", "summary"])
+    kinds = [type(n) for n in call.nodes]
     assert kinds == [
         ConstantFill,
         PlaceholderFill,
@@ -55,7 +55,7 @@ def test_request_chain_nodes_and_completion_chains():
         PlaceholderGen,
         ConstantFill,
     ]
-    first, second = request.chains
+    first, second = call.chains
     assert [type(n) for n in first.fills] == [ConstantFill, PlaceholderFill, ConstantFill]
     assert first.gen.var.name == "title" and second.gen.var.name == "summary"
     assert second.previous is first and second.upstream() == [first]
@@ -73,7 +73,7 @@ def test_chain_of_three_calls_links_through_variables():
     c = s.call("Shorten: {{b}} -> {{c}}", ["c"])
     assert c.chains[0].upstream() == [b.chains[0]] and b.chains[0].upstream() == [a.chains[0]]
     order = graph.producers_of(s.vars["c"])
-    assert [(chain.request.call_id, depth) for chain, depth in order] == [("c3", 1), ("c2", 2), ("c1", 3)]
+    assert [(chain.call.call_id, depth) for chain, depth in order] == [("c3", 1), ("c2", 2), ("c1", 3)]
     assert s.vars["a"].consumers == [b.chains[0]]
     assert not b.chains[0].ready()
 
@@ -97,9 +97,9 @@ def test_cycles_and_second_producers_are_refused_without_changing_the_graph():
     with pytest.raises(GraphError, match="already produced by call c1"):
         s.call("z: {{w}}", ["w"])
     u = s.var("u")
-    request = RequestChain.build("c9", parse_template("q {{a}} -> {{b}}"), {"a": u, "b": u}, {"b": GEN})
+    call = RequestChain.build("c9", parse_template("q {{a}} -> {{b}}"), {"a": u, "b": u}, {"b": GEN})
     with pytest.raises(GraphError, match="both an input and an output"):
-        graph.add(request)
+        graph.add(call)
     s.var("done", "value")
     with pytest.raises(GraphError, match="already has a value"):
         s.call("r: {{done}}", ["done"])

@@ -174,7 +174,7 @@ def create_app(
         raise ValueError(f"max_body_bytes must be positive, got {max_body_bytes}")
 
     def start() -> None:
-        engine.start()
+        engine.check_running()
 
     def stop() -> None:
         engine.stop()

@@ -117,7 +117,7 @@ class CallDriver:
         producers = {}
         for var in call.input_vars():
             chain = var.producer
-            if chain is not None and not chain.settled and chain.request is not call:
+            if chain is not None and not chain.settled and chain.call is not call:
                 producers[chain.key] = chain
         if len(producers) < 2:
             return
@@ -143,7 +143,7 @@ class CallDriver:
             if why is not None:
                 self._settle(chain, error=why)
             elif isinstance(chain.gen, TransformGen):
-                self._started(chain.request, TRANSFORM_ENGINE)
+                self._started(chain.call, TRANSFORM_ENGINE)
                 try:
                     inputs = [v.value or "" for v in chain.input_vars()]
                     self._settle(chain, await self.transforms.apply(chain.gen.steps, inputs))
@@ -154,7 +154,7 @@ class CallDriver:
         except asyncio.CancelledError:
             raise  # its session is gone (or the ServeCore stops): nothing to report
         except Exception as error:  # a bug: the call still ends, with the reason
-            log.exception("chain %s of call %s failed", chain.key, chain.request.call_id)
+            log.exception("chain %s of call %s failed", chain.key, chain.call.call_id)
             self._settle(chain, error=f"internal error: {error!r}")
 
     async def _inputs(
@@ -194,13 +194,13 @@ class CallDriver:
         async with aclosing(self.scheduler.run(task)) as reports:
             async for report in reports:
                 if isinstance(report, Started):
-                    self._started(chain.request, report.engine_id)
+                    self._started(chain.call, report.engine_id)
                 elif isinstance(report, Finished):
                     chain.result = report.result
                     if report.prompt_ids is not None:
                         chain.prompt_ids_by_model[report.model] = list(report.prompt_ids)
                     if report.first_token_at is not None:
-                        chain.request.timings.setdefault("first_token_at", report.first_token_at)
+                        chain.call.timings.setdefault("first_token_at", report.first_token_at)
                     self._settle(chain, report.result.text, report.result.finish_reason)
                 elif isinstance(report, Failed):
                     self._settle(chain, error=report.reason)
@@ -241,7 +241,7 @@ class CallDriver:
             self.journal.record(lambda store: store.set_var_error(var.var_id, var.error))
         elif var.stored:
             self.journal.record(lambda store: store.set_var_value(var.var_id, var.value))
-        call = chain.request
+        call = chain.call
         state = call.state
         if not state.settled or "finished_at" in call.timings:
             return

@@ -51,7 +51,7 @@ class PlaceholderGen:
 @dataclass(eq=False)
 class TransformGen:
     """An output derived from the inputs by native string transforms, on the ServeCore
-    (no LLM call, no code from the request)."""
+    (no LLM call, no code from the call)."""
 
     var: SemanticVariable
     steps: list  # of parrot.platform.serve.calls.transforms.Step
@@ -65,8 +65,8 @@ Node = ConstantFill | PlaceholderFill | PlaceholderGen | TransformGen
 class CompletionChain:
     """Fills, then one generation: what one engine runs as one task."""
 
-    request: RequestChain
-    index: int  # position among the request's chains
+    call: RequestChain
+    index: int  # position among the call's chains
     fills: list[FillNode]
     gen: PlaceholderGen | TransformGen
     result: GenerateResponse | StreamEnd | None = None  # the engine's answer, once generated
@@ -81,7 +81,7 @@ class CompletionChain:
     @property
     def key(self) -> str:
         """Stable identity: the call and the chain's position in it."""
-        return f"{self.request.call_id}#{self.index}"
+        return f"{self.call.call_id}#{self.index}"
 
     @property
     def settled(self) -> bool:
@@ -89,7 +89,7 @@ class CompletionChain:
 
     @property
     def previous(self) -> CompletionChain | None:
-        return self.request.chains[self.index - 1] if self.index else None
+        return self.call.chains[self.index - 1] if self.index else None
 
     def input_vars(self) -> list[SemanticVariable]:
         return [n.var for n in self.fills if isinstance(n, PlaceholderFill)]
@@ -108,7 +108,7 @@ class CompletionChain:
 
     def prompt_nodes(self) -> Iterator[Node]:
         """Every node whose text precedes this chain's generation, from the call's start."""
-        for chain in self.request.chains[: self.index]:
+        for chain in self.call.chains[: self.index]:
             yield from chain.fills
             yield chain.gen
         yield from self.fills
@@ -161,18 +161,18 @@ class RequestChain:
                 )
             else:
                 nodes.append(PlaceholderFill(variables[chunk.name], chunk.path))
-        request = cls(call_id, nodes)
+        call = cls(call_id, nodes)
         fills: list[FillNode] = []
         for node in nodes:
             if isinstance(node, PlaceholderGen):
-                request.chains.append(CompletionChain(request, len(request.chains), fills, node))
+                call.chains.append(CompletionChain(call, len(call.chains), fills, node))
                 fills = []
             else:
                 fills.append(node)
-        if not request.chains:
+        if not call.chains:
             raise TemplateError("a semantic call needs at least one output placeholder")
         # Text after the last output is not part of any generation; it is kept in ``nodes``.
-        return request
+        return call
 
     @classmethod
     def prompt(
@@ -185,9 +185,9 @@ class RequestChain:
         """Text pieces as they are (no template parsing), then one generation."""
         fills: list[FillNode] = [ConstantFill(p) for p in pieces if p]
         gen = PlaceholderGen(output, sampling)
-        request = cls(call_id, [*fills, gen])
-        request.chains.append(CompletionChain(request, 0, fills, gen))
-        return request
+        call = cls(call_id, [*fills, gen])
+        call.chains.append(CompletionChain(call, 0, fills, gen))
+        return call
 
     @classmethod
     def transform(
@@ -196,9 +196,9 @@ class RequestChain:
         """A transform call: its inputs' values, in order, through ``steps`` into ``output``."""
         fills: list[FillNode] = [PlaceholderFill(v) for v in inputs]
         gen = TransformGen(output, steps)
-        request = cls(call_id, [*fills, gen])
-        request.chains.append(CompletionChain(request, 0, fills, gen))
-        return request
+        call = cls(call_id, [*fills, gen])
+        call.chains.append(CompletionChain(call, 0, fills, gen))
+        return call
 
     def outputs(self) -> dict[str, str]:
         """Output placeholder (or transform output) name -> variable id."""
@@ -220,7 +220,7 @@ def add(call: RequestChain) -> None:
         if var.producer is not None:
             raise GraphError(
                 f"variable {var.name!r} ({var.var_id}) is already produced by call "
-                f"{var.producer.request.call_id}"
+                f"{var.producer.call.call_id}"
             )
         if var.ready:
             raise GraphError(
@@ -235,7 +235,7 @@ def add(call: RequestChain) -> None:
         hit = next((v for v in chain.input_vars() if v.var_id in out_ids), None)
         if hit is not None:
             raise GraphError(
-                f"call would create a cycle: its output {hit.name!r} feeds call {chain.request.call_id}, "
+                f"call would create a cycle: its output {hit.name!r} feeds call {chain.call.call_id}, "
                 "which this call depends on"
             )
     link(call)

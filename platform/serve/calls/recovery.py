@@ -22,10 +22,10 @@ def rebuild_call(record: CallRecord, variables: dict[str, SemanticVariable]) -> 
     if "transform" in out:
         inputs = [bound[p["name"]] for p in params[:-1]]
         steps = msgspec.convert(out["transform"], transforms.Steps)
-        request = RequestChain.transform(record.call_id, inputs, bound[out["name"]], steps)
+        call = RequestChain.transform(record.call_id, inputs, bound[out["name"]], steps)
     else:
         outputs = {
             p["name"]: msgspec.convert(p["sampling"] or {}, SamplingParams) for p in params if p["is_output"]
         }
-        request = RequestChain.build(record.call_id, parse_template(record.template), bound, outputs)
-    return request
+        call = RequestChain.build(record.call_id, parse_template(record.template), bound, outputs)
+    return call

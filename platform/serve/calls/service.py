@@ -119,7 +119,7 @@ class CallService:
             if p.var_id is None
         }
         check_paths(chunks, named | fresh)
-        request = RequestChain.build(new_id("call"), chunks, named | fresh, outputs)
+        call = RequestChain.build(new_id("call"), chunks, named | fresh, outputs)
         stored = [
             {
                 "name": p.name,
@@ -130,7 +130,7 @@ class CallService:
         ]
         return await self._accept(
             session,
-            request,
+            call,
             named | fresh,
             list(fresh.values()),
             stored,
@@ -162,11 +162,11 @@ class CallService:
                 fresh.append(bound[item.name])
         out = SemanticVariable(new_id("var"), output)
         fresh.append(out)
-        request = RequestChain.transform(new_id("call"), list(bound.values()), out, steps)
+        call = RequestChain.transform(new_id("call"), list(bound.values()), out, steps)
         bound[output] = out
         stored = [{"name": name, "is_output": False} for name in bound if name != output]
         stored.append({"name": output, "is_output": True, "transform": msgspec.to_builtins(steps)})
-        return await self._accept(session, request, bound, fresh, stored, "", [], None)
+        return await self._accept(session, call, bound, fresh, stored, "", [], None)
 
     async def submit_prompt(
         self,
@@ -186,14 +186,14 @@ class CallService:
             self.vars.check_format(sampling.format)
         self._require_engine(models)
         out = SemanticVariable(new_id("var"), "completion")
-        request = RequestChain.prompt(new_id("call"), pieces, out, sampling)
-        await self._accept(session, request, {"completion": out}, [out], [], "", models, LATENCY)
-        return request
+        call = RequestChain.prompt(new_id("call"), pieces, out, sampling)
+        await self._accept(session, call, {"completion": out}, [out], [], "", models, LATENCY)
+        return call
 
     async def _accept(
         self,
         session: Session,
-        request: RequestChain,
+        call: RequestChain,
         bound: dict[str, SemanticVariable],
         fresh: list[SemanticVariable],
         stored: list[dict],
@@ -211,27 +211,27 @@ class CallService:
         # Inputs given by value: charged to the session's values (429 / 507), all or none.
         charged = self.admission.budget.take(session.session_id, [(v.var_id, v.value) for v in fresh])
         try:
-            self.admission.admit_call(request)
+            self.admission.admit_call(call)
         except BaseException:
             self.admission.budget.give_back(charged)
             raise
         try:
-            graph.add(request)
+            graph.add(call)
         except BaseException:
-            self.admission.call_settled(request.call_id)
+            self.admission.call_settled(call.call_id)
             self.admission.budget.give_back(charged)
             raise
-        self.driver.number(request)
+        self.driver.number(call)
         for param in stored:
             param["var_id"] = bound[param["name"]].var_id
-        session.calls[request.call_id] = request
+        session.calls[call.call_id] = call
         writes = [w for var in fresh if (w := self.vars.add(session, var)) is not None]
         writes += [w for var, fmt in retyped if (w := self.vars.retype(var, fmt)) is not None]
         if session.stored:
             writes.append(
                 self.journal.record(
-                    lambda store, t=dict(request.timings), seq=request.seq: store.add_call(
-                        request.call_id,
+                    lambda store, t=dict(call.timings), seq=call.seq: store.add_call(
+                        call.call_id,
                         session.session_id,
                         seq,
                         template,
@@ -245,17 +245,17 @@ class CallService:
         try:
             await self.journal.commit(*writes)
         except ParrotError:
-            self.admission.call_settled(request.call_id)
-            graph.unlink(request)
-            session.calls.pop(request.call_id, None)
+            self.admission.call_settled(call.call_id)
+            graph.unlink(call)
+            session.calls.pop(call.call_id, None)
             self.vars.forget(session, fresh)
             for var, _ in retyped:
                 self.vars.untype(var)
             raise
         if session.closed:
             raise SessionClosedError(f"session {session.session_id!r} was deleted")
-        self.driver.start(session, request, tuple(models), output_criteria or THROUGHPUT)
-        return request, request.outputs()
+        self.driver.start(session, call, tuple(models), output_criteria or THROUGHPUT)
+        return call, call.outputs()
 
     def _require_engine(self, models: list[str]) -> None:
         """Refuse a call no engine can run now (503), rather than fail it later."""
@@ -272,10 +272,10 @@ class CallService:
             raise EngineUnavailableError("every engine that serves the model(s) asked for is down")
 
     def find(self, session: Session, call_id: str) -> RequestChain:
-        request = session.calls.get(call_id)
-        if request is None:
+        call = session.calls.get(call_id)
+        if call is None:
             raise NotFoundError(f"call {call_id!r} does not exist in session {session.session_id!r}")
-        return request
+        return call
 
     def restore(self, records: Sequence[CallRecord], sessions: SessionService) -> None:
         """Calls from the store, linked into their sessions' DAGs; unfinished ones run again."""

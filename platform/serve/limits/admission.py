@@ -102,7 +102,7 @@ class Admission:
                 f"{describe('max_calls_per_session', calls_limit)}"
             )
 
-    def admit_call(self, request: RequestChain) -> None:
+    def admit_call(self, call: RequestChain) -> None:
         """Count a call as pending, or refuse it when the server has too many."""
         limit = self.limits.max_pending_calls
         if len(self._pending) >= limit:
@@ -112,11 +112,11 @@ class Admission:
                 f"the server has {len(self._pending)} calls not finished yet: the limit is "
                 f"{describe('max_pending_calls', limit)}; try again when some have finished"
             )
-        self._pending[request.call_id] = request
+        self._pending[call.call_id] = call
 
-    def track_call(self, request: RequestChain) -> None:
+    def track_call(self, call: RequestChain) -> None:
         """Count a call without a check (one restored after a restart)."""
-        self._pending[request.call_id] = request
+        self._pending[call.call_id] = call
 
     def call_settled(self, call_id: str) -> None:
         self._pending.pop(call_id, None)

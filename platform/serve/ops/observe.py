@@ -153,17 +153,17 @@ class ContextTreeView:
 
 
 # -- session DAG ---------------------------------------------------------------------------
-def call_state(request: RequestChain) -> DisplayState:
-    state = request.state
+def call_state(call: RequestChain) -> DisplayState:
+    state = call.state
     if state != CallState.PENDING:
         return DisplayState(state.value)
-    chain = next((c for c in request.chains if not c.settled), None)
+    chain = next((c for c in call.chains if not c.settled), None)
     return DisplayState.QUEUED if chain is not None and chain.ready() else DisplayState.WAITING
 
 
-def _template(request: RequestChain) -> list[TemplatePart]:
+def _template(call: RequestChain) -> list[TemplatePart]:
     parts = []
-    for node in request.nodes:
+    for node in call.nodes:
         if isinstance(node, ConstantFill):
             text, cut = _cut(node.text)
             parts.append(TemplatePart("text", text, truncated=cut))
@@ -187,26 +187,26 @@ def _group(chains: Iterable[CompletionChain]) -> str | None:
     return None if group is None else f"group-{group[1]}"
 
 
-def dag_call(request: RequestChain) -> DagCall:
-    transform = any(isinstance(c.gen, TransformGen) for c in request.chains)
+def dag_call(call: RequestChain) -> DagCall:
+    transform = any(isinstance(c.gen, TransformGen) for c in call.chains)
     sampling = {
         (c.gen.placeholder or c.gen.var.name): msgspec.to_builtins(c.gen.sampling)
-        for c in request.chains
+        for c in call.chains
         if isinstance(c.gen, PlaceholderGen)
     }
     return DagCall(
-        call_id=request.call_id,
-        seq=request.seq,
+        call_id=call.call_id,
+        seq=call.seq,
         kind="transform" if transform else "llm",
-        state=call_state(request),
-        engine=request.engine_id,
-        inputs=[v.var_id for v in request.input_vars()],
-        outputs=[v.var_id for v in request.output_vars()],
-        latency_critical=any(c.latency_depth > 0 for c in request.chains),
-        group=_group(request.chains),
-        timings=dict(request.timings),
-        error=request.error,
-        template=_template(request),
+        state=call_state(call),
+        engine=call.engine_id,
+        inputs=[v.var_id for v in call.input_vars()],
+        outputs=[v.var_id for v in call.output_vars()],
+        latency_critical=any(c.latency_depth > 0 for c in call.chains),
+        group=_group(call.chains),
+        timings=dict(call.timings),
+        error=call.error,
+        template=_template(call),
         sampling=sampling,
     )
 
@@ -214,8 +214,8 @@ def dag_call(request: RequestChain) -> DagCall:
 def dag_var(var: SemanticVariable) -> DagVar:
     value, cut = _cut(var.value)
     state = "failed" if var.error else "ready" if var.ready else "empty"
-    consumers = sorted({c.request.call_id for c in var.consumers})
-    producer = var.producer.request.call_id if var.producer is not None else None
+    consumers = sorted({c.call.call_id for c in var.consumers})
+    producer = var.producer.call.call_id if var.producer is not None else None
     partial = var.partial
     if partial is not None and len(partial) > VALUE_PREVIEW:
         partial = "…" + partial[-VALUE_PREVIEW:]  # the end is what is new
@@ -235,27 +235,27 @@ def session_dag(
     """The DAG of these calls and variables; with ``latest``, only the latest calls (and the
     variables they touch, and the node ``keep`` if any): what a page draws of a big session,
     made in time linear in what it draws, not in the session."""
-    requests = sorted(calls, key=lambda r: r.seq)
-    if latest is not None and len(requests) > latest:
-        cut = len(requests) - latest
-        requests = [r for r in requests[:cut] if r.call_id == keep] + requests[cut:]
-        touched = {v.var_id for r in requests for v in (*r.input_vars(), *r.output_vars())}
+    ordered = sorted(calls, key=lambda c: c.seq)
+    if latest is not None and len(ordered) > latest:
+        cut = len(ordered) - latest
+        ordered = [c for c in ordered[:cut] if c.call_id == keep] + ordered[cut:]
+        touched = {v.var_id for c in ordered for v in (*c.input_vars(), *c.output_vars())}
         variables = [v for v in variables if v.var_id in touched or v.var_id == keep]
     edges = []
-    for request in requests:
-        inputs = dict.fromkeys(v.var_id for v in request.input_vars())
-        edges += [DagEdge(v, request.call_id) for v in inputs]
-        edges += [DagEdge(request.call_id, v.var_id) for v in request.output_vars()]
+    for call in ordered:
+        inputs = dict.fromkeys(v.var_id for v in call.input_vars())
+        edges += [DagEdge(v, call.call_id) for v in inputs]
+        edges += [DagEdge(call.call_id, v.var_id) for v in call.output_vars()]
     return SessionDag(
-        session_id, live, [dag_call(r) for r in requests], [dag_var(v) for v in variables], edges
+        session_id, live, [dag_call(c) for c in ordered], [dag_var(v) for v in variables], edges
     )
 
 
 def count_states(calls: Iterable[RequestChain]) -> dict[DisplayState, int]:
     """How many of these calls are in each display state."""
     states: dict[DisplayState, int] = {}
-    for request in calls:
-        state = call_state(request)
+    for call in calls:
+        state = call_state(call)
         states[state] = states.get(state, 0) + 1
     return states
 
@@ -263,14 +263,14 @@ def count_states(calls: Iterable[RequestChain]) -> dict[DisplayState, int]:
 def summarize(
     session_id: str, calls: Iterable[RequestChain], live: bool, closed_at: float | None = None
 ) -> SessionSummary:
-    requests = list(calls)
-    states = count_states(requests)
-    times = [t for r in requests for t in r.timings.values()]
-    submitted = [r.timings["submitted_at"] for r in requests if "submitted_at" in r.timings]
+    calls = list(calls)
+    states = count_states(calls)
+    times = [t for c in calls for t in c.timings.values()]
+    submitted = [c.timings["submitted_at"] for c in calls if "submitted_at" in c.timings]
     return SessionSummary(
         session_id,
         live,
-        len(requests),
+        len(calls),
         states,
         min(submitted, default=None),
         max(times, default=None),

@@ -22,7 +22,7 @@ from parrot.platform.serve.scheduler.slot import EngineSlot
 from parrot.platform.serve.scheduler.task import SchedulerStats
 
 log = logging.getLogger(__name__)
-FILL_AHEAD_MIN = 16  # tokens: shorter known prefixes are not worth a request of their own
+FILL_AHEAD_MIN = 16  # tokens: shorter known prefixes are not worth a call of their own
 
 
 class FillAhead:

@@ -235,7 +235,7 @@ class GlobalScheduler:
                             if slot.fits(self._need(other, slot)):
                                 self._start(other, slot)
                 except Exception as error:  # a bug: this task fails, the loop and the rest go on
-                    log.exception("dispatching call %s failed", task.chain.request.call_id)
+                    log.exception("dispatching call %s failed", task.chain.call.call_id)
                     self.queue.remove(task)
                     self._fail(task, f"internal error: {error!r}")
 
@@ -324,7 +324,7 @@ class GlobalScheduler:
         except ParrotError as error:
             report = Failed(str(error))
         except Exception as error:  # a bug: the variable still carries the reason
-            log.exception("task of call %s failed", task.chain.request.call_id)
+            log.exception("task of call %s failed", task.chain.call.call_id)
             report = Failed(f"internal error: {error!r}")
         finally:
             slot.running.pop(task.key, None)
@@ -344,7 +344,7 @@ class GlobalScheduler:
             return Failed(reason)
         if task.attempts >= MAX_ATTEMPTS:
             return Failed(f"gave up after {task.attempts} attempts: {reason}")
-        log.warning("call %s runs again: %s", task.chain.request.call_id, reason)
+        log.warning("call %s runs again: %s", task.chain.call.call_id, reason)
         stream.restart()
         self.stats.requeued += 1
         self.queue.add(task)
@@ -362,7 +362,7 @@ class GlobalScheduler:
                 raise
             except Exception as error:  # else the task would stay queued, its call pending
                 if not isinstance(error, ParrotError):
-                    log.exception("the prompt of call %s failed", task.chain.request.call_id)
+                    log.exception("the prompt of call %s failed", task.chain.call.call_id)
                 self.queue.remove(task)
                 self._fail(task, f"could not tokenize the prompt for {slot.model}: {error}")
             self._wake.set()

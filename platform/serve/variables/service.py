@@ -117,7 +117,7 @@ class VariableService:
         var = self.find(session, var_id)
         self.admission.check_value(value, f"the value of variable {var_id!r}")
         if var.producer is not None:
-            raise BadRequestError(f"variable {var_id!r} is the output of call {var.producer.request.call_id}")
+            raise BadRequestError(f"variable {var_id!r} is the output of call {var.producer.call.call_id}")
         if var.ready:
             raise BadRequestError(f"variable {var_id!r} already has a value")
         self._check_value(var.format, var.name, value)

@@ -30,7 +30,7 @@ def default_engine(engine_config):
     from parrot.engines.builtin.engine import BuiltinEngine
 
     eng = BuiltinEngine(dataclasses.replace(engine_config, weights="auto"))  # as `parrot engine` does
-    eng.start()
+    eng.check_running()
     yield eng
     asyncio.run(eng.check_integrity())
     eng.stop()

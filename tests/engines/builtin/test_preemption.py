@@ -27,7 +27,7 @@ def small_engine(engine, engine_config):
             scheduler=SchedulerConfig(max_batched_tokens=256, max_running=16),
         )
     )
-    eng.start()
+    eng.check_running()
     yield eng
     eng.stop()
 
