@@ -197,7 +197,7 @@ def engine(engine_config, pytestconfig):
     from parrot.engines.builtin.engine import BuiltinEngine
 
     eng = BuiltinEngine(engine_config)
-    eng.start()
+    eng.check_running()
     pytestconfig.stash[ENGINE] = eng
     yield eng
     del pytestconfig.stash[ENGINE]

@@ -12,7 +12,6 @@ import queue
 import threading
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
-from functools import partial
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -28,7 +27,7 @@ from parrot.engines.builtin.engine_config import EngineConfig
 from parrot.engines.builtin.engine_core import EngineCore
 from parrot.engines.builtin.fused_decode import fused_decode_step
 from parrot.engines.builtin.grammars import GrammarCompiler
-from parrot.engines.builtin.jobs import GenerateResult, JobSink, Outbox, settle
+from parrot.engines.builtin.jobs import Final, GenerateResult, JobSink, Outbox
 from parrot.engines.builtin.kv_cache import allocate_kv_cache, num_blocks_for_budget
 from parrot.engines.builtin.metrics import EngineMetrics
 from parrot.engines.builtin.model.build import build_model
@@ -63,7 +62,8 @@ class BuiltinEngine:
 
     def __init__(self, config: EngineConfig) -> None:
         self.config = config
-        self._commands: queue.SimpleQueue[Callable[[], None]] = queue.SimpleQueue()
+        # (fn, args, sink, reply): run between steps; the error (or the result) goes to sink.
+        self._commands: queue.SimpleQueue[tuple] = queue.SimpleQueue()
         self._outbox = Outbox()  # the engine thread's answers, sent once its stats are published
         self._wake = threading.Event()
         self._ready = threading.Event()
@@ -122,6 +122,7 @@ class BuiltinEngine:
             vocab_size=mc.vocab_size,
             max_model_len=max_len,
             eos_token_ids=eos,
+            outbox=self._outbox,
             jump_forward=config.jump_forward,
         )
         self.grammars = GrammarCompiler(self.tokenizer.hf, mc.vocab_size, eos, config.grammar)
@@ -144,10 +145,25 @@ class BuiltinEngine:
             self.grammars.close()
 
     def _loop(self) -> None:
+        """The engine thread: commands (new jobs, frees, aborts) between steps, then a step;
+        what either answers leaves through the outbox once the statistics are published."""
         while True:
-            self._run_commands()
+            ran = False
+            while True:
+                try:
+                    fn, args, sink, reply = self._commands.get_nowait()
+                except queue.Empty:
+                    break
+                ran = True
+                try:
+                    result = fn(*args)
+                except BaseException as error:
+                    if sink is not None:
+                        self._outbox.post([(sink, Final(error=error))])
+                else:
+                    if reply:
+                        self._outbox.post([(sink, Final(result))])
             if self._stopping:
-                self._run_commands()
                 self.core.fail_all(EngineShutdownError("the engine is shutting down"))
                 self._outbox.deliver()
                 return
@@ -157,8 +173,9 @@ class BuiltinEngine:
                 log.exception("engine step failed")
                 self.core.fail_all(EngineShutdownError("internal engine error during a step"))
                 busy = False
-            self._publish()
-            self._outbox.deliver()
+            if busy or ran:
+                self._publish()
+                self._outbox.deliver()
             if not busy:
                 self._wake.wait(timeout=1.0)
                 self._wake.clear()
@@ -168,37 +185,19 @@ class BuiltinEngine:
         whatever step runs (a long prefill must not look like a dead engine)."""
         self._snapshot = (time.monotonic(), self.core.snapshot())
 
-    def _run_commands(self) -> None:
-        ran = False
-        while True:
-            try:
-                command = self._commands.get_nowait()
-            except queue.Empty:
-                if ran:
-                    self._publish()
-                    self._outbox.deliver()
-                return
-            command()
-            ran = True
+    def _submit(self, fn: Callable[..., Any], args: tuple, sink: JobSink | None, reply: bool) -> None:
+        """Run ``fn(*args)`` on the engine thread, between steps; its error, or with
+        ``reply`` its result, goes to ``sink``."""
+        if self._stopping or self._thread is None:
+            raise EngineShutdownError("the engine is not running")
+        self._commands.put((fn, args, sink, reply))
+        self._wake.set()
 
     async def _call(self, fn: Callable[..., T], *args: Any) -> T:
         """Run ``fn(*args)`` on the engine thread and return its result (or raise its error)."""
-        if self._stopping or self._thread is None:
-            raise EngineShutdownError("the engine is not running")
-        loop = asyncio.get_running_loop()
-        future: asyncio.Future[T] = loop.create_future()
-
-        def command() -> None:
-            try:
-                result = fn(*args)
-            except BaseException as error:
-                self._outbox.post(loop, settle, future, None, error)
-            else:
-                self._outbox.post(loop, settle, future, result, None)
-
-        self._commands.put(command)
-        self._wake.set()
-        return await future
+        sink = JobSink(asyncio.get_running_loop())
+        self._submit(fn, args, sink, reply=True)
+        return await sink.result
 
     # -- the engine API (the ``Engine`` protocol of platform/serve/engines/client.py) ------
     async def fill(
@@ -219,10 +218,10 @@ class BuiltinEngine:
         if (token_ids is None) == (text is None):
             raise BadRequestError("fill needs exactly one of token_ids or text")
         tokens = await self._tokens(token_ids, text)
-        sink = JobSink(asyncio.get_running_loop(), outbox=self._outbox)
+        sink = JobSink(asyncio.get_running_loop())
         target = Target(context_id, parent_context_id, parent_len, parent_timeout_ms / 1000)
-        submit = partial(self.core.submit_fill, target, tokens, sink, priority, list(checkpoints), background)
-        return await self._job(submit, sink)
+        args = (target, tokens, sink, priority, list(checkpoints), background)
+        return await self._job(self.core.submit_fill, args, sink)
 
     async def generate(
         self,
@@ -239,12 +238,12 @@ class BuiltinEngine:
     ) -> GenerateResponse:
         """Generate into a context, after filling ``token_ids`` (or ``text``), the prompt's
         tail, in the same job."""
-        sink = JobSink(asyncio.get_running_loop(), outbox=self._outbox)
-        submit = await self._generate_job(
+        sink = JobSink(asyncio.get_running_loop())
+        args = await self._generate_args(
             context_id, sampling, parent_context_id, parent_len, token_ids, text, priority, checkpoints,
             parent_timeout_ms, sink,
         )  # fmt: skip
-        result = await self._job(submit, sink)
+        result = await self._job(self.core.submit_generate, args, sink)
         self.metrics.observe(result)
         return _reply(result, GenerateResponse)
 
@@ -262,15 +261,14 @@ class BuiltinEngine:
         parent_timeout_ms: int = 0,
     ) -> AsyncIterator[TokenStreamEvent | StreamEnd]:
         """Yields a :class:`TokenStreamEvent` per token, then the :class:`StreamEnd`."""
-        sink = JobSink(asyncio.get_running_loop(), stream=True, outbox=self._outbox)
-        submit = await self._generate_job(
+        sink = JobSink(asyncio.get_running_loop(), stream=True)
+        args = await self._generate_args(
             context_id, sampling, parent_context_id, parent_len, token_ids, text, priority, checkpoints,
             parent_timeout_ms, sink,
         )  # fmt: skip
-        submitted = asyncio.ensure_future(self._call(submit))
+        self._submit(self.core.submit_generate, args, sink, reply=False)
         finished = False
         try:
-            await asyncio.shield(submitted)
             while (event := await sink.events.get()) is not None:
                 yield event
             result = await sink.result
@@ -279,54 +277,43 @@ class BuiltinEngine:
             finished = True
         finally:
             if not finished:  # the client went away: stop generating for it
-                self._abandon(submitted, sink)
+                self._abandon(sink)
 
-    async def _generate_job(
+    async def _generate_args(
         self, context_id, sampling, parent_context_id, parent_len, token_ids, text, priority, checkpoints,
         parent_timeout_ms, sink: JobSink,
-    ) -> Callable[[], None]:  # fmt: skip
-        """The command that submits a generation (its prompt tail tokenized first)."""
+    ) -> tuple:  # fmt: skip
+        """The arguments of ``EngineCore.submit_generate`` (its prompt tail tokenized and its
+        output format compiled first)."""
         if token_ids is not None and text is not None:
             raise BadRequestError("give the prompt tail as token_ids or as text, not both")
         # The output format compiles on the grammar worker (a bad one is a 400 here).
         grammar = await self.grammars.compile(sampling.format) if sampling.format is not None else None
         tail = await self._tokens(token_ids, text) if (token_ids or text) else []
         target = Target(context_id, parent_context_id, parent_len, parent_timeout_ms / 1000)
-        return partial(
-            self.core.submit_generate, target, sampling, sink, tail, priority, list(checkpoints), grammar
-        )
+        return (target, sampling, sink, tail, priority, list(checkpoints), grammar)
 
     async def _tokens(self, token_ids: Sequence[int] | None, text: str | None) -> list[int]:
         return (
             list(token_ids) if token_ids is not None else await text_work.tokenize(self.tokenizer, text or "")
         )
 
-    async def _job(self, submit: Callable[[], None], sink: JobSink) -> Any:
+    async def _job(self, submit: Callable[..., None], args: tuple, sink: JobSink) -> Any:
         """Submit a job and wait for its result; a caller that goes away (cancelled while
-        the job is submitted or runs) stops it."""
-        submitted = asyncio.ensure_future(self._call(submit))
+        the job waits or runs) stops it."""
+        self._submit(submit, args, sink, reply=False)
         try:
-            await asyncio.shield(submitted)
             return await asyncio.shield(sink.result)
         except asyncio.CancelledError:
-            self._abandon(submitted, sink)
+            self._abandon(sink)
             raise
 
-    def _abandon(self, submitted: asyncio.Future, sink: JobSink) -> None:
-        """The caller went away: once the job is submitted (commands run in order), cancel it.
-        Its result, and a failed submission, are nobody's business any more."""
-        for future in (submitted, sink.result):
-            future.add_done_callback(lambda f: f.cancelled() or f.exception())
-
-        def cancel(_: object = None) -> None:
-            if not sink.result.done():
-                self._commands.put(partial(self.core.cancel, sink))
-                self._wake.set()
-
-        if submitted.done():
-            cancel()
-        else:
-            submitted.add_done_callback(cancel)
+    def _abandon(self, sink: JobSink) -> None:
+        """The caller went away: cancel its job (commands run in order: after its submission).
+        Its result, or a failed submission, is nobody's business any more."""
+        sink.result.add_done_callback(lambda f: f.cancelled() or f.exception())
+        if not sink.result.done() and not self._stopping:
+            self._submit(self.core.cancel, (sink,), None, reply=False)
 
     async def abort(self, context_ids: Sequence[int]) -> AbortResponse:
         """Stop the jobs on these contexts and free them."""

@@ -16,7 +16,7 @@ from collections.abc import Callable, Sequence
 from parrot.engines.builtin.block_manager import IntegrityError
 from parrot.engines.builtin.constraints import ConstraintMasker
 from parrot.engines.builtin.context_pool import Context, ContextPool, Target
-from parrot.engines.builtin.jobs import Job, JobKind, JobSink
+from parrot.engines.builtin.jobs import Final, Job, JobKind, JobSink, Outbox
 from parrot.engines.builtin.local_scheduler import LocalScheduler, SchedulerConfig
 from parrot.engines.builtin.model_runner import ModelRunner
 from parrot.engines.builtin.postprocess import Postprocessor
@@ -49,13 +49,22 @@ class EngineCore:
         vocab_size: int,
         max_model_len: int,
         eos_token_ids: frozenset[int],
+        outbox: Outbox,
         jump_forward: bool = True,
     ) -> None:
         self.runner = runner
+        self.outbox = outbox  # the one way answers leave the engine thread
         self.pool: ContextPool = runner.pool
         self.scheduler = LocalScheduler(scheduler_config, self.pool)
         self.post = Postprocessor(
-            self.pool, self.scheduler, tokenizer, eos_token_ids, max_model_len, runner.device, jump_forward
+            self.pool,
+            self.scheduler,
+            tokenizer,
+            eos_token_ids,
+            max_model_len,
+            runner.device,
+            outbox,
+            jump_forward,
         )
         self.sampler = Sampler()
         self.constraints = ConstraintMasker(eos_token_ids)
@@ -227,13 +236,13 @@ class EngineCore:
     def _drop(self, job: Job, error: ParrotError) -> None:
         self.scheduler.remove(job)
         self._drop_checkpoints(job)
-        job.sink.fail(error)
+        self.outbox.post([(job.sink, Final(error=error))])
 
     def _reject(self, job: Job, error: ParrotError) -> None:
         """A job that could not start (its context cannot be made): it fails, and so do the
         other jobs on that context; the context, never made, goes."""
         self._drop_checkpoints(job)
-        job.sink.fail(error)
+        self.outbox.post([(job.sink, Final(error=error))])
         for other in self.scheduler.jobs_of(job.context):
             self._drop(other, error)
         self.pool.discard(job.context)
@@ -338,9 +347,7 @@ class EngineCore:
             raise IntegrityError("engine jobs are inconsistent: " + "; ".join(problems[:20]))
 
     # -- statistics ----------------------------------------------------------------------
-    def _record(
-        self, batch_size: int, computed: int, generated: int, shared_prefix: bool, path: str
-    ) -> None:
+    def _record(self, batch_size: int, computed: int, generated: int, shared_prefix: bool, path: str) -> None:
         self.steps += 1
         self.shared_prefix_steps += shared_prefix
         self.graph_steps += path == "graph"

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import enum
 import time
-from collections.abc import Callable
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -13,79 +13,72 @@ from parrot.engines.builtin.context_pool import Context
 from parrot.wire.sampling import SamplingParams
 
 
-def settle(future: asyncio.Future, result: Any, error: BaseException | None) -> None:
-    """Complete a command's future on its loop (posted through the :class:`Outbox`), unless
-    it was already done (cancelled by its caller)."""
-    if future.done():
-        return
-    if error is not None:
-        future.set_exception(error)
-    else:
-        future.set_result(result)
-
-
 class JobKind(enum.Enum):
     FILL = "fill"
     GENERATE = "generate"
 
 
-class Outbox:
-    """What the engine thread hands to the asyncio side, held until the engine has published
-    its statistics for the step (or commands) that produced it: a client never sees an
-    answer before ``/ping`` reflects it."""
+@dataclass(frozen=True)
+class Final:
+    """A job's (or a command's) last word: its result, or the error it failed with."""
 
-    def __init__(self) -> None:
-        self._held: list[tuple[asyncio.AbstractEventLoop, Callable[..., None], tuple]] = []
-
-    def post(self, loop: asyncio.AbstractEventLoop, fn: Callable[..., None], *args: Any) -> None:
-        self._held.append((loop, fn, args))
-
-    def deliver(self) -> None:
-        held, self._held = self._held, []
-        for loop, fn, args in held:
-            loop.call_soon_threadsafe(fn, *args)
+    result: Any = None
+    error: BaseException | None = None
 
 
 class JobSink:
-    """Delivers a job's events from the engine thread to the asyncio side.
+    """Where a job's answers arrive on the asyncio side: ``result`` resolves once with the
+    final result (or an exception); ``events`` receives streamed tokens when the caller
+    asked for a stream, then None. Only :func:`hand_over` (on its loop) writes to it."""
 
-    ``result`` resolves once with the final result (or an exception); ``events`` receives
-    streamed tokens when the caller asked for a stream. Without an outbox, events go at once.
-    """
-
-    def __init__(
-        self, loop: asyncio.AbstractEventLoop, stream: bool = False, outbox: Outbox | None = None
-    ) -> None:
+    def __init__(self, loop: asyncio.AbstractEventLoop, stream: bool = False) -> None:
         self.loop = loop
-        self.outbox = outbox
         self.result: asyncio.Future[Any] = loop.create_future()
         self.events: asyncio.Queue[Any] | None = asyncio.Queue() if stream else None
 
-    def _post(self, fn: Callable[..., None], *args: Any) -> None:
-        if self.outbox is not None:
-            self.outbox.post(self.loop, fn, *args)
-        else:
-            self.loop.call_soon_threadsafe(fn, *args)
 
-    def emit(self, event: Any) -> None:
-        if self.events is not None:
-            self._post(self.events.put_nowait, event)
+Answer = tuple[JobSink, Any]  # a streamed event, or a Final
 
-    def finish(self, result: Any) -> None:
-        self._post(self._set, result, None)
 
-    def fail(self, error: BaseException) -> None:
-        self._post(self._set, None, error)
+class Outbox:
+    """The one way anything leaves the engine thread: answers are posted here during a step
+    (or a command) and handed to the asyncio side together once the engine has published
+    its statistics for that step: a client never sees an answer before ``/ping`` reflects
+    it, and a step costs one wake-up of the event loop, not one per token."""
 
-    def _set(self, result: Any, error: BaseException | None) -> None:
-        if self.result.done():
+    def __init__(self) -> None:
+        self._held: list[Answer] = []
+
+    def post(self, answers: Iterable[Answer]) -> None:
+        self._held.extend(answers)
+
+    def deliver(self) -> None:
+        if not self._held:
             return
-        if error is not None:
-            self.result.set_exception(error)
+        held, self._held = self._held, []
+        by_loop: dict[asyncio.AbstractEventLoop, list[Answer]] = {}
+        for answer in held:
+            by_loop.setdefault(answer[0].loop, []).append(answer)
+        for loop, answers in by_loop.items():
+            loop.call_soon_threadsafe(hand_over, answers)
+
+
+def hand_over(answers: list[Answer]) -> None:
+    """On the sinks' loop: each streamed event to its queue, each final answer to its future
+    (unless the caller went away and cancelled it), which also ends a stream."""
+    for sink, item in answers:
+        if not isinstance(item, Final):
+            if sink.events is not None:
+                sink.events.put_nowait(item)
+            continue
+        if sink.result.done():
+            continue
+        if item.error is not None:
+            sink.result.set_exception(item.error)
         else:
-            self.result.set_result(result)
-        if self.events is not None:
-            self.events.put_nowait(None)  # end of stream; the caller then reads ``result``
+            sink.result.set_result(item.result)
+        if sink.events is not None:
+            sink.events.put_nowait(None)  # end of stream; the caller then reads ``result``
 
 
 @dataclass(frozen=True)

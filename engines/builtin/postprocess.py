@@ -4,7 +4,8 @@ This is the one place where a step's results change state (as nano-vllm's
 ``Scheduler.postprocess``): what the step computed is recorded in the contexts (through the
 context pool), checkpoints fork a prompt once it is computed, sampled tokens are appended,
 streamed and checked against the stop conditions, and finished jobs leave the scheduler
-with their results. The model runner before it changes nothing.
+with their results. The model runner before it changes nothing. What a step answers (tokens,
+finished results) is posted to the engine's outbox once, at the end of the step.
 
 A generation with an output format advances its grammar here too, token by token: it ends
 ("stop") once the grammar is complete, and with jump-forward the tokens the grammar forces
@@ -23,7 +24,7 @@ import torch
 from parrot.engines.builtin.batch import StepItem
 from parrot.engines.builtin.constraints import Constraint, ConstraintError
 from parrot.engines.builtin.context_pool import ContextPool
-from parrot.engines.builtin.jobs import GenerateResult, Job, JobKind
+from parrot.engines.builtin.jobs import Answer, Final, GenerateResult, Job, JobKind, Outbox
 from parrot.engines.builtin.local_scheduler import LocalScheduler
 from parrot.engines.builtin.model_runner import StepOutput
 from parrot.engines.builtin.sampler import SequenceSampling, StopChecker
@@ -53,9 +54,12 @@ class Postprocessor:
         eos_token_ids: frozenset[int],
         max_model_len: int,
         device: torch.device,
+        outbox: Outbox,
         jump_forward: bool = True,
     ) -> None:
         self.pool = pool
+        self.outbox = outbox  # where the step's answers go, all at once
+        self._answers: list[Answer] = []  # of the step being postprocessed
         self.scheduler = scheduler
         self.tokenizer = tokenizer
         self.eos_token_ids = eos_token_ids
@@ -107,6 +111,8 @@ class Postprocessor:
             job = jobs[id(item.context)]
             if job.kind is JobKind.FILL and item.context.num_pending == 0:
                 self._finish_fill(job)
+        answers, self._answers = self._answers, []
+        self.outbox.post(answers)
 
     def _make_checkpoints(self, job: Job) -> None:
         for cp in job.checkpoints:
@@ -150,7 +156,7 @@ class Postprocessor:
                 state.constraint.consume(token)
             except ConstraintError as error:
                 self.retire(job)
-                job.sink.fail(error)
+                self._answers.append((job.sink, Final(error=error)))
                 return True
         self.pool.append_token(ctx, token)
         job.generated.append(token)
@@ -176,36 +182,34 @@ class Postprocessor:
         state: GenerationState = job.state
         delta = state.text[state.emitted : upto] if upto > state.emitted else ""
         state.emitted = max(state.emitted, upto)
-        job.sink.emit(TokenStreamEvent(token_id=token, text=delta))
+        self._answers.append((job.sink, TokenStreamEvent(token_id=token, text=delta)))
 
     def _finish_generate(self, job: Job, reason: str, token: int, stop_string: bool = False) -> None:
         self._emit(job, token, len(job.state.text))
         self.retire(job)
-        job.sink.finish(
-            GenerateResult(
-                context_id=job.context.context_id,
-                token_ids=list(job.generated),
-                text=job.state.text,
-                finish_reason=reason,
-                prompt_tokens=job.prompt_tokens,
-                cached_tokens=job.cached_tokens,
-                stop_string=stop_string,
-                first_token_s=(job.first_token_at or job.submitted_at) - job.submitted_at,
-                seconds=time.monotonic() - job.submitted_at,
-            )
+        result = GenerateResult(
+            context_id=job.context.context_id,
+            token_ids=list(job.generated),
+            text=job.state.text,
+            finish_reason=reason,
+            prompt_tokens=job.prompt_tokens,
+            cached_tokens=job.cached_tokens,
+            stop_string=stop_string,
+            first_token_s=(job.first_token_at or job.submitted_at) - job.submitted_at,
+            seconds=time.monotonic() - job.submitted_at,
         )
+        self._answers.append((job.sink, Final(result)))
 
     def _finish_fill(self, job: Job) -> None:
         self.retire(job)
         ctx = job.context
-        job.sink.finish(
-            FillResponse(
-                context_id=ctx.context_id,
-                filled_tokens=len(job.fill_tokens),
-                context_len=len(ctx.token_ids),
-                cached_tokens=job.cached_tokens,
-            )
+        result = FillResponse(
+            context_id=ctx.context_id,
+            filled_tokens=len(job.fill_tokens),
+            context_len=len(ctx.token_ids),
+            cached_tokens=job.cached_tokens,
         )
+        self._answers.append((job.sink, Final(result)))
 
     def retire(self, job: Job) -> None:
         """The job is done (or its caller went away): it leaves the scheduler; a context with
