@@ -46,6 +46,9 @@ def test_the_path_table_is_the_path_of_one_call(tmp_path, model_cache_dir, capsy
         assert (file, function) in hit, f"the call never went through {file}: {function}"
     # The GET must have waited for the value (else its handler's wait is not on the path).
     assert path.resumed, "the answer was there before the GET: the record misses the wait for it"
+    # Issue 34's bound: a newcomer follows one call through at most 30 functions in 20 files.
+    functions, files = counts["total"]
+    assert functions <= 30 and files <= 20, f"the path grew: {path_table.totals(path.rows)}"
 
     text = DOC.read_text()
     if os.environ.get("PARROT_WRITE_PATH_TABLE") == "1":

@@ -70,7 +70,7 @@ class BuiltinEngine:
         self._stopping = False
         self._build_error: BaseException | None = None
         self._thread: threading.Thread | None = threading.Thread(
-            target=self._main, name="parrot-engine", daemon=True
+            target=self._loop, name="parrot-engine", daemon=True
         )
         self._thread.start()
         self._ready.wait()
@@ -80,15 +80,6 @@ class BuiltinEngine:
             raise self._build_error
         self.metrics = EngineMetrics(self.model_name, self.stats_now)
 
-    def _main(self) -> None:
-        try:
-            self._build()
-        except BaseException as error:
-            self._build_error = error
-            self._ready.set()
-            return
-        self._ready.set()
-        self._loop()
 
     def _build(self) -> None:
         config = self.config
@@ -145,8 +136,16 @@ class BuiltinEngine:
             self.grammars.close()
 
     def _loop(self) -> None:
-        """The engine thread: commands (new jobs, frees, aborts) between steps, then a step;
-        what either answers leaves through the outbox once the statistics are published."""
+        """The engine thread: it builds the model, then runs commands (new jobs, frees,
+        aborts) between steps, and a step; what either answers leaves through the outbox
+        once the statistics are published."""
+        try:
+            self._build()
+        except BaseException as error:
+            self._build_error = error
+            return
+        finally:
+            self._ready.set()
         while True:
             ran = False
             while True:

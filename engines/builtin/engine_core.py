@@ -110,7 +110,8 @@ class EngineCore:
             priority=priority,
             background=background,
         )
-        self._enqueue(job, created, checkpoints, self.pool.planned(ctx) + len(token_ids), len(token_ids))
+        self._plan(job, created, checkpoints, self.pool.planned(ctx) + len(token_ids), len(token_ids))
+        self.scheduler.add(job)
 
     def submit_generate(
         self,
@@ -150,7 +151,8 @@ class EngineCore:
             priority=priority,
             grammar=grammar,
         )
-        self._enqueue(job, created, checkpoints, prompt_len, len(tail_token_ids) + sampling.max_tokens)
+        self._plan(job, created, checkpoints, prompt_len, len(tail_token_ids) + sampling.max_tokens)
+        self.scheduler.add(job)  # it waits there for a step
 
     def free_context(self, context_id: int) -> int:
         ctx = self.pool.contexts.get(context_id)
@@ -269,16 +271,16 @@ class EngineCore:
         if not ctx.materialized and not self.scheduler.jobs_of(ctx):
             self.pool.discard(ctx)
 
-    def _enqueue(
+    def _plan(
         self, job: Job, created: bool, checkpoints: Sequence[tuple[int, int]], prompt_len: int, extra: int
     ) -> None:
-        """Queue a job whose context (``created``: made by this request) will hold
-        ``prompt_len`` tokens once its prompt is computed, and ``extra`` more than now at most."""
+        """Plan a job whose context (``created``: made by this request) will hold
+        ``prompt_len`` tokens once its prompt is computed, and ``extra`` more than now at most
+        (its checkpoints, which it forks then, are made with it)."""
         ctx = job.context
         job.checkpoints = self._checkpoints(ctx, checkpoints, prompt_len)
         job.created = [ctx, *job.checkpoints] if created else list(job.checkpoints)
         self.pool.plan(ctx, extra)
-        self.scheduler.add(job)
 
     # -- the step ------------------------------------------------------------------------
     def step(self) -> bool:

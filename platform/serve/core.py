@@ -81,7 +81,7 @@ class ServeCore:
         self.memory = MemoryTrimmer()  # gives the memory of big prompts and values back once freed
         self.history = history or LoadHistory()
         self.activity = activity or ActivityLog()
-        values = VariableValues(self.metrics, self.admission.budget)
+        values = VariableValues(self.admission.budget)
         self.contexts = ContextManager(pressure or MemoryPressure())
         self.scheduler = GlobalScheduler(
             PromptBuilder(self.tokenizers),
@@ -101,8 +101,8 @@ class ServeCore:
         self.sessions = SessionService(
             self.journal, self.admission, self.scheduler, values, self.driver, session_timeout_s
         )
-        self.vars = VariableService(self.journal, self.admission, values, self.driver)
-        self.streams = StreamService(self.vars, self.admission.limits)
+        self.vars = VariableService(self.journal, self.admission, values, self.driver, self.metrics)
+        self.streams = StreamService(self.vars, self.driver, self.admission.limits)
         self.calls = CallService(self.journal, self.admission, self.vars, self.scheduler, self.driver)
         self.engines = EngineService(registry, self.journal, self.scheduler)
         self.views = OperatorViews(

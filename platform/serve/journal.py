@@ -69,7 +69,19 @@ class Journal:
         while True:
             write, done = await self._queue.get()
             try:
-                error = await self._apply(store, write)
+                for attempt, delay in enumerate((*RETRY_DELAYS_S, None)):
+                    try:
+                        await write(store)
+                        error = None
+                        break
+                    except Exception as failed:
+                        error = failed
+                        if delay is None:
+                            self.failures += 1
+                            log.error("could not write to the store (%d attempts): %s", attempt + 1, error)
+                            break
+                        log.warning("store write failed (%s); again in %.2f s", error, delay)
+                        await asyncio.sleep(delay)
                 if not done.done():
                     if error is None:
                         done.set_result(None)
@@ -80,17 +92,3 @@ class Journal:
                 # Not kept while waiting for the next one: a write's closure may hold a
                 # whole session (its values: 200 MiB stayed after a delete).
                 del write, done
-
-    async def _apply(self, store: Store, write: Write) -> BaseException | None:
-        for attempt, delay in enumerate((*RETRY_DELAYS_S, None)):
-            try:
-                await write(store)
-                return None
-            except Exception as error:
-                if delay is None:
-                    self.failures += 1
-                    log.error("could not write to the store (%d attempts): %s", attempt + 1, error)
-                    return error
-                log.warning("store write failed (%s); again in %.2f s", error, delay)
-                await asyncio.sleep(delay)
-        return None

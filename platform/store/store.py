@@ -37,6 +37,26 @@ def now() -> datetime:
     return datetime.now(UTC)
 
 
+def var_record(
+    var_id: str,
+    session_id: str | None,
+    name: str,
+    value: str | None = None,
+    content_hash: str | None = None,
+    format: dict | None = None,
+) -> VariableRecord:
+    """A variable's record, to add (``format``: a typed variable's format, as JSON)."""
+    return VariableRecord(
+        var_id=var_id,
+        session_id=session_id,
+        name=name,
+        value=value,
+        content_hash=content_hash,
+        format=format,
+        updated_at=now(),
+    )
+
+
 def sqlite_url(data_dir: Path) -> str:
     """The default database: a SQLite file in the data folder."""
     return f"sqlite+aiosqlite:///{Path(data_dir).resolve() / 'parrot.db'}"
@@ -95,10 +115,6 @@ class Store:
     async def close(self) -> None:
         await self.engine.dispose()
 
-    async def _add(self, record: Any) -> None:
-        async with self._sessions.begin() as db:
-            db.add(record)
-
     async def _update(self, model: Any, key: Any, key_value: str, **fields: Any) -> int:
         async with self._sessions.begin() as db:
             result = await db.execute(update(model).where(key == key_value).values(**fields))
@@ -109,7 +125,8 @@ class Store:
         record = SessionRecord(
             session_id=session_id, auth_hash=auth_hash, created_at=now(), last_active_at=now()
         )
-        await self._add(record)
+        async with self._sessions.begin() as db:
+            db.add(record)
         return record
 
     async def get_session(self, session_id: str) -> SessionRecord | None:
@@ -130,6 +147,11 @@ class Store:
             return (await db.scalars(select(SessionRecord).order_by(SessionRecord.created_at))).all()
 
     # -- semantic variables ---------------------------------------------------------------
+    async def add_vars(self, records: Sequence[VariableRecord]) -> None:
+        """Variables' records (from :func:`var_record`), in one transaction."""
+        async with self._sessions.begin() as db:
+            db.add_all(records)
+
     async def add_var(
         self,
         var_id: str,
@@ -140,16 +162,9 @@ class Store:
         format: dict | None = None,
     ) -> VariableRecord:
         """``format``: a typed variable's format, as JSON (``msgspec.to_builtins``)."""
-        record = VariableRecord(
-            var_id=var_id,
-            session_id=session_id,
-            name=name,
-            value=value,
-            content_hash=content_hash,
-            format=format,
-            updated_at=now(),
-        )
-        await self._add(record)
+        record = var_record(var_id, session_id, name, value, content_hash, format)
+        async with self._sessions.begin() as db:
+            db.add(record)
         return record
 
     async def set_var_value(self, var_id: str, value: str) -> bool:
@@ -198,7 +213,10 @@ class Store:
         models: list[str] | None = None,
         output_criteria: str | None = None,
         timings: dict | None = None,
+        new_vars: Sequence[VariableRecord] = (),
     ) -> CallRecord:
+        """A call, stored in one transaction with the variables it made (``new_vars``:
+        from :func:`var_record`)."""
         record = CallRecord(
             call_id=call_id,
             session_id=session_id,
@@ -211,7 +229,8 @@ class Store:
             timings=timings or {},
             created_at=now(),
         )
-        await self._add(record)
+        async with self._sessions.begin() as db:  # one commit: the call and its new variables
+            db.add_all([*new_vars, record])
         return record
 
     async def update_call(self, call_id: str, **fields: Any) -> bool:

@@ -25,6 +25,8 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from tracing.handoffs import NAMED_KIND
+
 Unit = tuple[str, int]  # (process, unit id in its log)
 Event = tuple[Unit, int]  # (unit, time)
 
@@ -135,7 +137,22 @@ class CallPath:
 def call_path(trace: Trace, since: int, terminal: Handoff) -> CallPath:
     """The path that led to ``terminal``, counting only what happened from ``since`` on."""
     bound = ancestors(trace, (terminal.unit, terminal.time), since)
-    hits = [h for h in trace.handoffs if since <= h.time <= bound.get(h.unit, -1)]
+    reaching = _reaching(trace, bound, since)
+    # A named point hands data to a later step of its own unit: it counts when that unit
+    # hands the call on after it.
+    last_reach = {}
+    for h in reaching:
+        last_reach[h.unit] = max(h.time, last_reach.get(h.unit, -1))
+    hits = [
+        h
+        for h in trace.handoffs
+        if since <= h.time <= bound.get(h.unit, -1)
+        and (
+            h.unit == terminal.unit
+            or h in reaching
+            or (h.kind == NAMED_KIND and h.time < last_reach.get(h.unit, -1))
+        )
+    ]
     seen: dict[Row, tuple[int, int, Unit]] = {}
 
     def sight(rows: tuple[Row, ...], t: int, unit: Unit) -> None:
@@ -150,6 +167,26 @@ def call_path(trace: Trace, since: int, terminal: Handoff) -> CallPath:
         sight(resumed[-1][1], resumed[-1][0], terminal.unit)
     rows = sorted(seen, key=lambda row: seen[row][:2])
     return CallPath(rows, seen, hits, resumed[-1][1] if resumed else ())
+
+
+def _reaching(trace: Trace, bound: dict[Unit, int], since: int) -> set[Handoff]:
+    """The hand-offs that reached a unit on the path in time: for every edge followed
+    backwards from the terminal, the last hand-off its source made before it. A hand-off
+    that reached nobody on the path (a write nobody waits for, an event nobody awaits) was
+    side work, even in a unit that also hands the call on."""
+    mine: dict[Unit, list[Handoff]] = defaultdict(list)
+    for h in trace.handoffs:
+        mine[h.unit].append(h)
+    found: set[Handoff] = set()
+    for unit, limit in bound.items():
+        for arrived, source, sent in trace.incoming.get(unit, ()):
+            if arrived > limit or sent < since or sent > bound.get(source, -1):
+                continue
+            made = mine.get(source, [])
+            i = bisect.bisect_right([h.time for h in made], sent) - 1
+            if i >= 0 and made[i].time >= since:
+                found.add(made[i])
+    return found
 
 
 def order_violations(trace: Trace, path: CallPath, table: list[Row], since: int) -> list[str]:

@@ -35,7 +35,7 @@ from parrot.platform.serve.journal import Journal
 from parrot.platform.serve.limits.admission import Admission
 from parrot.platform.serve.ops.activity import ActivityLog
 from parrot.platform.serve.scheduler.global_scheduler import GlobalScheduler
-from parrot.platform.serve.scheduler.task import LATENCY, CompletionTask, Failed, Finished, Started
+from parrot.platform.serve.scheduler.task import LATENCY, CompletionTask, Finished, Started
 from parrot.platform.serve.sessions.session import Session
 from parrot.platform.serve.variables.formats import FieldError
 from parrot.platform.serve.variables.values import VariableValues
@@ -96,12 +96,13 @@ class CallDriver:
 
     def prioritize(self, session: Session, targets: Sequence[SemanticVariable]) -> None:
         """A latency-critical get: the unfinished producers of ``targets``, back through the
-        DAG, go first (the deepest first, as the rest waits on it), queued now or later."""
+        DAG, go first (the deepest first, as the rest waits on it), queued now or later. The
+        scheduler reads the marks at its next dispatch, which comes as soon as an engine has
+        room: a task is only ever queued for want of it, so waking it now would change nothing."""
         for var in targets:
             for chain, depth in graph.producers_of(var):
                 if not chain.settled:
                     chain.latency_depth = max(depth, chain.latency_depth)
-        self.scheduler.wake()
 
     def stop(self, session: Session) -> None:
         """The session is gone: its chains stop waiting and running here."""
@@ -124,8 +125,7 @@ class CallDriver:
         app_seq = self._app_seq(session)
         for chain in producers.values():
             if chain.group is None:
-                chain.group = (app_seq, call.seq)
-        self.scheduler.wake()
+                chain.group = (app_seq, call.seq)  # (read at the next dispatch, as above)
 
     @staticmethod
     def _app_seq(session: Session) -> int:
@@ -136,26 +136,54 @@ class CallDriver:
     async def _drive(
         self, session: Session, chain: CompletionChain, models: tuple[str, ...], criteria: str
     ) -> None:
+        """One chain, from waiting for its inputs to its output's value or error."""
         try:
             if chain.settled:
                 return  # settled before a restart: nothing to run
             why = await self._inputs(session, chain, models, criteria)
             if why is not None:
                 self._settle(chain, error=why)
-            elif isinstance(chain.gen, TransformGen):
-                self._started(chain.call, TRANSFORM_ENGINE)
-                try:
-                    inputs = [v.value or "" for v in chain.input_vars()]
-                    self._settle(chain, await self.transforms.apply(chain.gen.steps, inputs))
-                except TransformError as error:
-                    self._settle(chain, error=str(error))
-            else:
-                await self._run(session, chain, models, criteria)
+                return
+            if isinstance(chain.gen, TransformGen):
+                await self._transform(chain, chain.gen)
+                return
+            task = CompletionTask(
+                chain, session.session_id, next(self._task_seq), self._app_seq(session), criteria, models
+            )
+            try:
+                await self.scheduler.prepare(task)
+            except (ParrotError, LookupError) as error:
+                self._settle(chain, error=f"could not tokenize the prompt: {error}")
+                return
+            async with aclosing(self.scheduler.run(task)) as reports:
+                async for report in reports:
+                    if isinstance(report, Started):
+                        self._started(chain.call, report.engine_id)
+                    elif isinstance(report, Finished):
+                        chain.result = report.result
+                        if report.prompt_ids is not None:
+                            chain.prompt_ids_by_model[report.model] = list(report.prompt_ids)
+                        if report.first_token_at is not None:
+                            chain.call.timings.setdefault("first_token_at", report.first_token_at)
+                        self._settle(chain, report.result.text, report.result.finish_reason)
+                    else:  # Failed
+                        self._settle(chain, error=report.reason)
         except asyncio.CancelledError:
             raise  # its session is gone (or the ServeCore stops): nothing to report
         except Exception as error:  # a bug: the call still ends, with the reason
             log.exception("chain %s of call %s failed", chain.key, chain.call.call_id)
             self._settle(chain, error=f"internal error: {error!r}")
+
+    async def _transform(self, chain: CompletionChain, gen: TransformGen) -> None:
+        """Transforms run on the ServeCore (string work needs no engine), in a worker thread
+        within their time budget."""
+        self._started(chain.call, TRANSFORM_ENGINE)
+        try:
+            value = await self.transforms.apply(gen.steps, [v.value or "" for v in chain.input_vars()])
+        except TransformError as error:
+            self._settle(chain, error=str(error))
+        else:
+            self._settle(chain, value)
 
     async def _inputs(
         self, session: Session, chain: CompletionChain, models: tuple[str, ...], criteria: str
@@ -179,31 +207,6 @@ class CallDriver:
                 except FieldError as error:
                     return f"input {node.var.name!r} has no field {format_path(node.path)}: {error}"
         return None
-
-    async def _run(
-        self, session: Session, chain: CompletionChain, models: tuple[str, ...], criteria: str
-    ) -> None:
-        task = CompletionTask(
-            chain, session.session_id, next(self._task_seq), self._app_seq(session), criteria, models
-        )
-        try:
-            await self.scheduler.prepare(task)
-        except (ParrotError, LookupError) as error:
-            self._settle(chain, error=f"could not tokenize the prompt: {error}")
-            return
-        async with aclosing(self.scheduler.run(task)) as reports:
-            async for report in reports:
-                if isinstance(report, Started):
-                    self._started(chain.call, report.engine_id)
-                elif isinstance(report, Finished):
-                    chain.result = report.result
-                    if report.prompt_ids is not None:
-                        chain.prompt_ids_by_model[report.model] = list(report.prompt_ids)
-                    if report.first_token_at is not None:
-                        chain.call.timings.setdefault("first_token_at", report.first_token_at)
-                    self._settle(chain, report.result.text, report.result.finish_reason)
-                elif isinstance(report, Failed):
-                    self._settle(chain, error=report.reason)
 
     # -- state changes, journaled -------------------------------------------------------------
     def _started(self, call: RequestChain, engine_id: str) -> None:

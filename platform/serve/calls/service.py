@@ -225,8 +225,9 @@ class CallService:
         for param in stored:
             param["var_id"] = bound[param["name"]].var_id
         session.calls[call.call_id] = call
-        writes = [w for var in fresh if (w := self.vars.add(session, var)) is not None]
-        writes += [w for var, fmt in retyped if (w := self.vars.retype(var, fmt)) is not None]
+        # The call and the variables it made are stored in one transaction.
+        new_vars = [r for var in fresh if (r := self.vars.add(session, var)) is not None]
+        writes = [w for var, fmt in retyped if (w := self.vars.retype(var, fmt)) is not None]
         if session.stored:
             writes.append(
                 self.journal.record(
@@ -239,6 +240,7 @@ class CallService:
                         models,
                         output_criteria,
                         timings=t,
+                        new_vars=new_vars,
                     )
                 )
             )

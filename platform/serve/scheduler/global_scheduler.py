@@ -229,11 +229,15 @@ class GlobalScheduler:
                 if task not in self.queue:
                     continue  # placed with its group or a task sharing its prefix
                 try:
-                    if (slot := self._pick(task)) is not None:
-                        self._start(task, slot)
-                        for other in self._companions(task, slot):
-                            if slot.fits(self._need(other, slot)):
-                                self._start(other, slot)
+                    if (slot := self._pick(task)) is None:
+                        continue
+                    lease, need = self._place(task, slot)
+                    self._jobs[task.key] = (task, asyncio.create_task(self._execute(task, lease, need)))
+                    for other in self._companions(task, slot):  # placed with it, in order
+                        if slot.fits(self._need(other, slot)):
+                            lease, need = self._place(other, slot)
+                            job = asyncio.create_task(self._execute(other, lease, need))
+                            self._jobs[other.key] = (other, job)
                 except Exception as error:  # a bug: this task fails, the loop and the rest go on
                     log.exception("dispatching call %s failed", task.chain.call.call_id)
                     self.queue.remove(task)
@@ -292,7 +296,8 @@ class GlobalScheduler:
                     out.append(other)
         return out
 
-    def _start(self, task: CompletionTask, slot: EngineSlot) -> None:
+    def _place(self, task: CompletionTask, slot: EngineSlot) -> tuple[Lease, int]:
+        """The task's contexts and load on ``slot``; its lease, and the KV tokens it may add."""
         self.queue.remove(task)
         self.contexts.release_hold(task.key)
         need = self._need(task, slot)  # before placing: the task's own context joins the tree
@@ -303,11 +308,11 @@ class GlobalScheduler:
         slot.load += need
         task.attempts += 1
         task.lost = False
-        task.reports.put_nowait(Started(slot.engine_id))
-        self._jobs[task.key] = (task, asyncio.create_task(self._execute(task, lease, need)))
+        return lease, need
 
     async def _execute(self, task: CompletionTask, lease: Lease, need: int) -> None:
         slot = lease.slot
+        task.reports.put_nowait(Started(slot.engine_id))
         report: Report | None
         try:
             report = await self.runner.generate(task, lease)

@@ -14,6 +14,7 @@ from collections import Counter
 from collections.abc import AsyncIterator
 
 from parrot.engines.protocol.errors import TooManyRequestsError
+from parrot.platform.serve.calls.drive import CallDriver
 from parrot.platform.serve.errors import ProducerFailedError, SessionClosedError
 from parrot.platform.serve.limits.settings import Limits, describe
 from parrot.platform.serve.scheduler.task import LATENCY
@@ -27,8 +28,9 @@ KEEPALIVE_S = 15.0  # an idle stream (a call still queued) says it is alive this
 
 
 class StreamService:
-    def __init__(self, vars: VariableService, limits: Limits) -> None:
+    def __init__(self, vars: VariableService, driver: CallDriver, limits: Limits) -> None:
         self.vars = vars
+        self.driver = driver  # a latency-critical follower prioritizes the producers
         self.limits = limits
         self._per_session: Counter[str] = Counter()  # followers now, by session
 
@@ -40,7 +42,7 @@ class StreamService:
         check_criteria(criteria, "criteria")
         self._admit(session.session_id, var)
         if criteria == LATENCY:
-            self.vars.activate(session, [var])
+            self.driver.prioritize(session, [var])
         var.stream.readers += 1
         self._per_session[session.session_id] += 1
         return self._events(session, var)

@@ -10,15 +10,22 @@ from __future__ import annotations
 
 import asyncio
 import secrets
+import time
 from collections.abc import Sequence
 
 import msgspec
 
 from parrot.engines.protocol.errors import BadRequestError, NotFoundError, ParrotError
 from parrot.platform.serve.calls.drive import CallDriver
-from parrot.platform.serve.errors import FormatMismatchError, SessionClosedError, WaitTimeoutError
+from parrot.platform.serve.errors import (
+    FormatMismatchError,
+    ProducerFailedError,
+    SessionClosedError,
+    WaitTimeoutError,
+)
 from parrot.platform.serve.journal import Journal
 from parrot.platform.serve.limits.admission import Admission
+from parrot.platform.serve.ops.metrics import ServeMetrics
 from parrot.platform.serve.scheduler.task import LATENCY, THROUGHPUT
 from parrot.platform.serve.sessions.service import SessionService
 from parrot.platform.serve.sessions.session import Session
@@ -26,6 +33,7 @@ from parrot.platform.serve.variables.formats import check_format, mismatch
 from parrot.platform.serve.variables.values import VariableValues
 from parrot.platform.serve.variables.variable import SemanticVariable
 from parrot.platform.store.models import VariableRecord
+from parrot.platform.store.store import var_record
 from parrot.wire.formats import OutputFormat
 
 CRITERIA = (LATENCY, THROUGHPUT)
@@ -43,24 +51,29 @@ def check_criteria(criteria: str | None, what: str) -> None:
 
 class VariableService:
     def __init__(
-        self, journal: Journal, admission: Admission, values: VariableValues, driver: CallDriver
+        self,
+        journal: Journal,
+        admission: Admission,
+        values: VariableValues,
+        driver: CallDriver,
+        metrics: ServeMetrics,
     ) -> None:
+        self.metrics = metrics  # seconds each get waited
         self.journal = journal
         self.admission = admission
         self.values = values
         self.driver = driver  # a latency get prioritizes the producers through it
 
-    def add(self, session: Session, var: SemanticVariable) -> asyncio.Future | None:
-        """Add ``var`` to its session; the future of its record's write (None: not stored)."""
+    def add(self, session: Session, var: SemanticVariable) -> VariableRecord | None:
+        """Add ``var`` to its session; its record, for the caller to store with what made it
+        (None: not stored)."""
         var.stored = session.stored
         session.vars[var.var_id] = var
         self.admission.budget.join(session.session_id, var.var_id)
         if not var.stored:
             return None
         fmt = None if var.format is None else msgspec.to_builtins(var.format)
-        return self.journal.record(
-            lambda store: store.add_var(var.var_id, session.session_id, var.name, var.value, format=fmt)
-        )
+        return var_record(var.var_id, session.session_id, var.name, var.value, format=fmt)
 
     def retype(self, var: SemanticVariable, fmt: OutputFormat) -> asyncio.Future | None:
         """Give an existing, untyped variable a format (it became the output of a call that
@@ -93,9 +106,10 @@ class VariableService:
         self.admission.check_session_growth(session.session_id, len(session.vars), 1, len(session.calls), 0)
         var = SemanticVariable(new_id("var"), name, value, format=fmt)
         self.admission.budget.take(session.session_id, [(var.var_id, value)])  # 429 / 507
-        stored = self.add(session, var)
+        record = self.add(session, var)
         try:
-            await self.journal.commit(*filter(None, [stored]))
+            if record is not None:
+                await self.journal.commit(self.journal.record(lambda store: store.add_vars([record])))
         except ParrotError:
             self.forget(session, [var])
             raise
@@ -144,30 +158,34 @@ class VariableService:
             )
 
     async def get(self, session: Session, var_id: str, criteria: str, timeout: float) -> SemanticVariable:
-        """The variable once it has its value (a ``latency`` get runs its producers first)."""
+        """The variable once it has its value (a ``latency`` get runs its producers first);
+        408 when ``timeout`` passes first, 424 with the reason when it will never come."""
         var = self.find(session, var_id)
         check_criteria(criteria, "criteria")
         if criteria == LATENCY:
-            self.activate(session, [var])
+            self.driver.prioritize(session, [var])
+        started = time.monotonic()
         try:
-            await self.values.wait(var, timeout)
+            if not var.settled.is_set():
+                if timeout <= 0:
+                    raise TimeoutError
+                await asyncio.wait_for(var.settled.wait(), timeout)
         except TimeoutError:
             raise WaitTimeoutError(f"variable {var_id!r} has no value after {timeout}s") from None
-        except ParrotError:
-            if session.closed:
-                raise SessionClosedError(
-                    f"session {session.session_id!r} was deleted while waiting"
-                ) from None
-            raise
-        return var
+        finally:
+            self.metrics.observe_wait(time.monotonic() - started)
+        if var.error is None:
+            return var
+        if session.closed:
+            raise SessionClosedError(f"session {session.session_id!r} was deleted while waiting")
+        raise ProducerFailedError(f"variable {var.name!r} has no value: {var.error}")
 
     async def wait_value(self, var: SemanticVariable) -> str:
         """The value of a variable of a live session (raises the producer's failure)."""
-        return await self.values.wait(var)
-
-    def activate(self, session: Session, targets: list[SemanticVariable]) -> None:
-        """A latency-critical read of ``targets``: their producers go first."""
-        self.driver.prioritize(session, targets)
+        await var.settled.wait()
+        if var.error is not None:
+            raise ProducerFailedError(f"variable {var.name!r} has no value: {var.error}")
+        return var.value or ""
 
     def restore(self, records: Sequence[VariableRecord], sessions: SessionService) -> None:
         """Variables from the store, with the values and errors they had (their values

@@ -4,7 +4,7 @@ One writer (the task runner, as the engine's tokens arrive) appends deltas; any 
 readers follow at their own pace. A reader holds only its position: nothing is queued per
 reader, so a slow reader gets several deltas joined in one read and a reader that goes
 away costs nothing. The writer never waits on a reader. Waking the readers is one event,
-replaced at each append (the readers of the old one wake once).
+replaced at each append that a reader waits for (the readers of the old one wake once).
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ class ValueStream:
     readers: int = 0  # readers following now
     closed: bool = False  # its variable settled: no more deltas
     _changed: asyncio.Event = field(default_factory=asyncio.Event, repr=False)
+    _waiting: int = 0  # readers waiting for a change now (none: an append wakes nobody)
 
     @property
     def text(self) -> str:
@@ -77,9 +78,14 @@ class ValueStream:
         """Wait for the next append (or restart, or close); returns at ``timeout`` anyway."""
         if self.closed:
             return
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._changed.wait(), timeout)
+        self._waiting += 1
+        try:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._changed.wait(), timeout)
+        finally:
+            self._waiting -= 1
 
     def _wake(self) -> None:
-        self._changed.set()
-        self._changed = asyncio.Event()
+        if self._waiting:  # most values are generated with nobody following them
+            self._changed.set()
+            self._changed = asyncio.Event()

@@ -14,14 +14,10 @@ fails its variable with the limit it would pass, and is not kept.
 
 from __future__ import annotations
 
-import asyncio
-import time
 from collections.abc import Iterable
 
 from parrot.engines.protocol import text
-from parrot.platform.serve.errors import ProducerFailedError
 from parrot.platform.serve.limits.value_budget import ValueBudget
-from parrot.platform.serve.ops.metrics import ServeMetrics
 from parrot.platform.serve.variables.formats import mismatch
 from parrot.platform.serve.variables.variable import SemanticVariable
 
@@ -30,8 +26,7 @@ class VariableValues:
     """Sets values and errors (a client's value through the variable service, a produced one
     through the call driver, which journals it) and wakes whoever waits."""
 
-    def __init__(self, metrics: ServeMetrics, budget: ValueBudget) -> None:
-        self.metrics = metrics  # seconds each get waited
+    def __init__(self, budget: ValueBudget) -> None:
         self.budget = budget  # charged every value kept
 
     def set_value(self, var: SemanticVariable, value: str, finish_reason: str | None = None) -> None:
@@ -53,13 +48,15 @@ class VariableValues:
             self.fail(var, why)
             return
         var.value = value
-        self._changed(var, finish_reason)
+        var.settled.set()
+        var.end_stream(finish_reason)  # its readers end with the value
 
     def fail(self, var: SemanticVariable, error: str) -> None:
         if var.ready or var.error is not None:
             return
         var.error = text.printable(error)
-        self._changed(var)
+        var.settled.set()
+        var.end_stream()  # its readers end with the error
 
     def close(self, variables: Iterable[SemanticVariable], reason: str) -> None:
         """Their session is gone: whoever still waits on one of them wakes with ``reason``
@@ -69,23 +66,3 @@ class VariableValues:
                 var.error = reason
                 var.settled.set()
                 var.end_stream()
-
-    @staticmethod
-    def _changed(var: SemanticVariable, finish_reason: str | None = None) -> None:
-        var.settled.set()
-        var.end_stream(finish_reason)  # its readers end with the value or the error
-
-    async def wait(self, var: SemanticVariable, timeout: float | None = None) -> str:
-        """The value, once there; raises :class:`ProducerFailedError` with the reason when it
-        will never come, ``TimeoutError`` when ``timeout`` passes first."""
-        started = time.monotonic()
-        try:
-            if not var.settled.is_set():
-                if timeout is not None and timeout <= 0:
-                    raise TimeoutError
-                await asyncio.wait_for(var.settled.wait(), timeout)
-        finally:
-            self.metrics.observe_wait(time.monotonic() - started)
-        if var.error:
-            raise ProducerFailedError(f"variable {var.name!r} has no value: {var.error}")
-        return var.value or ""

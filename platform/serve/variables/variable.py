@@ -32,21 +32,18 @@ class SemanticVariable:
     producer: CompletionChain | None = None
     consumers: list[CompletionChain] = field(default_factory=list)
     stored: bool = True  # False in sessions that are not persisted (one-shot OpenAI requests)
-    _settled: asyncio.Event | None = field(default=None, repr=False)
+    # Set once the variable has a value or an error (by its one writer,
+    # :class:`~parrot.platform.serve.variables.values.VariableValues`).
+    settled: asyncio.Event = field(default_factory=asyncio.Event, repr=False)
     _stream: ValueStream | None = field(default=None, repr=False)
+
+    def __post_init__(self) -> None:
+        if self.value is not None or self.error is not None:  # made settled (a restore)
+            self.settled.set()
 
     @property
     def ready(self) -> bool:
         return self.value is not None
-
-    @property
-    def settled(self) -> asyncio.Event:
-        """Set once the variable has a value or an error."""
-        if self._settled is None:
-            self._settled = asyncio.Event()
-        if self.ready or self.error is not None:
-            self._settled.set()
-        return self._settled
 
     @property
     def stream(self) -> ValueStream:
