@@ -71,6 +71,7 @@ class ServeCore:
         transform_limits: TransformLimits | None = None,
         engine_settings: EngineSettings | None = None,
     ) -> None:
+        health = health or HealthSettings()
         engine_settings = engine_settings or EngineSettings()
         # The parts below the services.
         self.admission = Admission(limits)
@@ -95,7 +96,7 @@ class ServeCore:
             self.journal, self.admission, self.activity, values, self.scheduler, self.transforms
         )
         registry = EngineRegistry(
-            self.scheduler, self.contexts, self.journal, self.tokenizers, engine_settings
+            self.scheduler, self.contexts, self.journal, self.tokenizers, engine_settings, health.timeout_s
         )
         # The services the routes use.
         self.sessions = SessionService(

@@ -101,12 +101,15 @@ class EngineRegistry:
         journal: Journal,
         tokenizers: TokenizerManager,
         settings: EngineSettings,
+        ping_timeout_s: float,
     ) -> None:
         self.scheduler = scheduler
         self.contexts = contexts  # frees what earlier runs left on an engine being registered
         self.journal = journal
         self.tokenizers = tokenizers
         self.settings = settings
+        self.ping_timeout_s = ping_timeout_s  # the monitor's: an engine's client pings within it
+        self.clients: dict[str, Engine] = {}  # by engine id: made here, closed here
         self.specs: dict[str, EngineSpec] = {}
         self._ids = itertools.count(1)
 
@@ -122,7 +125,7 @@ class EngineRegistry:
         for known_id, known in self.specs.items():
             if known.public_url == url and (known.model == spec.model or spec.kind == BUILTIN):
                 raise ConflictError(f"engine {url} is already registered as {known_id}")
-        ping_s = self.scheduler.health.timeout_s
+        ping_s = self.ping_timeout_s
         client = _connect(spec, self.settings, ping_s)
         model, up, info = spec.model or stored_model or "", True, {}
         try:
@@ -145,6 +148,7 @@ class EngineRegistry:
             await self._load_tokenizer(model, client)
         slot = EngineSlot(engine_id, model, client, text=tokenize is None, tokenize=tokenize)
         self.specs[engine_id] = spec
+        self.clients[engine_id] = client
         # A builtin engine says how many jobs it runs at once (its ping); an endpoint does not.
         default = None if spec.kind == BUILTIN else self.settings.openai_capacity
         self.scheduler.add_engine(slot, task_limit=spec.capacity or default, info=info, up=up)
@@ -169,7 +173,7 @@ class EngineRegistry:
         if slot is None:
             raise NotFoundError(f"engine {engine_id!r} is not registered")
         self.specs.pop(engine_id, None)
-        await slot.client.aclose()
+        await self.clients.pop(engine_id).aclose()
         return self.journal.record(lambda store: store.delete_engine(engine_id))
 
     async def restore(
@@ -220,5 +224,5 @@ class EngineRegistry:
             log.warning("could not remove the record of engine %s: %s", engine_id, error)
 
     async def close(self) -> None:
-        for slot in self.scheduler.engines.values():
-            await slot.client.aclose()
+        for client in self.clients.values():
+            await client.aclose()
