@@ -152,21 +152,6 @@ class Store:
         async with self._sessions.begin() as db:
             db.add_all(records)
 
-    async def add_var(
-        self,
-        var_id: str,
-        session_id: str | None,
-        name: str,
-        value: str | None = None,
-        content_hash: str | None = None,
-        format: dict | None = None,
-    ) -> VariableRecord:
-        """``format``: a typed variable's format, as JSON (``msgspec.to_builtins``)."""
-        record = var_record(var_id, session_id, name, value, content_hash, format)
-        async with self._sessions.begin() as db:
-            db.add(record)
-        return record
-
     async def set_var_value(self, var_id: str, value: str) -> bool:
         return (
             await self._update(

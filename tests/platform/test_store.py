@@ -8,7 +8,7 @@ import pytest_asyncio
 from sqlalchemy import inspect, text
 from sqlalchemy.exc import IntegrityError
 
-from parrot.platform.store.store import Store
+from parrot.platform.store.store import Store, var_record
 
 pytestmark = pytest.mark.asyncio(loop_scope="function")
 
@@ -33,8 +33,8 @@ async def test_migrations_create_the_schema_and_are_idempotent(store):
 
 async def test_records_survive_a_restart(store):
     await store.add_session("s1", "hash")
-    await store.add_var("v1", "s1", "question", "What is a tide?")
-    await store.add_var("v2", "s1", "answer")
+    await store.add_vars([var_record("v1", "s1", "question", "What is a tide?")])
+    await store.add_vars([var_record("v2", "s1", "answer")])
     await store.add_call(
         "c1",
         "s1",
@@ -71,8 +71,8 @@ async def test_records_survive_a_restart(store):
 async def test_deleting_a_session_deletes_its_vars_and_calls(store):
     await store.add_session("s1", "h")
     await store.add_session("s2", "h")
-    await store.add_var("v1", "s1", "a", "1")
-    await store.add_var("v2", "s2", "b", "2")
+    await store.add_vars([var_record("v1", "s1", "a", "1")])
+    await store.add_vars([var_record("v2", "s2", "b", "2")])
     await store.add_call("c1", "s1", 1, "t", [])
     assert await store.delete_session("s1")
     assert await store.get_var("v1") is None and await store.get_call("c1") is None
@@ -81,11 +81,11 @@ async def test_deleting_a_session_deletes_its_vars_and_calls(store):
 
 
 async def test_global_variables_are_found_by_content(store):
-    await store.add_var("g1", None, "system", "You are helpful.", content_hash="abc")
+    await store.add_vars([var_record("g1", None, "system", "You are helpful.", content_hash="abc")])
     assert (await store.global_var("abc")).var_id == "g1"
     assert await store.global_var("nope") is None
     with pytest.raises(IntegrityError):
-        await store.add_var("g2", None, "system", "You are helpful.", content_hash="abc")
+        await store.add_vars([var_record("g2", None, "system", "You are helpful.", content_hash="abc")])
 
 
 async def test_engine_records_update_and_delete(store):
@@ -117,9 +117,9 @@ async def test_a_typed_variable_keeps_its_format_across_a_restart(store):
     made or later (an output of a call that has one), and read back as it was."""
     schema = {"type": "object", "properties": {"steps": {"type": "array", "items": {"type": "string"}}}}
     await store.add_session("s1", "hash")
-    await store.add_var("v1", "s1", "plan", None, format={"json_schema": schema})
-    await store.add_var("v2", "s1", "verdict")
-    await store.add_var("v3", "s1", "free", "text")
+    await store.add_vars([var_record("v1", "s1", "plan", None, format={"json_schema": schema})])
+    await store.add_vars([var_record("v2", "s1", "verdict")])
+    await store.add_vars([var_record("v3", "s1", "free", "text")])
     assert await store.set_var_format("v2", {"choice": ["yes", "no"]})
     await store.set_var_value("v1", '{"steps":["a"]}')
     await store.close()
