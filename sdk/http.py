@@ -4,7 +4,7 @@ An :class:`Op` says everything about one REST request and how to read its answer
 logic of every route is written once (in :mod:`parrot.sdk.ops`) and only the sending
 differs between :class:`SyncTransport` and :class:`AsyncTransport`. A :class:`StreamOp` is
 the same for a response of server-sent events. Error responses become the matching
-:mod:`parrot.sdk.errors` class here, in one place.
+:mod:`parrot.wire.errors` class here, in one place.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ import msgspec
 from httpx_sse import EventSource, ServerSentEvent
 
 from parrot.sdk.errors import ServerUnreachableError, error_for
+from parrot.wire.errors import ErrorResponse
 
 T = TypeVar("T")
 U = TypeVar("U")
@@ -95,13 +96,11 @@ def _read(op: Op[T], response: httpx.Response) -> T:
 
 
 def _error(response: httpx.Response) -> Exception:
-    code, message = None, response.text[:1000] or response.reason_phrase
     try:
-        body = response.json()["error"]
-        code, message = body.get("code"), body.get("message", message)
-    except (ValueError, KeyError, TypeError, AttributeError):
-        pass  # not a Parrot error body (a proxy's page, ...): keep the text
-    return error_for(response.status_code, code, message)
+        body = msgspec.json.decode(response.content, type=ErrorResponse).error
+    except msgspec.DecodeError:  # not a Parrot error body (a proxy's page, ...): keep the text
+        return error_for(response.status_code, None, response.text[:1000] or response.reason_phrase)
+    return error_for(response.status_code, body.code, body.message)
 
 
 def _stream_request(op: StreamOp, timeout: float) -> dict[str, Any]:
