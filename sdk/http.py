@@ -26,7 +26,8 @@ U = TypeVar("U")
 
 @dataclass(frozen=True)
 class Op(Generic[T]):
-    """One REST request: route, body, credentials, and ``decode`` for a success response.
+    """One REST request: route, body (a struct of the wire contract, sent as its JSON),
+    credentials, and ``decode`` for a success response.
 
     ``wait_s`` is how long the server may hold the request on purpose (a get that waits
     for a value); it is added to the client's timeout.
@@ -35,7 +36,7 @@ class Op(Generic[T]):
     method: str
     path: str
     decode: Callable[[httpx.Response], T]
-    json: Any = None
+    body: msgspec.Struct | None = None
     params: Mapping[str, Any] | None = None
     token: str | None = None
     wait_s: float = 0.0
@@ -61,10 +62,14 @@ def nothing(_: httpx.Response) -> None:
 def _request(op: Op | StreamOp, timeout: float, accept: Mapping[str, str] | None = None) -> dict[str, Any]:
     headers = {"Authorization": f"Bearer {op.token}"} if op.token else {}
     headers |= accept or {}
+    content = None
+    if op.body is not None:
+        content = msgspec.json.encode(op.body)
+        headers["Content-Type"] = "application/json"
     return {
         "method": op.method,
         "url": op.path,
-        "json": op.json,
+        "content": content,
         "params": op.params,
         "headers": headers,
         "timeout": timeout + op.wait_s,
@@ -82,7 +87,7 @@ class StreamOp(Generic[T]):
 
     path: str
     decode: Callable[[ServerSentEvent], T | None]
-    json: Any = None
+    body: msgspec.Struct | None = None
     token: str | None = None
     method: str = "POST"
     params: Mapping[str, Any] | None = None

@@ -31,9 +31,9 @@ from parrot.engines.protocol.error_responses import exception_handlers
 from parrot.engines.protocol.json_body import JsonRequest
 from parrot.platform.api.adapter_routes import AdapterController
 from parrot.platform.api.auth import Sessions, admin_guard
+from parrot.platform.api.bodies import binding, engine_spec, transform_binding
 from parrot.platform.api.deps import DEPENDENCIES, Core
 from parrot.platform.api.openai_front import OpenAIController
-from parrot.platform.api.schemas import CreateVar, RegisterEngine, SetVar, SubmitCall, SubmitTransform
 from parrot.platform.api.token_throttle import TokenThrottle
 from parrot.platform.api.var_stream_events import sse_messages
 from parrot.platform.serve.calls.graph import RequestChain, SemanticVariable
@@ -41,6 +41,7 @@ from parrot.platform.serve.core import ServeCore
 from parrot.platform.serve.ops.metrics import CONTENT_TYPE
 from parrot.platform.serve.ops.observe import ContextTreeView, SessionDag
 from parrot.platform.serve.ops.views import EngineView
+from parrot.wire.bodies import CreateVar, RegisterEngine, SetVar, SubmitCall, SubmitTransform
 from parrot.wire.responses import (
     CallInfo,
     CallSubmitted,
@@ -180,7 +181,7 @@ class CallController(Controller):
     )
     async def submit_call(self, data: JSONBody[SubmitCall], sessions: Sessions, core: Core) -> CallSubmitted:
         session = sessions(data.session_id)
-        bindings = [p.binding() for p in data.parameters]
+        bindings = [binding(p) for p in data.parameters]
         call, outputs = await core.calls.submit(
             session, data.template, bindings, data.models, data.output_criteria
         )
@@ -199,7 +200,7 @@ class CallController(Controller):
         self, data: JSONBody[SubmitTransform], sessions: Sessions, core: Core
     ) -> CallSubmitted:
         session = sessions(data.session_id)
-        inputs = [item.binding(n) for n, item in enumerate(data.inputs)]
+        inputs = [transform_binding(item, n) for n, item in enumerate(data.inputs)]
         call, outputs = await core.calls.submit_transform(session, inputs, data.steps, data.output)
         info = [
             ParamInfo(name=n.var.name, is_output=False, var_id=n.var.var_id) for n in call.chains[0].fills
@@ -227,7 +228,7 @@ class EngineController(Controller):
 
     @post(status_code=201, guards=[admin_guard], responses=error_responses(BODY, ADMIN, 409, STORE))
     async def register_engine(self, data: JSONBody[RegisterEngine], core: Core) -> EngineInfo:
-        slot = await core.engines.register(data.spec())
+        slot = await core.engines.register(engine_spec(data))
         return _engine_info(core.views.engine_view(slot.engine_id))
 
     @delete(
