@@ -40,7 +40,6 @@ from parrot.platform.serve.calls.graph import RequestChain, SemanticVariable
 from parrot.platform.serve.core import ServeCore
 from parrot.platform.serve.ops.metrics import CONTENT_TYPE
 from parrot.platform.serve.ops.observe import ContextTreeView, SessionDag
-from parrot.platform.serve.ops.views import EngineView
 from parrot.wire.bodies import CreateVar, RegisterEngine, SetVar, SubmitCall, SubmitTransform
 from parrot.wire.responses import (
     CallInfo,
@@ -77,18 +76,6 @@ def _call_info(request: RequestChain) -> CallInfo:
         engine=request.engine_id,
         timings=request.timings,
         error=request.error,
-    )
-
-
-def _engine_info(view: EngineView) -> EngineInfo:
-    return EngineInfo(
-        engine_id=view.engine_id,
-        kind=view.kind,
-        url=view.url,
-        model=view.model,
-        up=view.up,
-        running=view.running,
-        capacity=view.capacity,
     )
 
 
@@ -224,12 +211,12 @@ class EngineController(Controller):
 
     @get()
     async def list_engines(self, core: Core) -> list[EngineInfo]:
-        return [_engine_info(v) for v in core.views.engine_views()]
+        return core.views.engine_views()
 
     @post(status_code=201, guards=[admin_guard], responses=error_responses(BODY, ADMIN, 409, STORE))
     async def register_engine(self, data: JSONBody[RegisterEngine], core: Core) -> EngineInfo:
         slot = await core.engines.register(engine_spec(data))
-        return _engine_info(core.views.engine_view(slot.engine_id))
+        return core.views.engine_view(slot.engine_id)
 
     @delete(
         "/{engine_id:str}",
