@@ -19,6 +19,7 @@ from parrot.sdk.ops import SessionKey
 from parrot.sdk.params import Output
 from parrot.sdk.results import CallInfo, EngineInfo, Health, RenderedChat, SessionInfo, SessionUsage
 from parrot.sdk.streams import CompletionDelta
+from parrot.wire.bodies import RegisterEngine
 
 T = TypeVar("T")
 
@@ -229,7 +230,7 @@ class AsyncClient(ClientBase):
 
     async def register_engine(self, url: str | None = None, **spec: Any) -> EngineInfo:
         """See :meth:`parrot.sdk.client.Client.register_engine`."""
-        return await self.send(ops.register_engine(self.config.admin_token, {"url": url, **spec}))
+        return await self.send(ops.register_engine(self.config.admin_token, RegisterEngine(url=url, **spec)))
 
     async def remove_engine(self, engine_id: str) -> None:
         await self.send(ops.remove_engine(self.config.admin_token, engine_id))

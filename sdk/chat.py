@@ -16,9 +16,10 @@ from typing import Any
 
 import msgspec
 
+from parrot.sdk.errors import BadRequestError
 from parrot.sdk.http import Op, struct
 from parrot.sdk.streams import openai_sampling
-from parrot.wire.openai_schemas import Usage
+from parrot.wire.openai_schemas import ChatCompletionRequest, Usage
 
 
 class ToolCall(msgspec.Struct, kw_only=True, frozen=True):
@@ -112,7 +113,8 @@ def chat_completion(
     parallel_tool_calls: bool | None = None,
     response_format: Mapping[str, Any] | None = None,
 ) -> Op[ChatReply]:
-    """``POST /v1/chat/completions``; the options left None are not sent."""
+    """``POST /v1/chat/completions``; the options left None are the server's defaults. The
+    body is checked here against the type the server decodes (:class:`BadRequestError`)."""
     body: dict[str, Any] = {"messages": [dict(m) for m in messages], **openai_sampling(sampling)}
     options = {
         "model": model,
@@ -122,4 +124,8 @@ def chat_completion(
         "response_format": response_format,
     }
     body |= {k: v for k, v in options.items() if v is not None}
-    return Op("POST", "/v1/chat/completions", struct(_Response), json=body, token=api_key).then(_reply)
+    try:
+        request = msgspec.convert(body, ChatCompletionRequest)
+    except msgspec.ValidationError as error:
+        raise BadRequestError(f"invalid chat request: {error}") from None
+    return Op("POST", "/v1/chat/completions", struct(_Response), body=request, token=api_key).then(_reply)

@@ -15,6 +15,7 @@ from parrot.sdk.ops import SessionKey
 from parrot.sdk.params import Output
 from parrot.sdk.results import CallInfo, EngineInfo, Health, RenderedChat, SessionInfo, SessionUsage
 from parrot.sdk.streams import CompletionDelta
+from parrot.wire.bodies import RegisterEngine
 
 T = TypeVar("T")
 
@@ -225,8 +226,10 @@ class Client(ClientBase):
 
     def register_engine(self, url: str | None = None, **spec: Any) -> EngineInfo:
         """Register a builtin engine at ``url``, or an OpenAI-compatible one with
-        ``kind="openai", base_url=..., model=..., api_key=..., api="chat"``; ``capacity``."""
-        return self.send(ops.register_engine(self.config.admin_token, {"url": url, **spec}))
+        ``kind="openai", base_url=..., model=..., api_key=..., api="chat"``; ``capacity``
+        (the fields of :class:`parrot.wire.bodies.RegisterEngine`: another name is a
+        ``TypeError``)."""
+        return self.send(ops.register_engine(self.config.admin_token, RegisterEngine(url=url, **spec)))
 
     def remove_engine(self, engine_id: str) -> None:
         self.send(ops.remove_engine(self.config.admin_token, engine_id))

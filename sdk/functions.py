@@ -48,7 +48,6 @@ from parrot.wire.template import (
     check_binding,
     parse_template,
 )
-from parrot.wire.template import TemplateError as WireTemplateError
 
 RESERVED = ("session", "models", "output_criteria")
 
@@ -122,7 +121,7 @@ class SemanticFunction:
             raise DefinitionError(f"{where} has no Output parameter: nothing to generate")
         try:
             self._chunks = _check(self.template, list(self._params.values()))
-        except WireTemplateError as error:
+        except TemplateError as error:
             raise DefinitionError(f"{where}: {error}") from None
         _check_fields(where, self._chunks, self._params)
         callable_params = [
@@ -218,7 +217,7 @@ class SemanticFunction:
         params = [_Param(n, None) for n in inputs] + [_Param(n, o) for n, o in outputs.items()]
         try:
             _check(template, params)
-        except WireTemplateError as error:
+        except TemplateError as error:
             raise TemplateError(f"{self.__name__}(): the rendered template is wrong: {error}") from None
 
     def _results(self, call: Call) -> Any:

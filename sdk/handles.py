@@ -18,6 +18,7 @@ from parrot.sdk.http import Op, StreamOp
 from parrot.sdk.ops import SessionKey
 from parrot.sdk.params import Output
 from parrot.sdk.results import CallInfo, CallSubmitted, SessionInfo, SessionUsage, VarInfo
+from parrot.wire.bodies import CallParameter, TransformInput
 from parrot.wire.var_stream import VarDelta, VarValue
 
 DEFAULT_WAIT_S = 300.0
@@ -128,6 +129,7 @@ class Call(Generic[V]):
 
 
 def _reference(value: Any, what: str) -> dict[str, str]:
+    """An input as the fields that name it: a Var by ``var_id``, a str as its ``value``."""
     if isinstance(value, VarBase):
         return {"var_id": value.var_id}
     if isinstance(value, str):
@@ -135,11 +137,11 @@ def _reference(value: Any, what: str) -> dict[str, str]:
     raise TypeError(f"{what} must be a Var or a str, not {type(value).__name__}")
 
 
-def call_parameters(inputs: Mapping[str, VarBase | str], outputs: Mapping[str, Output]) -> list[dict]:
+def call_parameters(
+    inputs: Mapping[str, VarBase | str], outputs: Mapping[str, Output]
+) -> list[CallParameter]:
     """The API's ``parameters`` list: inputs by var_id or value, outputs with sampling."""
-    params: list[dict[str, Any]] = [
-        {"name": name, **_reference(value, f"input {name!r}")} for name, value in inputs.items()
-    ]
+    params = [CallParameter(name=n, **_reference(value, f"input {n!r}")) for n, value in inputs.items()]
     for name, output in outputs.items():
         if not isinstance(output, Output):
             raise TypeError(f"output {name!r} must be an Output, not {type(output).__name__}")
@@ -200,7 +202,7 @@ class SessionBase(Generic[V]):
     def _transform_op(
         self, inputs: Sequence[VarBase | str], steps: Sequence[Mapping[str, Any]], output: str
     ) -> Op[V]:
-        refs = [_reference(value, f"transform input {n}") for n, value in enumerate(inputs)]
+        refs = [TransformInput(**_reference(value, f"transform input {n}")) for n, value in enumerate(inputs)]
 
         def wrap(submitted: CallSubmitted) -> V:
             return self._new_var(submitted.output_ids()[output], output, call_id=submitted.call_id)

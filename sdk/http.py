@@ -4,7 +4,7 @@ An :class:`Op` says everything about one REST request and how to read its answer
 logic of every route is written once (in :mod:`parrot.sdk.ops`) and only the sending
 differs between :class:`SyncTransport` and :class:`AsyncTransport`. A :class:`StreamOp` is
 the same for a response of server-sent events. Error responses become the matching
-:mod:`parrot.sdk.errors` class here, in one place.
+:mod:`parrot.wire.errors` class here, in one place.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ import msgspec
 from httpx_sse import EventSource, ServerSentEvent
 
 from parrot.sdk.errors import ServerUnreachableError, error_for
+from parrot.wire.errors import ErrorResponse
 
 T = TypeVar("T")
 U = TypeVar("U")
@@ -25,7 +26,8 @@ U = TypeVar("U")
 
 @dataclass(frozen=True)
 class Op(Generic[T]):
-    """One REST request: route, body, credentials, and ``decode`` for a success response.
+    """One REST request: route, body (a struct of the wire contract, sent as its JSON),
+    credentials, and ``decode`` for a success response.
 
     ``wait_s`` is how long the server may hold the request on purpose (a get that waits
     for a value); it is added to the client's timeout.
@@ -34,7 +36,7 @@ class Op(Generic[T]):
     method: str
     path: str
     decode: Callable[[httpx.Response], T]
-    json: Any = None
+    body: msgspec.Struct | None = None
     params: Mapping[str, Any] | None = None
     token: str | None = None
     wait_s: float = 0.0
@@ -60,10 +62,14 @@ def nothing(_: httpx.Response) -> None:
 def _request(op: Op | StreamOp, timeout: float, accept: Mapping[str, str] | None = None) -> dict[str, Any]:
     headers = {"Authorization": f"Bearer {op.token}"} if op.token else {}
     headers |= accept or {}
+    content = None
+    if op.body is not None:
+        content = msgspec.json.encode(op.body)
+        headers["Content-Type"] = "application/json"
     return {
         "method": op.method,
         "url": op.path,
-        "json": op.json,
+        "content": content,
         "params": op.params,
         "headers": headers,
         "timeout": timeout + op.wait_s,
@@ -81,7 +87,7 @@ class StreamOp(Generic[T]):
 
     path: str
     decode: Callable[[ServerSentEvent], T | None]
-    json: Any = None
+    body: msgspec.Struct | None = None
     token: str | None = None
     method: str = "POST"
     params: Mapping[str, Any] | None = None
@@ -95,13 +101,11 @@ def _read(op: Op[T], response: httpx.Response) -> T:
 
 
 def _error(response: httpx.Response) -> Exception:
-    code, message = None, response.text[:1000] or response.reason_phrase
     try:
-        body = response.json()["error"]
-        code, message = body.get("code"), body.get("message", message)
-    except (ValueError, KeyError, TypeError, AttributeError):
-        pass  # not a Parrot error body (a proxy's page, ...): keep the text
-    return error_for(response.status_code, code, message)
+        body = msgspec.json.decode(response.content, type=ErrorResponse).error
+    except msgspec.DecodeError:  # not a Parrot error body (a proxy's page, ...): keep the text
+        return error_for(response.status_code, None, response.text[:1000] or response.reason_phrase)
+    return error_for(response.status_code, body.code, body.message)
 
 
 def _stream_request(op: StreamOp, timeout: float) -> dict[str, Any]:

@@ -1,6 +1,7 @@
 """Every route of the Parrot REST API as a pure function that returns an :class:`Op`.
 
-Nothing here sends anything; the sync and async clients send the same Ops.
+Nothing here sends anything; the sync and async clients send the same Ops. Bodies are the
+wire contract's structs (:mod:`parrot.wire.bodies`), the types the server decodes them with.
 """
 
 from __future__ import annotations
@@ -9,6 +10,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import msgspec
+
+from parrot.sdk.errors import BadRequestError
 from parrot.sdk.http import Op, nothing, struct, text
 from parrot.sdk.results import (
     CallInfo,
@@ -22,6 +26,18 @@ from parrot.sdk.results import (
     VarInfo,
     parse_metrics,
 )
+from parrot.wire.adapter_bodies import RenderChat
+from parrot.wire.bodies import (
+    CallParameter,
+    CreateVar,
+    RegisterEngine,
+    SetVar,
+    SubmitCall,
+    SubmitTransform,
+    TransformInput,
+)
+from parrot.wire.chat import ChatTurn
+from parrot.wire.transforms import Steps
 
 
 @dataclass(frozen=True)
@@ -45,13 +61,13 @@ def delete_session(key: SessionKey) -> Op[None]:
 
 
 def create_var(key: SessionKey, name: str, value: str | None = None) -> Op[VarInfo]:
-    body = {"session_id": key.session_id, "name": name, "value": value}
-    return Op("POST", "/v1/semantic_var", struct(VarInfo), json=body, token=key.session_auth)
+    body = CreateVar(session_id=key.session_id, name=name, value=value)
+    return Op("POST", "/v1/semantic_var", struct(VarInfo), body=body, token=key.session_auth)
 
 
 def set_var(key: SessionKey, var_id: str, value: str) -> Op[VarInfo]:
-    body = {"session_id": key.session_id, "value": value}
-    return Op("PUT", f"/v1/semantic_var/{var_id}", struct(VarInfo), json=body, token=key.session_auth)
+    body = SetVar(session_id=key.session_id, value=value)
+    return Op("PUT", f"/v1/semantic_var/{var_id}", struct(VarInfo), body=body, token=key.session_auth)
 
 
 def get_var(key: SessionKey, var_id: str, criteria: str, timeout: float) -> Op[VarInfo]:
@@ -71,27 +87,33 @@ def get_var(key: SessionKey, var_id: str, criteria: str, timeout: float) -> Op[V
 def submit_call(
     key: SessionKey,
     template: str,
-    parameters: Sequence[Mapping[str, Any]],
+    parameters: Sequence[CallParameter],
     models: Sequence[str] = (),
     output_criteria: str | None = None,
 ) -> Op[CallSubmitted]:
-    """``parameters`` as the API takes them: ``name``, ``is_output``, ``var_id`` or
-    ``value``, ``sampling`` (see :func:`parrot.sdk.params.call_parameters`)."""
-    body = {
-        "session_id": key.session_id,
-        "template": template,
-        "parameters": list(parameters),
-        "models": list(models),
-        "output_criteria": output_criteria,
-    }
-    return Op("POST", "/v1/semantic_call", struct(CallSubmitted), json=body, token=key.session_auth)
+    """``parameters``: inputs by ``var_id`` or ``value``, outputs with their ``sampling``
+    and ``format`` (see :func:`parrot.sdk.handles.call_parameters`)."""
+    body = SubmitCall(
+        session_id=key.session_id,
+        template=template,
+        parameters=list(parameters),
+        models=list(models),
+        output_criteria=output_criteria,
+    )
+    return Op("POST", "/v1/semantic_call", struct(CallSubmitted), body=body, token=key.session_auth)
 
 
 def submit_transform(
-    key: SessionKey, inputs: Sequence[Mapping[str, str]], steps: Sequence[Mapping[str, Any]], output: str
+    key: SessionKey, inputs: Sequence[TransformInput], steps: Sequence[Mapping[str, Any]], output: str
 ) -> Op[CallSubmitted]:
-    body = {"session_id": key.session_id, "inputs": list(inputs), "steps": list(steps), "output": output}
-    return Op("POST", "/v1/semantic_transform", struct(CallSubmitted), json=body, token=key.session_auth)
+    """``steps`` as dicts (``{"type": "regex", "pattern": ...}``), checked here against the
+    step types the server takes (:mod:`parrot.wire.transforms`)."""
+    try:
+        typed = msgspec.convert(list(steps), Steps)
+    except msgspec.ValidationError as error:
+        raise BadRequestError(f"transform steps: {error}") from None
+    body = SubmitTransform(session_id=key.session_id, inputs=list(inputs), steps=typed, output=output)
+    return Op("POST", "/v1/semantic_transform", struct(CallSubmitted), body=body, token=key.session_auth)
 
 
 def call_info(key: SessionKey, call_id: str) -> Op[CallInfo]:
@@ -108,18 +130,17 @@ def session_usage(key: SessionKey, call_ids: Sequence[str] = ()) -> Op[SessionUs
 
 def render_chat(messages: Sequence[Mapping[str, str]], model: str | None = None) -> Op[RenderedChat]:
     """``messages`` (``role``, ``content``) in the model's own chat template."""
-    turns = [{"role": m["role"], "content": m["content"]} for m in messages]
-    body = {"messages": turns} if model is None else {"messages": turns, "model": model}
-    return Op("POST", "/v1/render_chat", struct(RenderedChat), json=body)
+    turns = [ChatTurn(role=m["role"], content=m["content"]) for m in messages]
+    body = RenderChat(messages=turns, model=model)
+    return Op("POST", "/v1/render_chat", struct(RenderedChat), body=body)
 
 
 def list_engines() -> Op[list[EngineInfo]]:
     return Op("GET", "/v1/engines", struct(list[EngineInfo]))
 
 
-def register_engine(admin_token: str | None, spec: Mapping[str, Any]) -> Op[EngineInfo]:
-    body = {k: v for k, v in spec.items() if v is not None}
-    return Op("POST", "/v1/engines", struct(EngineInfo), json=body, token=admin_token)
+def register_engine(admin_token: str | None, spec: RegisterEngine) -> Op[EngineInfo]:
+    return Op("POST", "/v1/engines", struct(EngineInfo), body=spec, token=admin_token)
 
 
 def remove_engine(admin_token: str | None, engine_id: str) -> Op[None]:

@@ -17,6 +17,7 @@ import msgspec
 
 from parrot.sdk.errors import DefinitionError
 from parrot.sdk.formats import ValueType, value_type
+from parrot.wire.bodies import CallParameter
 from parrot.wire.formats import OutputFormat
 from parrot.wire.sampling import SamplingParams
 
@@ -41,9 +42,9 @@ class Output:
     The server constrains the generation to it and checks the value.
 
     Sampling: any other :class:`SamplingParams` field (``max_tokens``, ``temperature``,
-    ``top_p``, ``top_k``, ``seed``, ``stop``, ...). Only the fields given are sent; the
-    server's defaults apply to the others. Wrong names or values, or two formats at once,
-    raise :class:`DefinitionError` at once.
+    ``top_p``, ``top_k``, ``seed``, ``stop``, ...); the others keep :class:`SamplingParams`'
+    defaults (the server's: it decodes the same type). Wrong names or values, or two formats
+    at once, raise :class:`DefinitionError` at once.
     """
 
     sampling: Mapping[str, Any] = field(default_factory=dict)
@@ -82,14 +83,11 @@ class Output:
         object.__setattr__(bound, "target", var)
         return bound
 
-    def parameter(self, name: str) -> dict[str, Any]:
+    def parameter(self, name: str) -> CallParameter:
         """This output as an entry of the API's ``parameters`` list."""
-        param: dict[str, Any] = {"name": name, "is_output": True, "sampling": dict(self.sampling) or None}
-        if self.format is not None:
-            param["format"] = msgspec.to_builtins(self.format)
-        if self.target is not None:
-            param["var_id"] = self.target.var_id
-        return param
+        sampling = msgspec.convert(dict(self.sampling), SamplingParams) if self.sampling else None
+        var_id = None if self.target is None else self.target.var_id
+        return CallParameter(name=name, is_output=True, var_id=var_id, sampling=sampling, format=self.format)
 
     def __repr__(self) -> str:
         into = f".into({self.target!r})" if self.target is not None else ""

@@ -25,7 +25,15 @@ from httpx_sse import ServerSentEvent
 from parrot.sdk.errors import BadRequestError, error_for
 from parrot.sdk.http import StreamOp
 from parrot.sdk.ops import SessionKey
-from parrot.wire.openai_schemas import ChatCompletionChunk, CompletionResponse, Usage
+from parrot.wire.openai_schemas import (
+    ChatCompletionChunk,
+    ChatCompletionRequest,
+    ChatMessage,
+    CompletionRequest,
+    CompletionResponse,
+    StreamOptions,
+    Usage,
+)
 from parrot.wire.sampling import SamplingParams
 from parrot.wire.var_stream import DELTA, ERROR, VALUE, VarDelta, VarStreamError, VarValue
 
@@ -42,6 +50,9 @@ OPENAI_FIELDS = (
     "repetition_penalty",
     "ignore_eos",
 )
+
+# What every streamed request of the OpenAI routes says: stream, and end with the usage.
+_STREAM: dict[str, Any] = {"stream": True, "stream_options": StreamOptions(include_usage=True)}
 
 
 class CompletionDelta(msgspec.Struct, kw_only=True, frozen=True):
@@ -86,19 +97,12 @@ def _chat_delta(event: ServerSentEvent) -> CompletionDelta | None:
     )
 
 
-def _body(model: str | None, sampling: Mapping[str, Any]) -> dict[str, Any]:
-    body: dict[str, Any] = {"stream": True, "stream_options": {"include_usage": True}}
-    if model is not None:
-        body["model"] = model
-    return body | openai_sampling(sampling)
-
-
 def stream_completion(
     prompt: str, model: str | None, sampling: Mapping[str, Any], api_key: str | None
 ) -> StreamOp[CompletionDelta]:
     """``POST /v1/completions`` with ``stream``: ``prompt`` is sent as it is."""
-    body = _body(model, sampling) | {"prompt": prompt}
-    return StreamOp("/v1/completions", _completion_delta, json=body, token=api_key)
+    body = CompletionRequest(prompt=prompt, model=model, **_STREAM, **openai_sampling(sampling))
+    return StreamOp("/v1/completions", _completion_delta, body=body, token=api_key)
 
 
 def stream_chat(
@@ -106,9 +110,9 @@ def stream_chat(
 ) -> StreamOp[CompletionDelta]:
     """``POST /v1/chat/completions`` with ``stream``: the server renders ``messages``
     (``role``, ``content``) with the model's own chat template."""
-    turns = [{"role": m["role"], "content": m["content"]} for m in messages]
-    body = _body(model, sampling) | {"messages": turns}
-    return StreamOp("/v1/chat/completions", _chat_delta, json=body, token=api_key)
+    turns = [ChatMessage(role=m["role"], content=m["content"]) for m in messages]
+    body = ChatCompletionRequest(messages=turns, model=model, **_STREAM, **openai_sampling(sampling))
+    return StreamOp("/v1/chat/completions", _chat_delta, body=body, token=api_key)
 
 
 def _var_event(event: ServerSentEvent) -> VarDelta | VarValue | None:

@@ -16,15 +16,16 @@ from parrot.platform.serve.ops.observe import (
     SessionDag,
     SessionSummary,
 )
-from parrot.platform.serve.ops.views import EngineView, OperatorViews
+from parrot.platform.serve.ops.views import OperatorViews
 from parrot.web.svg import charts, dag, tree
+from parrot.wire.responses import EngineInfo
 
 CALL_STATES = tuple(DisplayState)  # in the order the pages list them
 
 
 @dataclass(frozen=True)
 class EngineRow:
-    view: EngineView
+    view: EngineInfo
     health: str  # "up", "missing pings", "down"
     tasks_bar: Markup  # tasks placed on it / capacity
     kv_bar: Markup  # KV blocks used / total
@@ -42,7 +43,7 @@ def engine_rows(ops: OperatorViews) -> list[EngineRow]:
                 health,
                 charts.load_bar(v.running, v.capacity),
                 charts.load_bar(v.kv_blocks_used, v.kv_blocks_total),
-                charts.load_bar(jobs if v.jobs_running is not None else None, v.info.get("max_running")),
+                charts.load_bar(jobs if v.jobs_running is not None else None, v.max_running),
             )
         )
     return rows

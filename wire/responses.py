@@ -79,16 +79,26 @@ class CallSubmitted(msgspec.Struct, kw_only=True, frozen=True):
 
 
 class EngineInfo(msgspec.Struct, kw_only=True, frozen=True):
-    """An engine registered with the ServeCore (never with its API key)."""
+    """An engine registered with the ServeCore, as operators see it everywhere (the API's
+    ``GET /v1/engines``, the dashboard, ``/metrics``, ``/healthz``), never with its API key.
+    The engine's own load is from its last ping (None: the engine does not say, e.g. an
+    OpenAI-compatible endpoint)."""
 
     engine_id: str
-    kind: str
+    kind: str  # "builtin" or "openai"
     url: str
     model: str
     up: bool
-    running: int
-    capacity: int
-    queued_tasks: int = 0
+    running: int  # tasks the ServeCore placed on it now
+    capacity: int  # tasks at once
+    contexts: int = 0  # contexts the ServeCore holds on it
+    missed_pings: int = 0  # in a row (down after a few)
+    jobs_running: int | None = None  # the engine's running batch
+    jobs_waiting: int | None = None
+    max_running: int | None = None  # its running-job limit
+    kv_blocks_used: int | None = None
+    kv_blocks_total: int | None = None
+    tokens_per_s: float | None = None
 
 
 class Health(msgspec.Struct, kw_only=True, frozen=True):

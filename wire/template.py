@@ -16,26 +16,13 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from parrot.wire.errors import BadRequestError
+from parrot.wire.errors import TemplateError
 
 NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 # One step of a field path: .field, [index], ["key"] (a JSON string literal).
 _STEP = re.compile(r'\.([A-Za-z_][A-Za-z0-9_]*)|\[(0|[1-9][0-9]*)\]|\[("(?:[^"\\]|\\.)*")\]')
 
 PathStep = str | int
-
-
-class TemplateError(BadRequestError):
-    """A semantic call's template or its parameters do not fit together.
-
-    ``position`` is the character offset in the template the problem is at (or None when
-    it is about the parameter list)."""
-
-    code = "bad_template"
-
-    def __init__(self, message: str, position: int | None = None) -> None:
-        super().__init__(message if position is None else f"{message} (at character {position})")
-        self.position = position
 
 
 @dataclass(frozen=True)

@@ -20,13 +20,7 @@ import llguidance.torch
 import numpy as np
 import torch
 
-from parrot.engines.protocol.errors import ParrotError
-
-
-class ConstraintError(ParrotError):
-    """The grammar refused a token that its own mask allowed (a bug, not the client's)."""
-
-    code = "constraint_error"
+from parrot.wire.errors import ConstraintError
 
 
 class Constraint:

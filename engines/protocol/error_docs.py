@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from litestar.openapi.datastructures import ResponseSpec
 
-from parrot.engines.protocol.schemas import ErrorResponse
+from parrot.wire.errors import ErrorResponse
 
 _WHY: dict[int, str] = {
     400: "The request is malformed or invalid; the message says what is wrong.",

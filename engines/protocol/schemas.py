@@ -132,15 +132,6 @@ class TokenizeResponse(msgspec.Struct, kw_only=True):
     token_ids: list[int]
 
 
-class ErrorBody(msgspec.Struct, kw_only=True):
-    code: str
-    message: str
-
-
-class ErrorResponse(msgspec.Struct, kw_only=True):
-    error: ErrorBody
-
-
 class RenderChatRequest(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     messages: Annotated[list[ChatTurn], msgspec.Meta(min_length=1, max_length=4096)]
 

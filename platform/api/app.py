@@ -31,17 +31,17 @@ from parrot.engines.protocol.error_responses import exception_handlers
 from parrot.engines.protocol.json_body import JsonRequest
 from parrot.platform.api.adapter_routes import AdapterController
 from parrot.platform.api.auth import Sessions, admin_guard
+from parrot.platform.api.bodies import binding, engine_spec, transform_binding
 from parrot.platform.api.deps import DEPENDENCIES, Core
 from parrot.platform.api.openai_front import OpenAIController
-from parrot.platform.api.schemas import CreateVar, RegisterEngine, SetVar, SubmitCall, SubmitTransform
 from parrot.platform.api.token_throttle import TokenThrottle
 from parrot.platform.api.var_stream_events import sse_messages
 from parrot.platform.serve.calls.graph import RequestChain
 from parrot.platform.serve.core import ServeCore
 from parrot.platform.serve.ops.metrics import CONTENT_TYPE
 from parrot.platform.serve.ops.observe import ContextTreeView, SessionDag
-from parrot.platform.serve.ops.views import EngineView
 from parrot.platform.serve.variables.variable import SemanticVariable
+from parrot.wire.bodies import CreateVar, RegisterEngine, SetVar, SubmitCall, SubmitTransform
 from parrot.wire.responses import (
     CallInfo,
     CallSubmitted,
@@ -77,18 +77,6 @@ def _call_info(call: RequestChain) -> CallInfo:
         engine=call.engine_id,
         timings=call.timings,
         error=call.error,
-    )
-
-
-def _engine_info(view: EngineView) -> EngineInfo:
-    return EngineInfo(
-        engine_id=view.engine_id,
-        kind=view.kind,
-        url=view.url,
-        model=view.model,
-        up=view.up,
-        running=view.running,
-        capacity=view.capacity,
     )
 
 
@@ -181,7 +169,7 @@ class CallController(Controller):
     )
     async def submit_call(self, data: JSONBody[SubmitCall], sessions: Sessions, core: Core) -> CallSubmitted:
         session = sessions(data.session_id)
-        bindings = [p.binding() for p in data.parameters]
+        bindings = [binding(p) for p in data.parameters]
         call, outputs = await core.calls.submit(
             session, data.template, bindings, data.models, data.output_criteria
         )
@@ -200,7 +188,7 @@ class CallController(Controller):
         self, data: JSONBody[SubmitTransform], sessions: Sessions, core: Core
     ) -> CallSubmitted:
         session = sessions(data.session_id)
-        inputs = [item.binding(n) for n, item in enumerate(data.inputs)]
+        inputs = [transform_binding(item, n) for n, item in enumerate(data.inputs)]
         call, outputs = await core.calls.submit_transform(session, inputs, data.steps, data.output)
         info = [
             ParamInfo(name=n.var.name, is_output=False, var_id=n.var.var_id) for n in call.chains[0].fills
@@ -224,12 +212,12 @@ class EngineController(Controller):
 
     @get()
     async def list_engines(self, core: Core) -> list[EngineInfo]:
-        return [_engine_info(v) for v in core.views.engine_views()]
+        return core.views.engine_views()
 
     @post(status_code=201, guards=[admin_guard], responses=error_responses(BODY, ADMIN, 409, STORE))
     async def register_engine(self, data: JSONBody[RegisterEngine], core: Core) -> EngineInfo:
-        slot = await core.engines.register(data.spec())
-        return _engine_info(core.views.engine_view(slot.engine_id))
+        slot = await core.engines.register(engine_spec(data))
+        return core.views.engine_view(slot.engine_id)
 
     @delete(
         "/{engine_id:str}",

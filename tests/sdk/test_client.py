@@ -106,6 +106,11 @@ def test_engines_health_and_metrics(parrot, engine_server):
     assert parrot.healthz().status == "ok"
     (engine,) = parrot.engines()
     assert engine.up and engine.url == engine_server.url and engine.kind == "builtin"
+    # the operators' one view of an engine: the builtin engine's own load from its last ping
+    assert engine.missed_pings == 0 and engine.contexts >= 0 and engine.running <= engine.capacity
+    assert engine.max_running and engine.kv_blocks_total
+    assert 0 <= engine.kv_blocks_used <= engine.kv_blocks_total
+    assert None not in (engine.jobs_running, engine.jobs_waiting, engine.tokens_per_s)
     model = httpx.get(f"{engine_server.url}/v1/models").json()["data"][0]["id"]
     second = parrot.register_engine(
         kind="openai", base_url=f"{engine_server.url}/v1", model=model, api="completions", capacity=2

@@ -1,11 +1,13 @@
 """Every exception class of the SDK, raised by a real server response (or a real refused
-connection), carrying the server's status, code and message."""
+connection), carrying the server's status, code and message: the very class the server
+raised (one hierarchy, :mod:`parrot.wire.errors`)."""
 
 from __future__ import annotations
 
 import pytest
 from conftest import ServerThread, free_port
 
+from parrot.engines.protocol.errors import FormatTooLargeError
 from parrot.platform.api.app import create_app
 from parrot.platform.serve.core import ServeCore
 from parrot.platform.store.store import Store, sqlite_url
@@ -21,6 +23,7 @@ from parrot.sdk.api import (
     NotFoundError,
     Output,
     ParrotError,
+    PayloadTooLargeError,
     ProducerFailedError,
     ServerUnreachableError,
     TemplateError,
@@ -29,6 +32,8 @@ from parrot.sdk.api import (
     WaitTimeoutError,
     semantic_function,
 )
+from parrot.sdk.http import Op, nothing
+from parrot.wire.errors import MethodNotAllowedError
 
 
 @semantic_function
@@ -123,3 +128,28 @@ def test_unreachable_server():
     with Client(f"http://127.0.0.1:{free_port()}", timeout=5) as client:
         error = raised(ServerUnreachableError, None, None, client.healthz)
         assert isinstance(error, ConnectionError) and "unreachable" in str(error)
+
+
+def test_a_too_large_format_is_413_and_not_a_bad_request(parrot):
+    """The class the server raised (a FormatTooLargeError, over --max-format-chars) is the
+    one the SDK raises: a PayloadTooLargeError, which is not a BadRequestError (the request
+    is well formed, only too large)."""
+    with parrot.session() as session:
+        huge = Output(choice=[f"{n:04d}" + "x" * 96 for n in range(1000)])  # 100k characters of JSON
+        submit = lambda: session.submit("A: {{a}}", {}, {"a": huge})  # noqa: E731
+        error = raised(FormatTooLargeError, 413, "format_too_large", submit)
+        assert isinstance(error, PayloadTooLargeError) and not isinstance(error, BadRequestError)
+        assert "max_format_chars" in str(error) and session.info().calls == []
+
+
+def test_litestar_answers_and_a_deleted_session(parrot):
+    """A route's wrong method (Litestar's own 405) comes back as the hierarchy's class of
+    its status; a variable of a deleted session is not found."""
+    patch = Op("PATCH", "/healthz", nothing)
+    error = raised(MethodNotAllowedError, 405, "method_not_allowed", lambda: parrot.send(patch))
+    assert not isinstance(error, BadRequestError | NotFoundError)
+    session = parrot.session()
+    var = session.var("v")
+    session.delete()
+    error = raised(NotFoundError, 404, "not_found", var.get)
+    assert type(error) is NotFoundError and "does not exist" in str(error)

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import re
 
+import msgspec
 import pytest
 from conftest import REPO_ROOT
 from pydantic import BaseModel, ConfigDict, Field
@@ -22,6 +23,8 @@ from parrot.sdk.api import (
     Var,
     semantic_function,
 )
+from parrot.wire.bodies import CallParameter
+from parrot.wire.formats import OutputFormat
 
 
 class City(BaseModel):
@@ -175,11 +178,15 @@ def test_the_readme_example_runs(parrot_url, capsys):
 
 def test_repr_and_parameter_shape():
     assert repr(Output(schema=City, max_tokens=8)) == "Output(schema=City, max_tokens=8)"
-    assert Output(choice=["a", "b"]).parameter("x") == {
+    param = Output(choice=["a", "b"]).parameter("x")
+    assert param == CallParameter(name="x", is_output=True, format=OutputFormat(choice=["a", "b"]))
+    # on the wire: only what is set (the server's defaults are the struct's own)
+    assert msgspec.json.decode(msgspec.json.encode(param)) == {
         "name": "x",
         "is_output": True,
-        "sampling": None,
         "format": {"choice": ["a", "b"]},
     }
+    sampled = Output(max_tokens=8, stop=["\n"]).parameter("y").sampling
+    assert (sampled.max_tokens, sampled.stop, sampled.temperature) == (8, ["\n"], 0.0)
     assert Output(schema=City).format.json_schema == City.model_json_schema()
     assert Client  # the sync client is the one the other tests use

@@ -20,6 +20,7 @@ from parrot.sdk import (
     Var,
     semantic_function,
 )
+from parrot.wire.errors import SessionClosedError
 
 PROMPT = "<|im_start|>user\n{q}<|im_end|>\n<|im_start|>assistant\n"
 LONG = {"max_tokens": 40, "temperature": 0, "ignore_eos": True}
@@ -111,6 +112,7 @@ def test_deleting_the_session_ends_its_streams(parrot):
     with pytest.raises(NotFoundError) as closed:
         list(stream)
     assert closed.value.code == "session_closed" and var.value is None
+    assert type(closed.value) is SessionClosedError  # the server's class, from the stream's error event
 
 
 async def test_astream(parrot_url):

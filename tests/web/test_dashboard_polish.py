@@ -87,7 +87,8 @@ def test_removing_the_only_engine_asks_first_and_can_be_cancelled(browser, dashb
     page.click("form.confirm-remove a.cancel")
     page.wait_for_url(f"{url}/engines")
     expect(page.locator(f'tr[data-engine="{engine_id}"]')).to_have_count(1)
-    assert httpx.get(f"{url}/v1/engines").json() == engines  # one click removes nothing
+    ids = [e["engine_id"] for e in engines]
+    assert [e["engine_id"] for e in httpx.get(f"{url}/v1/engines").json()] == ids  # one click removes nothing
     # The confirmation page is the admin's: signed out, it asks to sign in.
     assert httpx.get(f"{url}/engines/{engine_id}/remove", follow_redirects=False).status_code == 303
     assert httpx.get(f"{url}/engines/nope/remove", cookies=context_cookies(context)).status_code == 404

@@ -1,10 +1,10 @@
 """Native string transforms: derive a semantic variable from others without an LLM call.
 
-A fixed set of safe operations, described as data (never code from a request): the
-pipeline starts with the list of input values; ``strip``/``lower``/``upper``/``regex``/
-``json_field``/``split_take`` apply to each value, ``join`` and ``format`` combine all
-values into one. The result must be a single string, and valid text (see
-:mod:`parrot.engines.protocol.text`).
+A fixed set of safe operations, described as data (never code from a request; the step
+types are the wire contract's, :mod:`parrot.wire.transforms`): the pipeline starts with the
+list of input values; ``strip``/``lower``/``upper``/``regex``/``json_field``/``split_take``
+apply to each value, ``join`` and ``format`` combine all values into one. The result must
+be a single string, and valid text (see :mod:`parrot.engines.protocol.text`).
 
 A transform is CPU work on client data: it runs within one time budget for all its steps
 and values together (:class:`Deadline`; each regex search gets what is left of it), and
@@ -17,15 +17,24 @@ from __future__ import annotations
 import json
 import re
 import time
-from typing import Annotated
 
-import msgspec
 import regex
 
 from parrot.engines.protocol import text
 from parrot.platform.serve.errors import TransformError
+from parrot.wire.transforms import (
+    Format,
+    Join,
+    JsonField,
+    Lower,
+    RegexExtract,
+    SplitTake,
+    Step,
+    Steps,  # noqa: F401 (re-exported: recovery reads stored steps back with it)
+    Strip,
+    Upper,
+)
 
-MAX_PATTERN = 512
 # A format field {N} (at most 6 digits); "{{0}}" is counted as a field too, an overestimate
 # that only matters at the size limit.
 FORMAT_FIELD = re.compile(r"\{([0-9]{1,6})\}")
@@ -45,45 +54,6 @@ class Deadline:
         if left <= 0:
             raise TransformError(f"the transform ran out of its time budget of {self.budget_s:g} s")
         return left
-
-
-class Strip(msgspec.Struct, tag="strip", forbid_unknown_fields=True):
-    chars: str | None = None
-
-
-class Lower(msgspec.Struct, tag="lower", forbid_unknown_fields=True):
-    pass
-
-
-class Upper(msgspec.Struct, tag="upper", forbid_unknown_fields=True):
-    pass
-
-
-class RegexExtract(msgspec.Struct, tag="regex", forbid_unknown_fields=True):
-    pattern: Annotated[str, msgspec.Meta(min_length=1, max_length=MAX_PATTERN)]
-    group: Annotated[int, msgspec.Meta(ge=0, le=99)] | str = 0
-    ignore_case: bool = False
-
-
-class JsonField(msgspec.Struct, tag="json_field", forbid_unknown_fields=True):
-    path: Annotated[str, msgspec.Meta(min_length=1, max_length=256)]  # "a.b.0.c"
-
-
-class Join(msgspec.Struct, tag="join", forbid_unknown_fields=True):
-    separator: str = ""
-
-
-class SplitTake(msgspec.Struct, tag="split_take", forbid_unknown_fields=True):
-    separator: Annotated[str, msgspec.Meta(min_length=1)]
-    index: int = 0
-
-
-class Format(msgspec.Struct, tag="format", forbid_unknown_fields=True):
-    template: Annotated[str, msgspec.Meta(max_length=100_000)]  # "{0} and {1}"; "{{" for a brace
-
-
-Step = Strip | Lower | Upper | RegexExtract | JsonField | Join | SplitTake | Format
-Steps = Annotated[list[Step], msgspec.Meta(min_length=1, max_length=32)]
 
 
 def validate(steps: list[Step]) -> None:

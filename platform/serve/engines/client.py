@@ -13,7 +13,7 @@ import httpx
 import msgspec
 from httpx_sse import EventSource, SSEError
 
-from parrot.engines.protocol.errors import EngineUnavailableError, ParrotError, error_from_response
+from parrot.engines.protocol.errors import EngineUnavailableError, ParrotError
 from parrot.engines.protocol.schemas import (
     AbortRangeRequest,
     AbortRequest,
@@ -34,6 +34,7 @@ from parrot.engines.protocol.schemas import (
 )
 from parrot.engines.protocol.urls import public_url, split_credentials
 from parrot.wire.chat import ChatTurn
+from parrot.wire.errors import error_for
 from parrot.wire.sampling import SamplingParams
 
 Checkpoints = Sequence[tuple[int, int]]  # (context id, length): forks kept once the prompt is computed
@@ -239,6 +240,6 @@ class HttpEngine:
 def _engine_error(status: int, content: bytes, url: str) -> ParrotError:
     try:
         error = json.loads(content)["error"]
-        return error_from_response(status, error["code"], error["message"])
+        return error_for(status, error["code"], error["message"])
     except (ValueError, KeyError, TypeError):
         return EngineUnavailableError(f"engine {url} answered {status} without an error body")

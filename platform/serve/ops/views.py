@@ -27,28 +27,7 @@ from parrot.platform.serve.scheduler import snapshot
 from parrot.platform.serve.scheduler.global_scheduler import GlobalScheduler
 from parrot.platform.serve.scheduler.snapshot import SchedulerSnapshot
 from parrot.platform.serve.sessions.service import SessionService
-
-
-@dataclass(frozen=True)
-class EngineView:
-    """An engine as operators see it (never with its API key)."""
-
-    engine_id: str
-    kind: str
-    url: str
-    model: str
-    up: bool
-    running: int  # tasks placed on it now
-    capacity: int  # tasks at once
-    contexts: int  # contexts the ServeCore holds on it
-    info: dict  # its last ping
-    missed_pings: int = 0  # in a row (down after a few)
-    # From its last ping (None: the engine does not say, e.g. an OpenAI endpoint).
-    jobs_running: int | None = None
-    jobs_waiting: int | None = None
-    kv_blocks_used: int | None = None
-    kv_blocks_total: int | None = None
-    tokens_per_s: float | None = None
+from parrot.wire.responses import EngineInfo
 
 
 @dataclass(frozen=True)
@@ -67,7 +46,7 @@ class CoreStats:
     tokenizer_hits: int
     tokenizer_misses: int
     store_failures: int
-    engines: list[EngineView]
+    engines: list[EngineInfo]
     value_bytes: int = 0  # memory of the values held (--max-value-bytes bounds it)
 
 
@@ -92,10 +71,11 @@ class OperatorViews:
         self._loops: list[asyncio.Task] = []
 
     # -- engines and counters --------------------------------------------------------------
-    def engine_views(self, now: SchedulerSnapshot | None = None) -> list[EngineView]:
+    def engine_views(self, now: SchedulerSnapshot | None = None) -> list[EngineInfo]:
+        """The engines as operators see them: the one place :class:`EngineInfo` is made."""
         now = now or snapshot.take(self.scheduler)
         return [
-            EngineView(
+            EngineInfo(
                 engine_id=e.engine_id,
                 kind=self.registry.specs[e.engine_id].kind,
                 url=self.registry.url_of(e.engine_id),
@@ -104,10 +84,10 @@ class OperatorViews:
                 running=e.running,
                 capacity=e.task_limit,
                 contexts=e.contexts,
-                info=e.info,
                 missed_pings=e.missed_pings,
                 jobs_running=e.info.get("num_running"),
                 jobs_waiting=e.info.get("num_waiting"),
+                max_running=e.info.get("max_running"),
                 kv_blocks_used=e.info.get("kv_blocks_used"),
                 kv_blocks_total=e.info.get("kv_blocks_total"),
                 tokens_per_s=e.info.get("tokens_per_s"),
@@ -115,7 +95,7 @@ class OperatorViews:
             for e in now.engines
         ]
 
-    def engine_view(self, engine_id: str) -> EngineView:
+    def engine_view(self, engine_id: str) -> EngineInfo:
         for view in self.engine_views():
             if view.engine_id == engine_id:
                 return view

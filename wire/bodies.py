@@ -1,4 +1,12 @@
-"""Typed request bodies of the Parrot REST API (responses: :mod:`parrot.wire.responses`)."""
+"""Request bodies of the Parrot REST API: the SDK builds and encodes them, the ServeCore
+decodes and validates them with the same types (responses: :mod:`parrot.wire.responses`;
+the adapters' routes: :mod:`parrot.wire.adapter_bodies`).
+
+Only the shape and fixed bounds are checked here (a bad body is a 400 naming the field);
+what needs the server (its configured size limits, whether a variable exists, which fields
+an engine's kind takes) is checked by the ServeCore. Fields left at their default are not
+sent (``omit_defaults``).
+"""
 
 from __future__ import annotations
 
@@ -6,20 +14,22 @@ from typing import Annotated, Literal
 
 import msgspec
 
-from parrot.engines.protocol.errors import BadRequestError
-from parrot.platform.serve.calls.service import Binding
-from parrot.platform.serve.calls.transforms import Steps
-from parrot.platform.serve.engines.registry import EngineSpec
 from parrot.wire.formats import OutputFormat
 from parrot.wire.sampling import SamplingParams
+from parrot.wire.transforms import Steps
 
 Name = Annotated[str, msgspec.Meta(min_length=1, max_length=256)]
 # Values and templates: their size limits are the server's configured Limits (413 with the
 # limit named, checked by the ServeCore), not a fixed bound here.
 Text = str
+Url = Annotated[str, msgspec.Meta(min_length=1, max_length=2048)]
 
 
-class CreateVar(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+class Body(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, omit_defaults=True):
+    """A request body: unknown fields are refused, defaults are not sent."""
+
+
+class CreateVar(Body):
     """A variable, with its value or set later; ``format`` makes it typed (its value must
     match, 400 otherwise)."""
 
@@ -29,12 +39,12 @@ class CreateVar(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     format: OutputFormat | None = None
 
 
-class SetVar(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+class SetVar(Body):
     session_id: str
     value: Text
 
 
-class CallParameter(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+class CallParameter(Body):
     """A placeholder of the template: an input (``var_id`` or ``value``) or an output; an
     output's ``format`` (a JSON schema, JSON object, regex, choice or grammar) constrains
     its generation and types its variable."""
@@ -46,20 +56,8 @@ class CallParameter(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     sampling: SamplingParams | None = None
     format: OutputFormat | None = None
 
-    def binding(self) -> Binding:
-        return Binding(self.name, self.is_output, self.var_id, self.value, self.sampling, self.format)
 
-
-class TransformInput(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
-    var_id: str | None = None
-    value: str | None = None
-
-    def binding(self, position: int) -> Binding:
-        """Bound as ``input<position>`` (the name the stored call and the DAG show)."""
-        return Binding(f"input{position}", var_id=self.var_id, value=self.value)
-
-
-class SubmitCall(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+class SubmitCall(Body):
     session_id: str
     template: Text
     parameters: Annotated[list[CallParameter], msgspec.Meta(max_length=1024)]
@@ -67,10 +65,17 @@ class SubmitCall(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     output_criteria: str | None = None
 
 
-class SubmitTransform(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+class TransformInput(Body):
+    """An input of a transform: a variable (``var_id``) or a value."""
+
+    var_id: str | None = None
+    value: str | None = None
+
+
+class SubmitTransform(Body):
     """A call that derives one variable from others by native string transforms: the input
-    values, in order, go through ``steps`` (strip, lower, upper, regex, json_field, join,
-    split_take, format), which must end with a single value."""
+    values, in order, go through ``steps`` (:mod:`parrot.wire.transforms`), which must end
+    with a single value."""
 
     session_id: str
     inputs: Annotated[list[TransformInput], msgspec.Meta(min_length=1, max_length=256)]
@@ -78,10 +83,7 @@ class SubmitTransform(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     output: Name = "result"
 
 
-Url = Annotated[str, msgspec.Meta(min_length=1, max_length=2048)]
-
-
-class RegisterEngine(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+class RegisterEngine(Body):
     """A builtin engine: ``url``. An OpenAI-compatible endpoint: ``kind: "openai"``,
     ``base_url``, ``model``, ``api_key``, ``api`` ("chat" or "completions")."""
 
@@ -93,14 +95,3 @@ class RegisterEngine(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     api: Literal["chat", "completions"] = "chat"
     # Tasks at once (default: a builtin engine's own running-job limit; 16 for an endpoint).
     capacity: Annotated[int, msgspec.Meta(ge=1, le=4096)] | None = None
-
-    def spec(self) -> EngineSpec:
-        if self.kind == "builtin":
-            if self.url is None:
-                raise BadRequestError("a builtin engine needs 'url'")
-            if self.base_url or self.model or self.api_key:
-                raise BadRequestError("'base_url', 'model' and 'api_key' are for kind 'openai'")
-            return EngineSpec("builtin", self.url, self.capacity)
-        if self.base_url is None or self.model is None:
-            raise BadRequestError("an openai engine needs 'base_url' and 'model'")
-        return EngineSpec("openai", self.base_url, self.capacity, self.model, self.api, self.api_key)
