@@ -121,7 +121,7 @@ def test_a_value_with_a_lone_surrogate_is_refused_with_a_400_that_says_so(tmp_pa
             raw = '{"session_id": "SID", "value": "ok \\ud800 then"}'.replace("SID", sid)  # a lone escape
             for method, path in (("PUT", f"/v1/semantic_var/{var['var_id']}"), ("POST", "/v1/semantic_var")):
                 body = raw if method == "PUT" else raw.replace('"value"', '"name": "y", "value"')
-                r = api.call(method, path, content=body, headers=headers)
+                r = api.request(method, path, content=body, headers=headers)
                 assert r.status_code == 400, r.text
                 assert "surrogate" in r.json()["error"]["message"], r.text
             # Nothing was stored; the variable can still be set, and the server is healthy.

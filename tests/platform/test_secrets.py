@@ -19,10 +19,10 @@ import pytest
 from conftest import ParrotProcess, ServerThread, free_port
 
 from parrot.engines.protocol.urls import public_url
-from parrot.platform.api.app import create_app
 from parrot.platform.serve.core import ServeCore
 from parrot.platform.store.secret_box import KEY_FILE, SecretBox, SecretKeyError
 from parrot.platform.store.store import Store, sqlite_url
+from parrot.web.app import create_server_app
 
 USER, PASSWORD, API_KEY = "parrot-user", "pw-0123456789-secret", "sk-parrot-0123456789-secret"
 ADMIN = {"Authorization": "Bearer admin"}
@@ -193,7 +193,7 @@ def test_secrets_sealed_with_an_older_key_are_re_sealed_with_the_new_one(tmp_pat
 
 # -- over HTTP, and across a restart ---------------------------------------------------------
 def servecore(folder) -> tuple[ServerThread, httpx.Client]:
-    server = ServerThread(create_app(ServeCore(store=Store(sqlite_url(folder))), admin_token="admin"))
+    server = ServerThread(create_server_app(ServeCore(store=Store(sqlite_url(folder))), admin_token="admin"))
     return server, httpx.Client(base_url=server.url, timeout=120)
 
 

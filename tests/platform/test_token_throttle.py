@@ -11,9 +11,9 @@ import httpx
 import pytest
 from conftest import ServerThread
 
-from parrot.platform.api.app import create_app
 from parrot.platform.api.token_throttle import TokenThrottle
 from parrot.platform.serve.core import ServeCore
+from parrot.web.app import create_server_app
 
 ADMIN = "throttle-admin"
 
@@ -58,7 +58,7 @@ def test_quiet_addresses_are_forgotten_and_the_table_is_bounded():
 
 @pytest.fixture
 def server():
-    with ServerThread(create_app(ServeCore(), admin_token=ADMIN)) as running:
+    with ServerThread(create_server_app(ServeCore(), admin_token=ADMIN)) as running:
         yield running
 
 
