@@ -7,7 +7,7 @@ import argparse
 import sys
 from pathlib import Path
 
-CHECKOUT = Path(__file__).resolve().parents[2]  # cli/bench_cmd.py -> the repository
+CHECKOUT = Path(__file__).resolve().parents[1]  # cli/bench_cmd.py -> the repository
 
 
 def _suite_cli():

@@ -63,3 +63,17 @@ def test_serve_command_starts_an_engine_and_runs_a_call(engine, tmp_path):
         assert var["ready"] and var["value"]
     assert "admin token (shown once, not stored; set a fixed one with --admin-token" in output[0]
     assert (tmp_path / "parrot.db").exists()  # the default database: SQLite in the data folder
+
+
+def test_bench_command_finds_the_suite_of_its_checkout():
+    """``parrot bench`` is the suite of the checkout it is installed from (a path that moved
+    with the CLI once: it said 'unrecognized arguments' for every workload)."""
+    import argparse
+
+    from parrot.cli import bench_cmd
+
+    assert bench_cmd._suite_cli() is not None
+    parser = argparse.ArgumentParser()
+    bench_cmd.add_parser(parser.add_subparsers(dest="command"))
+    args = parser.parse_args(["bench", "single-call", "--quick", "--runs", "1", "--no-docs"])
+    assert args.run is not bench_cmd._missing
