@@ -20,7 +20,9 @@ import statistics
 import subprocess
 import sys
 
-FIGURE = re.compile(r"\| parrot: [a-z ]+? ([0-9.]+) \|")  # "s per call 1.1", "app s 8.8"
+# A run's Parrot line: "| parrot: s per call 1.1 |", "| parrot: app s 8.8, first token s 8.2 |":
+# the first figure of it (a call's or an application's time).
+FIGURE = re.compile(r"\| parrot: [a-z ]+? ([0-9.]+)[,| ]")
 
 
 def run_once(parrot: str, workload: str) -> float:
