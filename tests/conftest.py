@@ -233,6 +233,26 @@ def engine_server(engine) -> Iterator[ServerThread]:
         yield server
 
 
+@pytest.fixture(scope="session")
+def fake_engine_server():
+    """One HTTP server of fake engines (tests/fake_engine) for the session; each test that
+    uses ``fake_engine`` gets a fresh engine behind it."""
+    from fake_engine import FakeEngineServer
+
+    with FakeEngineServer() as server:
+        yield server
+
+
+@pytest.fixture
+def fake_engine(fake_engine_server):
+    """A fresh fake engine (no model) at ``fake_engine.url``; its knobs and records are
+    ``fake_engine.engine``'s."""
+    from fake_engine import FakeEngine
+
+    fake_engine_server.engine = FakeEngine()
+    return fake_engine_server
+
+
 @pytest.fixture
 def client(engine_server) -> Iterator[httpx.Client]:
     with httpx.Client(base_url=engine_server.url, timeout=120) as c:
