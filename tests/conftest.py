@@ -254,6 +254,17 @@ def fake_engine(fake_engine_server):
 
 
 @pytest.fixture
+def engine_url(request) -> str:
+    """The URL of an engine for a ServeCore: the fake engine (no model), or with
+    ``@pytest.mark.parametrize("engine_url", ["real"], indirect=True)`` the session's real
+    engine (the real-engine tests of features whose logic is tested on the fake)."""
+    kind = getattr(request, "param", "fake")
+    if kind not in ("fake", "real"):
+        raise ValueError(f"engine_url is 'fake' or 'real', not {kind!r}")
+    return request.getfixturevalue("fake_engine" if kind == "fake" else "engine_server").url
+
+
+@pytest.fixture
 def client(engine_server) -> Iterator[httpx.Client]:
     with httpx.Client(base_url=engine_server.url, timeout=120) as c:
         yield c
