@@ -240,7 +240,7 @@ def test_an_openai_endpoint_that_does_not_stream_fails_the_call_with_the_reason(
         assert info["state"] == "failed" and "stream: true" in info["error"], info
 
 
-def test_a_task_the_dispatcher_trips_on_fails_and_the_others_still_run(engine_server, tmp_path, monkeypatch):
+def test_a_task_the_dispatcher_trips_on_fails_and_the_others_still_run(fake_engine, tmp_path, monkeypatch):
     """Fault injection: an exception while placing one task ended the dispatch loop (a task
     nobody awaited), so that call and every later one stayed queued forever."""
     from parrot.platform.serve.scheduler.policy import SchedulingPolicy
@@ -256,7 +256,7 @@ def test_a_task_the_dispatcher_trips_on_fails_and_the_others_still_run(engine_se
 
     monkeypatch.setattr(SchedulingPolicy, "placement", trip_once)
     core = ServeCore(store=Store(sqlite_url(tmp_path)))
-    app = create_app(core, engine_urls=(engine_server.url,))
+    app = create_app(core, engine_urls=(fake_engine.url,))
     with ServerThread(app) as server, httpx.Client(base_url=server.url, timeout=60) as api:
         s = api.post("/v1/session").json()
         sid, auth = s["session_id"], {"Authorization": f"Bearer {s['session_auth']}"}

@@ -50,10 +50,13 @@ class DatabaseFault:
 
 
 @pytest.fixture
-def served(engine_server, tmp_path):
+def served(fake_engine, tmp_path):
+    """A ServeCore on a SQLite file and the fake engine, whose tokens take 20 ms (a call of
+    48 tokens outlasts a client that gives up after 0.3 s)."""
+    fake_engine.engine.step_s = 0.02
     store = Store(f"sqlite+aiosqlite:///{tmp_path / 'parrot.db'}")
     core = ServeCore(store=store)
-    app = create_app(core, engine_urls=(engine_server.url,), admin_token=ADMIN)
+    app = create_app(core, engine_urls=(fake_engine.url,), admin_token=ADMIN)
     with ServerThread(app) as server, httpx.Client(base_url=server.url, timeout=120) as api:
         yield core, store, api, tmp_path / "parrot.db"
 
@@ -153,10 +156,10 @@ def engine_idle_but_for_the_servecore(
         time.sleep(0.2)
 
 
-def test_clients_that_go_away_lose_nothing_and_leak_nothing(served, engine_server):
+def test_clients_that_go_away_lose_nothing_and_leak_nothing(served, fake_engine):
     core, _store, api, _ = served
     held = len(core.contexts.tree(core.engines.slots()[0]))
-    others = engine_contexts(engine_server.url)["num_contexts"] - held
+    others = engine_contexts(fake_engine.url)["num_contexts"] - held
     # 1. A client gives up on a get of a long call: the call goes on, its value is kept.
     sid, auth = new_session(api)
     long_out = submit(api, sid, auth, "The history of lighthouses", 96, ignore_eos=True)
@@ -197,7 +200,7 @@ def test_clients_that_go_away_lose_nothing_and_leak_nothing(served, engine_serve
     # Nothing leaked: once the session is deleted the engine holds only what the ServeCore
     # tracks (shared prefixes it may evict), nothing of the session, and runs no job.
     assert api.delete(f"/v1/session/{sid}", headers=auth).status_code in (200, 204)
-    engine_idle_but_for_the_servecore(core, engine_server.url, others)
+    engine_idle_but_for_the_servecore(core, fake_engine.url, others)
     slot = core.engines.slots()[0]
     assert not core.contexts.tree(slot).of_session(sid)
     assert all(c.owner is None and c.refs == 0 for c in core.contexts.tree(slot).contexts.values())

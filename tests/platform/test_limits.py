@@ -2,7 +2,8 @@
 value, loses nothing, and leaves the server healthy and other sessions unaffected.
 
 The ServeCore runs with small limits (the defaults are far above what these tests could
-send quickly) on a SQLite file, with the real engine."""
+send quickly) on a SQLite file, with the fake engine (the limits are the ServeCore's; the
+engine's own body limit is tested on the real engine's server)."""
 
 from __future__ import annotations
 
@@ -30,9 +31,9 @@ LIMITS = Limits(
 
 
 @pytest.fixture
-def api(engine_server, tmp_path):
+def api(fake_engine, tmp_path):
     core = ServeCore(store=Store(sqlite_url(tmp_path)), limits=LIMITS)
-    app = create_app(core, engine_urls=(engine_server.url,))
+    app = create_app(core, engine_urls=(fake_engine.url,))
     with ServerThread(app) as server, httpx.Client(base_url=server.url, timeout=120) as client:
         yield client
 

@@ -1,5 +1,6 @@
 """Sessions and their variables: no state keyed by object addresses, and a session that goes
-(deleted or expired) stops its work on the engines and frees what it held there."""
+(deleted or expired) stops its work on the engines and frees what it held there (on the
+fake engine, and deleted on the real one)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import httpx
 import pytest
 import pytest_asyncio
 from conftest import ServerThread
+from waiting import until
 
 from parrot.platform.api.app import create_app
 from parrot.platform.serve.calls.service import Binding
@@ -42,8 +44,8 @@ async def test_fresh_variables_are_never_ready_whatever_lived_at_their_address()
             await core.vars.get(session, var_id, "throughput", 0)
 
 
-def test_fresh_variables_over_the_api_answer_408_not_an_empty_value(engine_server, tmp_path):
-    app = create_app(ServeCore(), engine_urls=(engine_server.url,), admin_token="a")
+def test_fresh_variables_over_the_api_answer_408_not_an_empty_value(fake_engine, tmp_path):
+    app = create_app(ServeCore(), engine_urls=(fake_engine.url,), admin_token="a")
     with ServerThread(app) as server, httpx.Client(base_url=server.url, timeout=60) as api:
         for round_ in range(2):  # the first round's variables are gone before the second's
             answers = []
@@ -66,10 +68,12 @@ def test_fresh_variables_over_the_api_answer_408_not_an_empty_value(engine_serve
 
 
 @pytest_asyncio.fixture(loop_scope="function")
-async def core(engine_server):
+async def core(engine_url, request):
+    if "fake_engine" in request.fixturenames:
+        request.getfixturevalue("fake_engine").engine.step_s = 0.005  # long generations take 2 s
     core = ServeCore(session_timeout_s=60)
     await core.start()
-    await core.engines.register_builtin(engine_server.url)
+    await core.engines.register_builtin(engine_url)
     yield core
     await core.stop()
 
@@ -92,13 +96,18 @@ async def busy_session(core):
     params = [Binding(name="y", var_id=outs[0]), Binding(name="z", is_output=True, sampling=LONG)]
     _, out = await core.calls.submit(session, "Continue {{y}} -> {{z}}", params, [], None)
     outs.append(out["z"])
-    while (await engine_info(core))["num_running"] < 2:
-        await asyncio.sleep(0.02)
+    await until(lambda: running(core, 2), what="two generations running")
     return session, outs
 
 
+async def running(core, n: int) -> bool:
+    return (await engine_info(core))["num_running"] >= n
+
+
 @pytest.mark.asyncio(loop_scope="function")
-@pytest.mark.parametrize("how", ["delete", "expire"])
+@pytest.mark.parametrize(
+    "how, engine_url", [("delete", "fake"), ("expire", "fake"), ("delete", "real")], indirect=["engine_url"]
+)
 async def test_a_session_that_goes_stops_its_work_and_frees_its_contexts(core, how):
     before = await engine_info(core)
     session, outs = await busy_session(core)
@@ -119,5 +128,13 @@ async def test_a_session_that_goes_stops_its_work_and_frees_its_contexts(core, h
     # Nothing of it is left on the engine, and the queued call never runs.
     assert after["num_contexts"] <= before["num_contexts"] + 1  # a shared template prefix may stay
     assert not core.contexts.tree(core.engines.slots()[0]).of_session(session.session_id)
-    await asyncio.sleep(0.5)
-    assert (await engine_info(core))["tokens_generated"] == generated
+    # A call of another session submitted after it runs; the queued call did not, before it
+    # or along with it: nothing was generated beyond that call's tokens.
+    other, _ = await core.sessions.create()
+    params = [
+        Binding(name="q", value="ok"),
+        Binding(name="a", is_output=True, sampling=SamplingParams(max_tokens=3, ignore_eos=True)),
+    ]
+    _, out = await core.calls.submit(other, "Then {{q}}: {{a}}", params, [], None)
+    await core.vars.get(other, out["a"], "throughput", 120)
+    assert (await engine_info(core))["tokens_generated"] == generated + 3

@@ -3,7 +3,7 @@ whole server (507), whether a value is set, given inline or generated; a refusal
 limit and its flag, stores nothing and leaves the server healthy; a deleted session gives
 its share back; a restart counts the restored values again.
 
-Over real HTTP with the real engine and a SQLite file, with small limits. A value counts the
+Over real HTTP with the fake engine and a SQLite file, with small limits. A value counts the
 memory of its text: ``sys.getsizeof``, 49 + 1 a character for ASCII text."""
 
 from __future__ import annotations
@@ -32,9 +32,9 @@ SHARE = 2 * SIZE + 500  # two values per client, not three
 
 
 @contextmanager
-def serve(engine_server, tmp_path, limits: Limits) -> Iterator[httpx.Client]:
+def serve(fake_engine, tmp_path, limits: Limits) -> Iterator[httpx.Client]:
     core = ServeCore(store=Store(sqlite_url(tmp_path)), limits=limits)
-    app = create_app(core, engine_urls=(engine_server.url,))
+    app = create_app(core, engine_urls=(fake_engine.url,))
     with ServerThread(app) as server, httpx.Client(base_url=server.url, timeout=120) as client:
         yield client
 
@@ -94,9 +94,9 @@ def value_bytes(api) -> float:
     raise AssertionError("no parrot:value_bytes gauge")
 
 
-def test_a_clients_share_of_value_memory_is_429_and_a_refusal_stores_nothing(engine_server, tmp_path):
+def test_a_clients_share_of_value_memory_is_429_and_a_refusal_stores_nothing(fake_engine, tmp_path):
     limits = Limits(max_value_chars=1000, max_value_bytes_per_client=SHARE)
-    with serve(engine_server, tmp_path, limits) as api:
+    with serve(fake_engine, tmp_path, limits) as api:
         first = Session(api)
         assert first.var("a", VALUE).status_code == 201
         empty = first.var("later").json()["var_id"]
@@ -136,10 +136,10 @@ def test_a_clients_share_of_value_memory_is_429_and_a_refusal_stores_nothing(eng
         assert first.get(empty).json()["value"] == "small"
 
 
-def test_the_servers_bound_on_value_memory_is_507(engine_server, tmp_path):
+def test_the_servers_bound_on_value_memory_is_507(fake_engine, tmp_path):
     bound = 2 * SIZE + 500
     limits = Limits(max_value_chars=1000, max_value_bytes=bound)
-    with serve(engine_server, tmp_path, limits) as api:
+    with serve(fake_engine, tmp_path, limits) as api:
         s = Session(api)
         assert s.var("a", VALUE).status_code == 201 and s.var("b", VALUE).status_code == 201
         r = s.var("c", VALUE)
@@ -148,11 +148,11 @@ def test_the_servers_bound_on_value_memory_is_507(engine_server, tmp_path):
         assert [v["name"] for v in s.info()["vars"]] == ["a", "b"]
 
 
-def test_a_generated_value_over_budget_fails_its_call_naming_the_limit(engine_server, tmp_path):
+def test_a_generated_value_over_budget_fails_its_call_naming_the_limit(fake_engine, tmp_path):
     doc = "x" * 1000
     share = sys.getsizeof(doc) + 40  # no room left for any generated value (49 bytes at least)
     limits = Limits(max_value_chars=1000, max_value_bytes_per_client=share)
-    with serve(engine_server, tmp_path, limits) as api:
+    with serve(fake_engine, tmp_path, limits) as api:
         s = Session(api)
         r = s.call("Read {{doc}} and say hi: {{a}}", [{"name": "doc", "value": doc}, out("a")])
         assert r.status_code == 201, r.text

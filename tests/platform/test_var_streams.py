@@ -1,18 +1,24 @@
-"""Streamed semantic variables (issue 22) on the real engine: ``GET
-/v1/semantic_var/{id}/stream`` sends the text as it is written, then the value or the
-reason; deltas always join to the value; late followers, failures, deleted sessions,
-followers that leave, the limits, first-token times, and an OpenAI-kind engine."""
+"""Streamed semantic variables (issue 22): ``GET /v1/semantic_var/{id}/stream`` sends the
+text as it is written, then the value or the reason; deltas always join to the value; late
+followers, failures, deleted sessions, followers that leave, the limits, first-token times
+(on the fake engine, a token every 20 ms); multi-byte characters of a typed output (on the
+real engine), and an OpenAI-kind engine (the real engine's OpenAI routes). The SDK's
+streams run on the real engine end to end (tests/sdk/test_var_streams.py)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import threading
 import time
+from collections.abc import Iterator
 
 import httpx
 import pytest
 from conftest import ServerThread
+from fake_engine import FakeEngine, FakeEngineServer
 from httpx_sse import connect_sse
+from waiting import wait_until
 
 from parrot.platform.api.app import create_app
 from parrot.platform.serve.core import ServeCore
@@ -30,8 +36,16 @@ def core(tmp_path_factory) -> ServeCore:
 
 
 @pytest.fixture(scope="module")
-def api(engine_server, core):
-    app = create_app(core, engine_urls=(engine_server.url,), admin_token="admin")
+def api(core):
+    """The API of ``core`` on a fake engine whose tokens take 20 ms each (a stream has
+    several deltas, and a follower that connects at once finds the producer running)."""
+    with FakeEngineServer(FakeEngine(step_s=0.02)) as engine, served(core, engine.url) as client:
+        yield client
+
+
+@contextlib.contextmanager
+def served(core: ServeCore, engine_url: str) -> Iterator[httpx.Client]:
+    app = create_app(core, engine_urls=(engine_url,), admin_token="admin")
     with ServerThread(app) as server, httpx.Client(base_url=server.url, timeout=120) as client:
         yield client
 
@@ -113,7 +127,13 @@ def test_a_stop_string_is_never_streamed(api):
     assert stop not in joined(events)
 
 
-def test_multi_byte_characters_and_two_outputs_of_one_call(api):
+def test_multi_byte_characters_and_two_outputs_of_one_call(engine_server, tmp_path):
+    core = ServeCore(store=Store(sqlite_url(tmp_path)), limits=LIMITS)
+    with served(core, engine_server.url) as api:
+        multi_byte_characters_and_two_outputs_of_one_call(api)
+
+
+def multi_byte_characters_and_two_outputs_of_one_call(api: httpx.Client) -> None:
     s = Session(api)
     word = "café ☕ naïve 日本語 ü"
     template = PROMPT.format(q="Say something.") + "{{first}} and then {{second}}"
@@ -142,14 +162,14 @@ def test_late_and_very_late_followers(api):
     assert very_late[0][1]["finish_reason"] == "length"
 
 
-def test_a_client_set_value_streams_as_its_value(api):
+def test_a_client_set_value_streams_as_its_value(api, core):
     s = Session(api)
     body = {"session_id": s.sid, "name": "given"}
     var = api.post("/v1/semantic_var", json=body, headers=s.auth).json()["var_id"]
     got: list = []
     follower = threading.Thread(target=lambda: got.extend(s.stream(var)))
     follower.start()
-    time.sleep(0.5)
+    wait_until(lambda: s.sid in core.streams._per_session, what="the follower")  # it waits for the value
     r = api.put(f"/v1/semantic_var/{var}", json={"session_id": s.sid, "value": "hello"}, headers=s.auth)
     assert r.status_code == 200, r.text
     follower.join(30)
