@@ -4,9 +4,8 @@ queue orders by criteria, task groups and application; placement by prefix and l
 
 from __future__ import annotations
 
-import asyncio
-
 import pytest
+from waiting import until
 
 from parrot.platform.serve.calls.service import Binding
 from parrot.platform.serve.core import ServeCore
@@ -40,14 +39,10 @@ async def chain_session(core: ServeCore, criteria: str | None = None):
             params.insert(0, Binding(name=src, var_id=outs[src]))
         _, out = await core.calls.submit(session, template, params, [], criteria if dst == "c" else None)
         outs.update(out)
-    _, out = await core.calls.submit(
-        session, "Other: {{d}}", [Binding(name="d", is_output=True)], [], None
-    )
+    _, out = await core.calls.submit(session, "Other: {{d}}", [Binding(name="d", is_output=True)], [], None)
     outs.update(out)
-    for _ in range(20):  # the watchers queue the chains whose inputs are ready (a and d)
-        if len(core.scheduler.queue) == 2:
-            break
-        await asyncio.sleep(0.01)
+    # the watchers queue the chains whose inputs are ready (a and d)
+    await until(lambda: len(core.scheduler.queue) == 2, what="a and d queued")
     return session, outs
 
 
@@ -97,7 +92,7 @@ async def test_a_consumer_makes_its_queued_producers_a_group_whenever_it_arrives
             session, f"Part {i}: {{{{s}}}}", [Binding(name="s", is_output=True)], [], None
         )
         maps.append(out["s"])
-    await asyncio.sleep(0.05)
+    await until(lambda: len(core.scheduler.queue) == 3, what="the maps queued")
     assert {t.group for t in core.scheduler.queue} == {None}
     params = [Binding(name=f"s{i}", var_id=v) for i, v in enumerate(maps)]
     params.append(Binding(name="total", is_output=True))

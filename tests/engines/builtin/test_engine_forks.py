@@ -8,6 +8,7 @@ import threading
 
 import httpx
 import pytest
+from waiting import until
 
 PROMPT = "<|im_start|>user\nName three birds that live near the sea.<|im_end|>\n<|im_start|>assistant\n"
 
@@ -182,8 +183,7 @@ def test_abort_stops_running_and_queued_jobs_and_frees_their_contexts(client, id
                 asyncio.create_task(c.post("/generate", json={"context_id": cid, **body}))
                 for cid in (running, queued)
             ]
-            while (await c.get("/ping")).json()["num_running"] == 0:
-                await asyncio.sleep(0.01)
+            await until(lambda: jobs_running(c), what="a job running")
             r = await c.post("/abort", json={"context_ids": [running, queued, next(ids)]})
             assert r.status_code == 200 and r.json() == {"aborted_jobs": 2, "freed_contexts": 2}
             return await asyncio.gather(*jobs)
@@ -192,6 +192,10 @@ def test_abort_stops_running_and_queued_jobs_and_frees_their_contexts(client, id
         assert response.status_code == 409 and response.json()["error"]["code"] == "aborted"
     assert client.post("/free_context", json={"context_id": running}).json()["freed_tokens"] == 0
     assert client.get("/ping").json()["num_running"] == 0
+
+
+async def jobs_running(c: httpx.AsyncClient) -> bool:
+    return (await c.get("/ping")).json()["num_running"] > 0
 
 
 def test_higher_priority_jobs_are_admitted_first(engine):
@@ -277,7 +281,8 @@ def test_a_fork_may_arrive_before_its_parent(client, ids, engine_server):
                     },
                 )
             )
-            await asyncio.sleep(0.3)  # the fork is parked on the engine now
+            # the fork is parked on the engine: its job waits for the parent
+            await until(lambda: jobs_waiting(c), what="the fork parked on the engine")
             assert not fork.done()
             made = await c.post("/fill", json={"context_id": parent, "token_ids": tokens})
             return [made, await fork]
@@ -285,6 +290,10 @@ def test_a_fork_may_arrive_before_its_parent(client, ids, engine_server):
     made, forked = asyncio.run(scenario())
     assert made.status_code == forked.status_code == 200, forked.text
     assert forked.json()["token_ids"] == alone(client, ids, tokens)["token_ids"]
+
+
+async def jobs_waiting(c: httpx.AsyncClient) -> bool:
+    return (await c.get("/ping")).json()["num_waiting"] > 0
 
 
 def test_a_parent_that_never_comes_fails_the_fork_after_its_wait(client, ids):

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import pytest
 import torch
+from families import FAMILIES, random_hf
 from test_model_correctness import CONFIGS
-from test_model_families import FAMILIES, random_hf
 from test_weight_formats import build, relative_error
 
 from parrot.engines.builtin.batch import SharedPrefixPolicy, StepItem
