@@ -6,11 +6,11 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 
 import msgspec
-from conftest import ServerThread
 from litestar import Litestar, Request, get, post
 from litestar.logging.config import LoggingConfig
 from litestar.params import JSONBody
 from litestar.response import ServerSentEvent
+from servers import ServerThread
 
 from fake_engine.engine import FakeEngine
 from fake_engine.tokens import tokenizer_json
