@@ -23,15 +23,16 @@ async def monitor_round(core: ServeCore) -> None:
     await core.scheduler.check_engines()
 
 
-async def test_one_shot_prompts_stay_within_what_the_engine_holds(engine_server):
+async def test_one_shot_prompts_stay_within_what_the_engine_holds(fake_engine):
+    fake_engine.engine.kv_tokens = 6_000  # each system prompt below: ~1,800 (byte) tokens
     core = ServeCore(health=HealthSettings(interval_s=60))  # rounds run by hand below
     await core.start()
     try:
-        slot = await core.engines.register_builtin(engine_server.url)
+        slot = await core.engines.register_builtin(fake_engine.url)
         capacity = slot.token_capacity
         sampling = SamplingParams(max_tokens=2, temperature=0)
         model = core.engines.models()[0]
-        # Each request: a distinct ~450-token system prompt, kept as a shared prefix.
+        # Each request: a distinct system prompt, kept as a shared prefix.
         for n in range(3 * capacity // 450):
             system = f"Rule set {n}: " + " ".join(f"rule {n}.{i} says keep the lamp lit" for i in range(50))
             run = await OneShot.start(core, [system, "Question: which rule?\nAnswer:"], sampling, 1, model)

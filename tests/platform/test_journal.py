@@ -34,12 +34,12 @@ class Refusal:
 
 
 @pytest.mark.asyncio(loop_scope="function")
-async def test_a_refused_write_fails_the_request_and_changes_nothing(engine_server, tmp_path):
+async def test_a_refused_write_fails_the_request_and_changes_nothing(fake_engine, tmp_path):
     store = Store(sqlite_url(tmp_path))
     core = ServeCore(store=store)
     await core.start()
     try:
-        await core.engines.register_builtin(engine_server.url)
+        await core.engines.register_builtin(fake_engine.url)
         session, _ = await core.sessions.create()
         topic = await core.vars.create(session, "topic", "tides")
         waiting = await core.vars.create(session, "later")

@@ -27,10 +27,11 @@ SESSIONS = 12
 
 
 @pytest_asyncio.fixture(loop_scope="function")
-async def core(engine_server):
+async def core(fake_engine):
+    fake_engine.engine.step_s = 0.002  # the chains' steps overlap on the engine
     core = ServeCore()
     await core.start()
-    await core.engines.register_builtin(engine_server.url)
+    await core.engines.register_builtin(fake_engine.url)
     yield core
     await core.stop()
 
