@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run stop example test install lint bench bench-apps bench-cpu bench-peers clean chromium postgresql
+.PHONY: run stop example test test-fast install lint bench bench-apps bench-cpu bench-peers clean chromium postgresql
 
 # torch is pinned to the CPU build on local disk by constraints/cpu.txt, which every pip call
 # here that could pull torch passes (-c): an unpinned torch pulls a CUDA build, and the
@@ -58,6 +58,13 @@ lint: install
 test: install chromium postgresql
 	$(BIN)/ruff check .
 	$(BIN)/python -m pytest -q
+
+# The logic tier (tests/tiers.py): the serve layer on the fake engine, the wire contract, the
+# SDK, the dashboard's pages, ... with no model, no browser, no PostgreSQL and no child
+# process. A few minutes at most; `make test` remains the test of everything.
+test-fast: install
+	$(BIN)/ruff check .
+	$(BIN)/python -m pytest -q -m logic
 
 chromium:
 	@command -v chromium >/dev/null 2>&1 || (apt-get update && apt-get install -y chromium)

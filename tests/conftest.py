@@ -21,6 +21,8 @@ from servers import parrot_process as parrot_process
 from servers import rss_mib as rss_mib
 from servers import serve_env as serve_env
 
+pytest_plugins = ["tiers"]  # the logic tier (make test-fast)
+
 # Without a GPU the Triton kernels run in Triton's interpreter; it must be chosen before
 # triton is first imported.
 if not os.environ.get("CUDA_VISIBLE_DEVICES", "x") or not Path("/dev/nvidia0").exists():

@@ -79,6 +79,8 @@ class ParrotProcess:
     """``python -m parrot.cli.main ARGS`` as a real child process."""
 
     def __init__(self, args: list[str], env: dict) -> None:
+        if os.environ.get("PARROT_TESTS_LOGIC_ONLY"):
+            raise RuntimeError("a logic-tier test starts a child process: mark it spawns (tests/tiers.py)")
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "parrot.cli.main", *args],
             cwd=REPO_ROOT,

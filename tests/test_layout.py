@@ -15,6 +15,7 @@ from conftest import REPO_ROOT
 CODE_FOLDERS = ("platform", "engines", "sdk", "adapters", "web", "wire", "cli")
 
 
+@pytest.mark.spawns
 def test_stdlib_platform_wins_in_the_repository_root():
     out = subprocess.run(
         [sys.executable, "-c", "import platform; print(platform.system())"],
@@ -46,6 +47,7 @@ PUBLIC_IMPORTS = (
 )
 
 
+@pytest.mark.spawns
 @pytest.mark.parametrize("where", ["repository root", "another folder"])
 def test_public_names_import_in_a_fresh_interpreter(where, tmp_path):
     cwd = REPO_ROOT if where == "repository root" else tmp_path
@@ -58,6 +60,7 @@ def test_public_names_import_in_a_fresh_interpreter(where, tmp_path):
     assert modules == ["parrot.sdk.client", "parrot.adapters.langchain.llm"]
 
 
+@pytest.mark.spawns
 def test_parrot_namespace_imports_from_the_root():
     out = subprocess.run(
         [sys.executable, "-c", "import parrot.engines.builtin.engine, parrot.cli.main; print('ok')"],
@@ -69,6 +72,7 @@ def test_parrot_namespace_imports_from_the_root():
     assert out.stdout.strip() == "ok"
 
 
+@pytest.mark.spawns
 def test_parrot_console_script_has_engine_command():
     out = subprocess.run(
         [sys.executable, "-m", "parrot.cli.main", "engine", "--help"],

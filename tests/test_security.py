@@ -6,7 +6,10 @@ from __future__ import annotations
 import os
 
 import httpx
+import pytest
 from conftest import free_port, parrot_process
+
+pytestmark = pytest.mark.spawns  # child processes
 
 
 def csrf_cookie(url: str) -> str:

@@ -65,6 +65,7 @@ def test_bad_settings_are_clear_errors(argv, env, message):
         settings(argv, env)
 
 
+@pytest.mark.spawns
 def test_a_bad_variable_stops_the_command_with_one_line():
     out = subprocess.run(
         [sys.executable, "-m", "parrot.cli.main", "serve", "--help"],
@@ -93,6 +94,7 @@ def test_calls_log_a_line_at_debug_and_a_summary_per_interval(caplog):
     assert len(info) == 1 and "2 calls done, 1 failed, 0.50 s per call; 2 sessions, 1 tasks queued" in info[0]
 
 
+@pytest.mark.spawns
 def test_log_json_writes_json_lines(tmp_path):
     code = (
         "import logging; from parrot.cli.logs import configure_logging;"
@@ -108,6 +110,7 @@ def test_log_json_writes_json_lines(tmp_path):
     assert (line["message"], line["level"], line["name"]) == ("hello there", "INFO", "parrot.x")
 
 
+@pytest.mark.spawns
 def test_serve_starts_quietly_and_logs_json(tmp_path):
     """``parrot --log-json --log-level debug serve``: every log line is JSON, and Alembic's
     plugin and migration chatter stays out of the log (a real start, migrations included)."""

@@ -57,6 +57,7 @@ def test_map_reduce(example, parrot_url):
     assert submitted_before_any_finished(result["compiled"]["calls"])
 
 
+@pytest.mark.spawns
 @pytest.mark.parametrize("name", ["langchain_two_step", "langchain_map_reduce"])
 def test_examples_run_as_scripts(name):
     out = subprocess.run(

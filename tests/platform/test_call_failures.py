@@ -65,6 +65,7 @@ def check_failed(api: httpx.Client, sid: str, auth: dict, calls: dict) -> None:
     assert all(v["error"] for v in info.json()["vars"] if not v["ready"]), info.text
 
 
+@pytest.mark.spawns
 def test_transforms_python_cannot_finish_fail_their_calls_and_consumers_across_a_restart(tmp_path):
     """Before: RecursionError and ValueError escaped the transform (the call stayed
     ``running``, its consumer ``pending``, forever); a lone surrogate made the variable's
@@ -109,6 +110,7 @@ def test_transforms_python_cannot_finish_fail_their_calls_and_consumers_across_a
         second.kill()
 
 
+@pytest.mark.spawns
 def test_a_value_with_a_lone_surrogate_is_refused_with_a_400_that_says_so(tmp_path):
     port, db = free_port(), f"sqlite+aiosqlite:///{tmp_path / 'parrot.db'}"
     process = start(port, db)

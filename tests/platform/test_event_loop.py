@@ -17,6 +17,8 @@ from conftest import ParrotProcess, free_port, rss_mib
 
 from parrot.platform.serve.ops.memory import malloc_trim
 
+pytestmark = pytest.mark.spawns  # child processes
+
 CATASTROPHIC = r"(a|aa)+$"  # on "a" * 60 + "b": exponential backtracking
 STALL_S = 0.3  # p99 allowed: "well under a second" (measured: 7-60 ms; before the fix 0.5-2.8 s)
 ATTEMPTS = 3  # a big request's probes are measured again when one attempt stalls (probed_p99)

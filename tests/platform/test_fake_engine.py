@@ -26,60 +26,61 @@ GREEDY = SamplingParams(max_tokens=12, temperature=0, ignore_eos=True)
 
 
 @pytest_asyncio.fixture(loop_scope="function")
-async def client(fake_engine):
+async def http(fake_engine):
+    """The ServeCore's own HTTP client of the engine (``HttpEngine``), on the fake engine."""
     client = HttpEngine(fake_engine.url)
     yield client
     await client.aclose()
 
 
-async def test_generations_depend_on_the_prompt_and_on_nothing_else(client, fake_engine):
-    a = await client.generate(1, GREEDY, text="The keeper of the lighthouse")
-    again = await client.generate(2, GREEDY, text="The keeper of the lighthouse")
-    other = await client.generate(3, GREEDY, text="The tide tables of the harbour")
+async def test_generations_depend_on_the_prompt_and_on_nothing_else(http, fake_engine):
+    a = await http.generate(1, GREEDY, text="The keeper of the lighthouse")
+    again = await http.generate(2, GREEDY, text="The keeper of the lighthouse")
+    other = await http.generate(3, GREEDY, text="The tide tables of the harbour")
     assert a.text == again.text != other.text and len(a.token_ids) == 12 and a.finish_reason == "length"
     assert a.prompt_tokens == len(b"The keeper of the lighthouse")
     # A fork in the middle of a generation continues it exactly.
-    await client.fill(4, text="The keeper of the lighthouse")
-    half = await client.generate(4, SamplingParams(max_tokens=5, ignore_eos=True))
-    rest = await client.generate(5, SamplingParams(max_tokens=7, ignore_eos=True), parent_context_id=4)
+    await http.fill(4, text="The keeper of the lighthouse")
+    half = await http.generate(4, SamplingParams(max_tokens=5, ignore_eos=True))
+    rest = await http.generate(5, SamplingParams(max_tokens=7, ignore_eos=True), parent_context_id=4)
     assert half.text + rest.text == a.text and rest.cached_tokens == a.prompt_tokens + 5
     assert fake_engine.engine.text_of(5) == "The keeper of the lighthouse" + a.text
 
 
-async def test_streams_stop_strings_stop_tokens_and_end_of_sequence(client, fake_engine):
-    events = [e async for e in client.generate_stream(1, GREEDY, text="Log of the tender")]
+async def test_streams_stop_strings_stop_tokens_and_end_of_sequence(http, fake_engine):
+    events = [e async for e in http.generate_stream(1, GREEDY, text="Log of the tender")]
     *tokens, end = events
     assert isinstance(end, StreamEnd) and all(isinstance(e, TokenStreamEvent) for e in tokens)
     assert "".join(e.text for e in tokens) == end.text and len(tokens) == 12
     stop = end.text[4:6]
-    cut = await client.generate(2, SamplingParams(max_tokens=12, stop=[stop]), text="Log of the tender")
+    cut = await http.generate(2, SamplingParams(max_tokens=12, stop=[stop]), text="Log of the tender")
     assert (cut.text, cut.finish_reason, cut.stop_string) == (end.text[: end.text.index(stop)], "stop", True)
     streamed = [
         e
-        async for e in client.generate_stream(
+        async for e in http.generate_stream(
             3, SamplingParams(max_tokens=12, stop=[stop]), text="Log of the tender"
         )
     ]
     assert "".join(e.text for e in streamed[:-1]) == cut.text  # the stop string was held back
-    by_id = await client.generate(
+    by_id = await http.generate(
         4, SamplingParams(max_tokens=12, stop_token_ids=[end.token_ids[3]]), text="Log of the tender"
     )
     assert by_id.token_ids == end.token_ids[:3] and by_id.finish_reason == "stop"
     fake_engine.engine.eos_after = 2
-    ended = await client.generate(5, SamplingParams(), text="x")
+    ended = await http.generate(5, SamplingParams(), text="x")
     assert len(ended.token_ids) == 2 and ended.finish_reason == "stop"
-    assert len((await client.generate(6, GREEDY, text="x")).token_ids) == 12  # ignore_eos
+    assert len((await http.generate(6, GREEDY, text="x")).token_ids) == 12  # ignore_eos
     assert len(fake_engine.engine.contexts[5].tokens) == 1 + 2  # the end token is not kept
 
 
-async def test_jobs_wait_for_room_the_highest_priority_first(client, fake_engine):
+async def test_jobs_wait_for_room_the_highest_priority_first(http, fake_engine):
     fake = fake_engine.engine
     fake.max_running, fake.step_s = 1, 0.002
-    first = asyncio.create_task(client.generate(1, GREEDY, text="first"))
+    first = asyncio.create_task(http.generate(1, GREEDY, text="first"))
     while fake.stats_now()["num_running"] < 1:
         await asyncio.sleep(0.001)
-    low = asyncio.create_task(client.generate(2, GREEDY, text="low", priority=0))
-    high = asyncio.create_task(client.generate(3, GREEDY, text="high", priority=5))
+    low = asyncio.create_task(http.generate(2, GREEDY, text="low", priority=0))
+    high = asyncio.create_task(http.generate(3, GREEDY, text="high", priority=5))
     while fake.stats_now()["num_waiting"] < 2:
         await asyncio.sleep(0.001)
     done_order = []
@@ -88,58 +89,51 @@ async def test_jobs_wait_for_room_the_highest_priority_first(client, fake_engine
     assert done_order == [1, 3, 2]
 
 
-async def test_abort_stops_a_running_job_and_frees_its_context(client, fake_engine):
+async def test_abort_stops_a_running_job_and_frees_its_context(http, fake_engine):
     fake_engine.engine.step_s = 0.01
     job = asyncio.create_task(
-        client.generate(1, SamplingParams(max_tokens=1000, ignore_eos=True), text="long")
+        http.generate(1, SamplingParams(max_tokens=1000, ignore_eos=True), text="long")
     )
     while not fake_engine.engine.contexts:
         await asyncio.sleep(0.005)
-    aborted = await client.abort([1, 99])
+    aborted = await http.abort([1, 99])
     assert (aborted.aborted_jobs, aborted.freed_contexts) == (1, 1)
     with pytest.raises(AbortedError):
         await job
     assert fake_engine.engine.stats_now()["num_contexts"] == 0
 
 
-async def test_failures_and_hangs_on_demand(client, fake_engine):
+async def test_failures_and_hangs_on_demand(http, fake_engine):
     fake_engine.engine.fail_next("generate", EngineUnavailableError("overloaded"))
     with pytest.raises(EngineUnavailableError, match="overloaded"):
-        await client.generate(1, GREEDY, text="x")
-    assert (await client.generate(1, GREEDY, text="x")).text  # once only
+        await http.generate(1, GREEDY, text="x")
+    assert (await http.generate(1, GREEDY, text="x")).text  # once only
     fake_engine.engine.hang = True
     with pytest.raises(EngineUnavailableError, match="unreachable"):
-        await client.ping(0.2)
+        await http.ping(0.2)
     fake_engine.engine.hang = False
-    assert (await client.ping())["model"] == "fake-model"
+    assert (await http.ping())["model"] == "fake-model"
 
 
-async def test_the_tokenizer_it_serves_gives_the_tokens_it_takes(client):
+async def test_the_tokenizer_it_serves_gives_the_tokens_it_takes(http):
     from tokenizers import Tokenizer
 
-    tokenizer = Tokenizer.from_str(await client.tokenizer_json())
+    tokenizer = Tokenizer.from_str(await http.tokenizer_json())
     text = "Hé, {{x}} → 灯台"
     assert (
         tokenizer.encode(text, add_special_tokens=False).ids
-        == await client.tokenize(text)
+        == await http.tokenize(text)
         == list(text.encode())
     )
-    pieces = await client.render_chat(
+    pieces = await http.render_chat(
         [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}]
     )
     assert len(pieces) == 2 and pieces[-1].endswith("<|assistant|>")
 
 
-@pytest.fixture(params=["fake", "real"])
-def any_engine(request) -> str:
-    """The URL of the fake engine, or of the real one (the protocol's rules are the same)."""
-    if request.param == "fake":
-        return request.getfixturevalue("fake_engine").url
-    return request.getfixturevalue("engine_server").url
-
-
-async def test_context_rules_are_the_real_engines(any_engine, ids):
-    client = HttpEngine(any_engine)
+@pytest.mark.parametrize("engine_url", ["fake", "real"], indirect=True)
+async def test_context_rules_are_the_real_engines(engine_url, ids):
+    client = HttpEngine(engine_url)
     a, b, c, d = (next(ids) for _ in range(4))
     try:
         with pytest.raises(UnknownContextError):

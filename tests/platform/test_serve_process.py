@@ -12,6 +12,8 @@ import httpx
 import pytest
 from conftest import ParrotProcess, free_port
 
+pytestmark = pytest.mark.spawns  # child processes
+
 
 def answers(url: str) -> bool:
     try:

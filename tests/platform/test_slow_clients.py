@@ -62,6 +62,7 @@ async def _flood_while_probing(url: str, port: int, connections: int, duration_s
     return flood, await probing
 
 
+@pytest.mark.spawns
 def test_slow_clients_are_cut_off_and_healthz_stays_up(tmp_path):
     """400 slow clients against a server allowed 256 open files and 128 connections, with a
     2 s header timeout: every ``/healthz`` probe (a fresh connection every 50 ms) answers
@@ -94,6 +95,7 @@ def test_slow_clients_are_cut_off_and_healthz_stays_up(tmp_path):
     assert 1 <= output.count(b"connection limit") <= RepeatFilter().burst, output[-2000:]
 
 
+@pytest.mark.spawns
 def test_a_slow_body_is_cut_off_and_the_server_goes_on(tmp_path):
     """A client that sends a request head announcing a body, then trickles the body, gets
     408 after the body timeout (before the fix it held the connection and a task for as long

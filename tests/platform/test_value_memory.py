@@ -12,6 +12,8 @@ from conftest import ParrotProcess, free_port, rss_mib
 
 from parrot.platform.serve.ops.memory import malloc_trim
 
+pytestmark = pytest.mark.spawns  # child processes
+
 VALUE_CHARS = 8 * 2**20  # the default --max-value-chars
 VALUES = 25  # 200 MiB in all
 

@@ -139,6 +139,7 @@ def test_streaming_chat(parrot_url, capsys):
         assert answer["started_s"] <= answer["finished_s"]
 
 
+@pytest.mark.spawns
 @pytest.mark.parametrize(
     ("name", "about"),
     [("extraction_pipeline", "typed outputs"), ("tool_agent", "tools"), ("streaming_chat", "stream()")],
