@@ -20,9 +20,11 @@ from pathlib import Path
 import pytest
 from conftest import REPO_ROOT
 
+pytestmark = pytest.mark.spawns  # child processes
+
 SOURCES = (
     *("pyproject.toml", "setup.py", "README.md"),
-    *("platform", "engines", "sdk", "adapters", "web", "wire", "migrations"),
+    *("platform", "engines", "sdk", "adapters", "web", "wire", "cli", "migrations"),
 )
 
 CLIENT_APP = """
