@@ -69,9 +69,12 @@ class Session:
         call = self.call(PROMPT.format(q=question) + "{{a}}", [out])
         return call["call_id"], call["outputs"]["a"]
 
-    def stream(self, var_id: str, stop_after: int | None = None) -> list[tuple[str, dict]]:
-        """The (event, data) pairs of the variable's stream (the first ``stop_after`` only)."""
-        events = []
+    def stream(
+        self, var_id: str, stop_after: int | None = None, into: list | None = None
+    ) -> list[tuple[str, dict]]:
+        """The (event, data) pairs of the variable's stream (the first ``stop_after`` only),
+        appended to ``into`` as they come when it is given."""
+        events = [] if into is None else into
         url = f"/v1/semantic_var/{var_id}/stream"
         with connect_sse(self.api, "GET", url, params={"session_id": self.sid}, headers=self.auth) as source:
             assert source.response.headers["content-type"].startswith("text/event-stream")
@@ -199,11 +202,9 @@ def test_deleting_the_session_ends_its_streams(api):
     s = Session(api)
     _, var = s.ask("Tell me a very long story about a castle.", max_tokens=200, ignore_eos=True)
     got: list = []
-    follower = threading.Thread(target=lambda: got.extend(s.stream(var)))
+    follower = threading.Thread(target=lambda: s.stream(var, into=got))
     follower.start()
-    deadline = time.monotonic() + 60
-    while not s.info()["calls"][0]["timings"].get("first_token_at") and time.monotonic() < deadline:
-        time.sleep(0.05)
+    wait_until(lambda: got, what="the first delta")  # the producer is running
     assert api.delete(f"/v1/session/{s.sid}", headers=s.auth).status_code == 204
     follower.join(30)
     assert not follower.is_alive()
