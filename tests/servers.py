@@ -75,19 +75,14 @@ class ServerThread:
         self.thread.join(timeout=30)
 
 
-class ParrotProcess:
-    """``python -m parrot.cli.main ARGS`` as a real child process."""
+class ChildProcess:
+    """``argv`` as a real child process, its output kept (none in the logic tier)."""
 
-    def __init__(self, args: list[str], env: dict) -> None:
+    def __init__(self, argv: list[str], env: dict, cwd: Path = REPO_ROOT) -> None:
         if os.environ.get("PARROT_TESTS_LOGIC_ONLY"):
             raise RuntimeError("a logic-tier test starts a child process: mark it spawns (tests/tiers.py)")
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "parrot.cli.main", *args],
-            cwd=REPO_ROOT,
-            env=env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
+            argv, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
         )
 
     def wait_ready(self, ready: Callable[[], bool], what: str, timeout_s: float = 180) -> None:
@@ -118,6 +113,13 @@ class ParrotProcess:
         output = self.proc.stdout.read()
         assert self.proc.returncode == 0, output
         return output
+
+
+class ParrotProcess(ChildProcess):
+    """``python -m parrot.cli.main ARGS`` as a real child process."""
+
+    def __init__(self, args: list[str], env: dict) -> None:
+        super().__init__([sys.executable, "-m", "parrot.cli.main", *args], env)
 
 
 def serve_env(engine, data_dir: Path, admin_token: str | None) -> dict:

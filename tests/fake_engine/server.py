@@ -3,7 +3,7 @@ protocol's own request, response and error types and the same event streams, in 
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 
 import msgspec
 from litestar import Litestar, Request, get, post
@@ -35,15 +35,15 @@ from parrot.engines.protocol.schemas import (
 )
 
 
-def create_app(server: FakeEngineServer) -> Litestar:
+def create_app(engine: Callable[[], FakeEngine]) -> Litestar:
     """The builtin engine's API (the routes ``HttpEngine`` uses, their bodies, error bodies
-    and event streams: the protocol's own types and error translator) over ``server.engine``
-    (whichever engine it holds at each request)."""
+    and event streams: the protocol's own types and error translator) over ``engine()``,
+    the engine of the moment (a test's own, when the server outlives one test)."""
 
     @post("/fill", status_code=200)
     async def fill(data: JSONBody[FillRequest], request: Request) -> FillResponse:
         checkpoints = [(c.context_id, c.length) for c in data.checkpoints]
-        work = server.engine.fill(
+        work = engine().fill(
             data.context_id,
             data.token_ids,
             data.text,
@@ -57,7 +57,7 @@ def create_app(server: FakeEngineServer) -> Litestar:
         return await unless_disconnected(request, work)  # a caller that goes away stops it
 
     def generation(data: JSONBody[GenerateRequest]) -> AsyncIterator[TokenStreamEvent | StreamEnd]:
-        return server.engine.generate_stream(
+        return engine().generate_stream(
             data.context_id,
             data.sampling,
             data.parent_context_id,
@@ -75,7 +75,7 @@ def create_app(server: FakeEngineServer) -> Litestar:
             f: getattr(data, f) for f in ("parent_len", "token_ids", "text", "priority", "parent_timeout_ms")
         }
         checkpoints = [(c.context_id, c.length) for c in data.checkpoints]
-        work = server.engine.generate(
+        work = engine().generate(
             data.context_id, data.sampling, data.parent_context_id, checkpoints=checkpoints, **args
         )
         return await unless_disconnected(request, work)
@@ -98,20 +98,20 @@ def create_app(server: FakeEngineServer) -> Litestar:
 
     @post("/free_context", status_code=200)
     async def free_context(data: JSONBody[FreeContextRequest]) -> FreeContextResponse:
-        freed = await server.engine.free_context(data.context_id)
+        freed = await engine().free_context(data.context_id)
         return FreeContextResponse(context_id=data.context_id, freed_tokens=freed)
 
     @post("/abort", status_code=200)
     async def abort(data: JSONBody[AbortRequest]) -> AbortResponse:
-        return await server.engine.abort(data.context_ids)
+        return await engine().abort(data.context_ids)
 
     @post("/abort_range", status_code=200)
     async def abort_range(data: JSONBody[AbortRangeRequest]) -> AbortResponse:
-        return await server.engine.abort_range(data.start, data.end)
+        return await engine().abort_range(data.start, data.end)
 
     @post("/tokenize", status_code=200)
     async def tokenize(data: JSONBody[TokenizeRequest]) -> TokenizeResponse:
-        return TokenizeResponse(token_ids=await server.engine.tokenize(data.text))
+        return TokenizeResponse(token_ids=await engine().tokenize(data.text))
 
     @get("/tokenizer", media_type="application/json")
     async def tokenizer() -> str:
@@ -120,11 +120,11 @@ def create_app(server: FakeEngineServer) -> Litestar:
     @post("/render_chat", status_code=200)
     async def render_chat(data: JSONBody[RenderChatRequest]) -> RenderChatResponse:
         messages = [{"role": m.role, "content": m.content} for m in data.messages]
-        return RenderChatResponse(pieces=server.engine.tokenizer.chat_pieces(messages))
+        return RenderChatResponse(pieces=engine().tokenizer.chat_pieces(messages))
 
     @get("/ping")
     async def ping() -> dict:
-        return await server.engine.ping()
+        return await engine().ping()
 
     handlers = [fill, generate, generate_stream, free_context, abort, abort_range, tokenize, tokenizer]
     return Litestar(
@@ -139,4 +139,4 @@ class FakeEngineServer(ServerThread):
 
     def __init__(self, engine: FakeEngine | None = None, port: int | None = None) -> None:
         self.engine = engine or FakeEngine()
-        super().__init__(create_app(self), port)
+        super().__init__(create_app(lambda: self.engine), port)

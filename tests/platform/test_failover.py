@@ -1,6 +1,7 @@
 """Engines that die (SIGKILL) or hang (SIGSTOP) mid-workload: their tasks move to another
 engine, or fail with a clear reason, in bounded time; an engine that comes back is used again
-and what it held is freed."""
+and what it held is freed. Real ``parrot engine`` processes die; fake engines in processes of
+their own (tests/fake_engine/process.py, no model to load) hang and come back."""
 
 from __future__ import annotations
 
@@ -11,7 +12,8 @@ import time
 
 import httpx
 import pytest
-from conftest import ParrotProcess, free_port
+from fake_engine.process import FakeEngineProcess
+from servers import ChildProcess, ParrotProcess, free_port
 
 from parrot.platform.serve.calls.service import Binding
 from parrot.platform.serve.core import ServeCore
@@ -19,15 +21,20 @@ from parrot.platform.serve.errors import ProducerFailedError
 from parrot.platform.serve.scheduler.health import HealthSettings
 from parrot.wire.sampling import SamplingParams
 
-pytestmark = pytest.mark.asyncio(loop_scope="function")
+pytestmark = [pytest.mark.asyncio(loop_scope="function"), pytest.mark.spawns]
 # Pinged every 0.3 s, down after 2 missed pings of 0.5 s: an engine is found dead in ~1-2 s.
 HEALTH = HealthSettings(interval_s=0.3, timeout_s=0.5, max_missed=2, down_grace_s=4.0)
 DETECTION_BOUND_S = 15.0  # generous on a loaded 2-core machine; the settings give ~2 s
 
 
-def engine_process(model_cache_dir) -> tuple[ParrotProcess, str]:
+def engine_process(request: pytest.FixtureRequest, kind: str) -> tuple[ChildProcess, str]:
+    """A real ``parrot engine`` (the default model), or a fake engine whose tokens take 20 ms
+    (a call of 48 tokens runs for about a second), each in a process of its own."""
+    if kind == "fake":
+        fake = FakeEngineProcess(step_s=0.02)
+        return fake, fake.url
     port = free_port()
-    env = {**os.environ, "PARROT_CACHE_DIR": str(model_cache_dir)}
+    env = {**os.environ, "PARROT_CACHE_DIR": str(request.getfixturevalue("model_cache_dir"))}
     process = ParrotProcess(["engine", "--port", str(port), "--kv-cache-memory", "128MiB"], env)
     url = f"http://127.0.0.1:{port}"
     process.wait_ready(lambda: httpx.get(f"{url}/ping", timeout=2).status_code == 200, "parrot engine")
@@ -56,10 +63,15 @@ async def running_on(core: ServeCore, engine_id: str) -> None:
         await asyncio.sleep(0.05)
 
 
-@pytest.mark.parametrize("how", [signal.SIGKILL, signal.SIGSTOP], ids=["sigkill", "sigstop"])
-async def test_tasks_of_a_lost_engine_finish_on_another(model_cache_dir, how):
-    first, first_url = engine_process(model_cache_dir)
-    second, second_url = engine_process(model_cache_dir)
+@pytest.mark.parametrize(
+    "how, kind", [(signal.SIGKILL, "real"), (signal.SIGSTOP, "fake")], ids=["sigkill-real", "sigstop-fake"]
+)
+async def test_tasks_of_a_lost_engine_finish_on_another(request, how, kind):
+    first, first_url = engine_process(request, kind)
+    if kind == "real":  # the spare: the tests' own real engine (one model load fewer)
+        second, second_url = None, request.getfixturevalue("engine_server").url
+    else:
+        second, second_url = engine_process(request, kind)
     core = ServeCore(health=HEALTH)
     try:
         await core.start()
@@ -93,13 +105,13 @@ async def test_tasks_of_a_lost_engine_finish_on_another(model_cache_dir, how):
     finally:
         await core.stop()
         for process in (first, second):
-            if process.proc.poll() is None:
+            if process is not None and process.proc.poll() is None:
                 os.kill(process.proc.pid, signal.SIGCONT)
                 process.kill()
 
 
-async def test_tasks_of_a_lone_hung_engine_fail_with_the_reason_in_bounded_time(model_cache_dir):
-    process, url = engine_process(model_cache_dir)
+async def test_tasks_of_a_lone_hung_engine_fail_with_the_reason_in_bounded_time(request):
+    process, url = engine_process(request, "fake")
     core = ServeCore(health=HEALTH)
     try:
         await core.start()
