@@ -1,5 +1,6 @@
 """Acceptance 4: kill the ServeCore process (SIGKILL) mid-workload, start it again on the
-same database: sessions, variables and finished values are intact, unfinished calls run."""
+same database: sessions, variables and finished values are intact, unfinished calls run (on
+SQLite with the real engine, on PostgreSQL with the fake one, whose tokens take 20 ms)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import time
 
 import httpx
 import pytest
-from conftest import DATABASES, ParrotProcess, database_url, free_port
+from conftest import ParrotProcess, database_url, free_port
 
 CHAIN = (
     ("One sentence about {{topic}}: {{a}}", "topic", "a"),
@@ -54,14 +55,24 @@ def submit_chain(api: httpx.Client, sid: str, auth: dict, topic: str, max_tokens
     return calls
 
 
-@pytest.mark.parametrize("database", DATABASES)
+@pytest.mark.spawns
+@pytest.mark.parametrize(
+    "database, engine_url",
+    [
+        pytest.param("sqlite", "real", id="sqlite-real"),
+        pytest.param("postgresql", "fake", id="postgresql-fake", marks=pytest.mark.postgresql),
+    ],
+    indirect=["engine_url"],
+)
 def test_killed_servecore_restarts_with_its_sessions_and_finishes_the_calls(
-    engine_server, tmp_path, request, database
+    engine_url, tmp_path, request, database
 ):
     """On SQLite and on PostgreSQL (``parrot serve --db postgresql+asyncpg://...``)."""
+    if "fake_engine" in request.fixturenames:
+        request.getfixturevalue("fake_engine").engine.step_s = 0.02  # running when killed
     port = free_port()
     db = database_url(request, database, tmp_path)
-    first = start_servecore(port, engine_server.url, db)
+    first = start_servecore(port, engine_url, db)
     sessions = []
     try:
         with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=120) as api:
@@ -91,11 +102,11 @@ def test_killed_servecore_restarts_with_its_sessions_and_finishes_the_calls(
         first.kill()
     assert flat.count("done") < len(flat), "the workload finished before the kill; nothing to recover"
 
-    second = start_servecore(port, engine_server.url, db)
+    second = start_servecore(port, engine_url, db)
     try:
         with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=120) as api:
             engines = api.get("/v1/engines").json()
-            assert [e["url"] for e in engines] == [engine_server.url]  # the stored record, reused
+            assert [e["url"] for e in engines] == [engine_url]  # the stored record, reused
             for sid, auth, calls in sessions:
                 info = api.get(f"/v1/session/{sid}", headers=auth)
                 assert info.status_code == 200, info.text
@@ -127,7 +138,7 @@ def test_killed_servecore_restarts_with_its_sessions_and_finishes_the_calls(
         second.stop()
 
 
-async def test_a_stored_engine_that_does_not_answer_comes_back_marked_down(tmp_path, engine_server):
+async def test_a_stored_engine_that_does_not_answer_comes_back_marked_down(tmp_path, fake_engine):
     """A restart finds its engines in the store; one that is gone is kept, marked down, with
     its model (so calls for it get a clear 503, and it is used again once it answers)."""
     from parrot.engines.protocol.errors import EngineUnavailableError
@@ -142,7 +153,7 @@ async def test_a_stored_engine_that_does_not_answer_comes_back_marked_down(tmp_p
     )
     await store.close()
     core = ServeCore(store=Store(sqlite_url(tmp_path)))
-    await core.start(engine_urls=(engine_server.url,))
+    await core.start(engine_urls=(fake_engine.url,))
     try:
         slots = core.scheduler.engines
         assert not slots["engine-7"].up and slots["engine-7"].model == "gone-model"
@@ -158,7 +169,7 @@ async def test_a_stored_engine_that_does_not_answer_comes_back_marked_down(tmp_p
         await core.stop()
 
 
-def test_healthz_is_degraded_with_its_reason_while_no_engine_is_up(tmp_path, engine_server):
+def test_healthz_is_degraded_with_its_reason_while_no_engine_is_up(tmp_path, fake_engine):
     import asyncio
 
     from conftest import ServerThread
@@ -185,7 +196,7 @@ def test_healthz_is_degraded_with_its_reason_while_no_engine_is_up(tmp_path, eng
     with ServerThread(create_app(ServeCore(store=Store(sqlite_url(tmp_path / "gone"))))) as server:
         health = httpx.get(f"{server.url}/healthz").json()
         assert (health["status"], health["engines"], health["reason"]) == ("degraded", 1, "no engine is up")
-    app = create_app(ServeCore(store=Store(sqlite_url(tmp_path / "gone"))), engine_urls=(engine_server.url,))
+    app = create_app(ServeCore(store=Store(sqlite_url(tmp_path / "gone"))), engine_urls=(fake_engine.url,))
     with ServerThread(app) as server:
         health = httpx.get(f"{server.url}/healthz").json()
         assert health == {"status": "ok", "engines": 2, "engines_up": 1, "reason": None}
