@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import llguidance
-import llguidance.torch
+import llguidance.numpy
 import numpy as np
 import torch
 
@@ -51,7 +51,7 @@ class ConstraintMasker:
     def __init__(self, eos_token_ids: frozenset[int]) -> None:
         self._executor = llguidance.LLExecutor()
         self._eos = sorted(eos_token_ids)
-        self._bitmask: torch.Tensor | None = None  # [rows, words] int32, grown as needed
+        self._bitmask: np.ndarray | None = None  # [rows, words] int32, grown as needed
 
     def apply(self, logits: torch.Tensor, constraints: Sequence[Constraint | None]) -> torch.Tensor:
         """``logits`` [rows, vocab] with the tokens each constrained row's grammar forbids at
@@ -62,11 +62,11 @@ class ConstraintMasker:
         vocab = logits.shape[1]
         bitmask = self._buffer(len(rows), vocab)  # [n, words] int32
         if len(rows) == 1:
-            llguidance.torch.fill_next_token_bitmask(constraints[rows[0]].matcher, bitmask, 0)
+            llguidance.numpy.fill_next_token_bitmask(constraints[rows[0]].matcher, bitmask, 0)
         else:
             pairs = [(constraints[i].matcher, n) for n, i in enumerate(rows)]
-            llguidance.torch.fill_next_token_bitmask_par(self._executor, pairs, bitmask)
-        words = bitmask.numpy()  # [n, words]
+            llguidance.numpy.fill_next_token_bitmask_par(self._executor, pairs, bitmask)
+        words = bitmask  # [n, words]
         # Bit t % 32 of word t // 32 allows token t: little-endian bytes, little bit order.
         forbidden = np.unpackbits((~words).view(np.uint8), axis=1, bitorder="little")[:, :vocab]
         forbidden = forbidden.view(np.bool_)  # [n, vocab]
@@ -87,8 +87,8 @@ class ConstraintMasker:
                 logits[index] = logits[index].masked_fill(mask, float("-inf"))
         return logits
 
-    def _buffer(self, rows: int, vocab: int) -> torch.Tensor:
+    def _buffer(self, rows: int, vocab: int) -> np.ndarray:
         words = (vocab + 31) // 32
         if self._bitmask is None or self._bitmask.shape[0] < rows or self._bitmask.shape[1] != words:
-            self._bitmask = llguidance.torch.allocate_token_bitmask(max(rows, 8), vocab)
+            self._bitmask = llguidance.numpy.allocate_token_bitmask(max(rows, 8), vocab)
         return self._bitmask[:rows]  # contiguous: the first rows of a row-major buffer

@@ -21,7 +21,7 @@ from typing import Any
 
 import llguidance
 import llguidance.hf
-import llguidance.torch
+import llguidance.numpy
 
 from parrot.engines.protocol.errors import BadFormatError
 from parrot.engines.protocol.grammar import check_grammar, check_size, to_grammar
@@ -111,8 +111,8 @@ class GrammarCompiler:
         grammar = to_grammar(fmt)
         check_grammar(fmt, grammar, tokenizer)
         matcher = llguidance.LLMatcher(tokenizer, grammar, log_level=0)
-        bitmask = llguidance.torch.allocate_token_bitmask(1, self.n_vocab)  # [1, words]
-        llguidance.torch.fill_next_token_bitmask(matcher, bitmask, 0)
+        bitmask = llguidance.numpy.allocate_token_bitmask(1, self.n_vocab)  # [1, words]
+        llguidance.numpy.fill_next_token_bitmask(matcher, bitmask, 0)
         if matcher.is_error():
             raise BadFormatError(f"bad {fmt.kind}: {matcher.get_error().strip()}")
         return matcher
