@@ -216,14 +216,6 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config) -> None:
         )
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """The adapters' tests run last (a stable sort keeps every other order): like the SDK's
-    tests, they leave cached prompt prefixes on the shared engine, which the engine's own
-    tests, sorted after them by name, do not expect."""
-    adapters = REPO_ROOT / "tests" / "adapters"
-    items.sort(key=lambda item: item.path.is_relative_to(adapters))
-
-
 @pytest.fixture(scope="session")
 def ids() -> Iterator[int]:
     """Context ids unique across the test session (the engine is shared by all tests)."""
