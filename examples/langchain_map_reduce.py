@@ -25,7 +25,7 @@ from pathlib import Path
 from langchain_core.output_parsers import StrOutputParser
 from langchain_core.prompts import ChatPromptTemplate
 from langchain_core.runnables import Runnable, RunnableParallel
-from timed_session import compare, verdict  # examples/ (the script's folder) is on sys.path
+from timed_session import RUNS, compare, verdict  # examples/ (the script's folder) is on sys.path
 
 from parrot.adapters.langchain import ParrotChatModel, compile_chain
 from parrot.sdk import Client
@@ -46,16 +46,17 @@ def build_chain(chat: ParrotChatModel, parts: int) -> Runnable:
     return maps | reduce
 
 
-def main(server_url: str, max_parts: int | None = None, max_tokens: int = 32) -> dict:
-    """Summarize ``examples/data/aesop.txt`` (its first ``max_parts`` fables)."""
+def main(server_url: str, max_parts: int | None = None, max_tokens: int = 32, runs: int = RUNS) -> dict:
+    """Summarize ``examples/data/aesop.txt`` (its first ``max_parts`` fables), ``runs`` runs
+    of each way (after the warm-up)."""
     parts = [p.strip() for p in TEXT.read_text().split("\n\n") if p.strip()][:max_parts]
     chat = ParrotChatModel(base_url=server_url, max_tokens=max_tokens, temperature=0)
     chain = build_chain(chat, len(parts))
     inputs = {f"part{i}": part for i, part in enumerate(parts)}
     with Client(server_url) as client:
-        runs = compare(client, {"step by step": chain, "compiled": compile_chain(chain)}, inputs)
-    print(verdict(runs))
-    return {"parts": len(parts), "step_by_step": runs["step by step"], "compiled": runs["compiled"]}
+        results = compare(client, {"step by step": chain, "compiled": compile_chain(chain)}, inputs, runs)
+    print(verdict(results))
+    return {"parts": len(parts), "step_by_step": results["step by step"], "compiled": results["compiled"]}
 
 
 if __name__ == "__main__":

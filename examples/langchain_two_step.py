@@ -22,7 +22,7 @@ from __future__ import annotations
 from langchain_core.output_parsers import StrOutputParser
 from langchain_core.prompts import PromptTemplate
 from langchain_core.runnables import Runnable
-from timed_session import compare, verdict  # examples/ (the script's folder) is on sys.path
+from timed_session import RUNS, compare, verdict  # examples/ (the script's folder) is on sys.path
 
 from parrot.adapters.langchain import ParrotLLM, compile_chain
 from parrot.sdk import Client
@@ -38,13 +38,15 @@ def build_chain(llm: ParrotLLM) -> Runnable:
     return {"name": name} | slogan
 
 
-def main(server_url: str, thing: str = "seaside bakery", max_tokens: int = 24) -> dict:
+def main(server_url: str, thing: str = "seaside bakery", max_tokens: int = 24, runs: int = RUNS) -> dict:
+    """``runs`` runs of each way (after the warm-up)."""
     llm = ParrotLLM(base_url=server_url, max_tokens=max_tokens, temperature=0)
     chain = build_chain(llm)
+    ways = {"step by step": chain, "compiled": compile_chain(chain)}
     with Client(server_url) as client:
-        runs = compare(client, {"step by step": chain, "compiled": compile_chain(chain)}, {"thing": thing})
-    print(verdict(runs))
-    return {"step_by_step": runs["step by step"], "compiled": runs["compiled"]}
+        results = compare(client, ways, {"thing": thing}, runs)
+    print(verdict(results))
+    return {"step_by_step": results["step by step"], "compiled": results["compiled"]}
 
 
 if __name__ == "__main__":

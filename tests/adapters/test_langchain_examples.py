@@ -31,7 +31,7 @@ def example(monkeypatch):
 
 
 def test_two_step(example, parrot_url):
-    result = example("langchain_two_step").main(parrot_url, max_tokens=8)
+    result = example("langchain_two_step").main(parrot_url, max_tokens=8, runs=1)
     step_by_step, compiled = result["step_by_step"], result["compiled"]
     assert isinstance(compiled["output"], str) and compiled["output"].strip()
     assert isinstance(step_by_step["output"], str) and step_by_step["output"].strip()
@@ -44,7 +44,7 @@ def test_two_step(example, parrot_url):
 
 
 def test_map_reduce(example, parrot_url):
-    result = example("langchain_map_reduce").main(parrot_url, max_parts=3, max_tokens=8)
+    result = example("langchain_map_reduce").main(parrot_url, max_parts=3, max_tokens=8, runs=1)
     assert result["parts"] == 3
     for run in (result["step_by_step"], result["compiled"]):
         assert isinstance(run["output"], str)
