@@ -176,6 +176,45 @@ def parrot(parrot_url):
         yield client
 
 
+@pytest.fixture(scope="session")
+def fake_server_url(tmp_path_factory) -> Iterator[str]:
+    """A ServeCore's API (its own SQLite file, the admin token of ``parrot_url``) served in a
+    thread, on a fake engine whose tokens take 20 ms (calls submitted together are all on the
+    server before the first is done, as on the real engine): for the SDK's and the adapters'
+    tests of what the client does."""
+    from fake_engine import FakeEngine, FakeEngineServer
+
+    from parrot.platform.api.app import create_app
+    from parrot.platform.serve.core import ServeCore
+    from parrot.platform.store.store import Store, sqlite_url
+
+    core = ServeCore(store=Store(sqlite_url(tmp_path_factory.mktemp("fake-serve"))))
+    with FakeEngineServer(FakeEngine(step_s=0.02)) as engine:
+        app = create_app(core, engine_urls=(engine.url,), admin_token=ADMIN_TOKEN)
+        with ServerThread(app) as server:
+            yield server.url
+
+
+@pytest.fixture
+def server_url(request) -> str:
+    """A Parrot server for a client's tests: the API on the fake engine (``fake_server_url``),
+    or with ``@pytest.mark.parametrize("server_url", ["real"], indirect=True)`` the real
+    ``parrot serve`` process on the real engine (``parrot_url``)."""
+    kind = getattr(request, "param", "fake")
+    if kind not in ("fake", "real"):
+        raise ValueError(f"server_url is 'fake' or 'real', not {kind!r}")
+    return request.getfixturevalue("fake_server_url" if kind == "fake" else "parrot_url")
+
+
+@pytest.fixture
+def server(server_url):
+    """An SDK client of ``server_url`` (with its admin token)."""
+    from parrot.sdk import Client
+
+    with Client(server_url, admin_token=ADMIN_TOKEN, timeout=120) as client:
+        yield client
+
+
 # -- the PostgreSQL tier: store, restart and API tests run on SQLite and on PostgreSQL ------
 DATABASES = [
     pytest.param("sqlite", id="sqlite"),

@@ -1,7 +1,7 @@
 """The logic tier (``make test-fast``, ``pytest -m logic``): the tests that use none of the
 real parts that make the full suite slow. A test is in it unless it uses the real engine
-(the default model, directly or through its server or ``parrot serve``; ``engine_url``
-with the parameter ``"real"``), the browser or
+(the default model, directly or through its server or ``parrot serve``; ``engine_url`` or
+``server_url`` with the parameter ``"real"``), the browser or
 PostgreSQL (by their fixtures, or the ``postgresql`` mark of the PostgreSQL tier), starts
 child processes itself (the ``spawns`` mark), or is one of the engine's own tests (its
 numerics on tiny models, Triton's interpreter). The serve layer's tests run there on the
@@ -35,6 +35,7 @@ REAL_PARTS = frozenset(
         "second_engine",
     }
 )
+REAL_PARAMS = ("engine_url", "server_url")  # conftest's fixtures: "real" is the real engine
 ENGINE_TESTS = Path(__file__).parent / "engines" / "builtin"
 LOGIC_MIN = 400  # the tier held 448 tests when this was written
 LOGIC_ONLY = "PARROT_TESTS_LOGIC_ONLY"
@@ -51,7 +52,7 @@ def in_logic_tier(item: pytest.Item) -> bool:
     if REAL_PARTS & set(getattr(item, "fixturenames", ())):
         return False
     callspec = getattr(item, "callspec", None)
-    if callspec is not None and callspec.params.get("engine_url") == "real":  # conftest's engine_url
+    if callspec is not None and "real" in (callspec.params.get(n) for n in REAL_PARAMS):
         return False
     if item.get_closest_marker("postgresql") or item.get_closest_marker("spawns"):
         return False

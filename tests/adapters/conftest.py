@@ -1,4 +1,5 @@
-"""Parrot's LangChain models on the shared ``parrot serve`` process (tests/conftest.py)."""
+"""Parrot's LangChain models on a Parrot server (``server_url``, tests/conftest.py: the API on
+the fake engine unless a test asks for the real ``parrot serve``)."""
 
 from __future__ import annotations
 
@@ -12,13 +13,13 @@ SHORT = {"max_tokens": 8, "temperature": 0}
 
 
 @pytest.fixture
-def llm(parrot_url) -> ParrotLLM:
-    return ParrotLLM(base_url=parrot_url, **SHORT)
+def llm(server_url) -> ParrotLLM:
+    return ParrotLLM(base_url=server_url, **SHORT)
 
 
 @pytest.fixture
-def chat(parrot_url) -> ParrotChatModel:
-    return ParrotChatModel(base_url=parrot_url, **SHORT)
+def chat(server_url) -> ParrotChatModel:
+    return ParrotChatModel(base_url=server_url, **SHORT)
 
 
 def metric(url: str, name: str) -> float:

@@ -1,6 +1,8 @@
-"""``compile_chain`` against a real ``parrot serve``: a compiled chain returns what the
-chain returns, submits its whole DAG before reading anything, reads only its final
-outputs, shares input variables, and runs client steps between server stages."""
+"""``compile_chain`` against a Parrot server (the API on the fake engine: ``server_url``; the
+real ``parrot serve`` runs compiled chains in test_langchain_examples.py and
+test_structured_and_tools.py): a compiled chain returns what the chain returns, submits its
+whole DAG before reading anything, reads only its final outputs, shares input variables,
+and runs client steps between server stages."""
 
 from __future__ import annotations
 
@@ -27,9 +29,9 @@ from .conftest import gets, submitted_before_any_finished
 BAKERY = {"thing": "seaside bakery"}
 
 
-def in_session(parrot, run):
+def in_session(server, run):
     """``run()`` inside an SDK session; returns its result and the session's calls."""
-    with parrot.session() as session:
+    with server.session() as session:
         result = run()
         return result, session.info()
 
@@ -58,13 +60,13 @@ def test_compiled_chain_generates_the_same_greedy_text(llm, chat):
     assert compile_chain(chain).invoke(chat_input).content == chain.invoke(chat_input).content
 
 
-def test_compiled_chain_submits_everything_before_reading_its_output(llm, parrot, parrot_url):
+def test_compiled_chain_submits_everything_before_reading_its_output(llm, server, server_url):
     chain = two_step_text(llm)
-    before = gets(parrot_url)
-    slogan, info = in_session(parrot, lambda: compile_chain(chain).invoke(BAKERY))
+    before = gets(server_url)
+    slogan, info = in_session(server, lambda: compile_chain(chain).invoke(BAKERY))
     assert isinstance(slogan, str) and slogan.strip()
     # One read: the chain's output. The name was never fetched by the client.
-    assert gets(parrot_url) - before == 1
+    assert gets(server_url) - before == 1
     name, second = info.calls
     assert all(c.state == "done" for c in info.calls)
     # On the server before the name existed, and run by the server once it did.
@@ -73,20 +75,20 @@ def test_compiled_chain_submits_everything_before_reading_its_output(llm, parrot
     assert names.count("thing") == 1 and "name" in names  # the LangChain variables, as semantic variables
 
     # The same chain step by step reads the name, then submits the slogan call.
-    before = gets(parrot_url)
-    _, info = in_session(parrot, lambda: chain.invoke(BAKERY))
-    assert gets(parrot_url) - before == 2
+    before = gets(server_url)
+    _, info = in_session(server, lambda: chain.invoke(BAKERY))
+    assert gets(server_url) - before == 2
     name, second = info.calls
     assert second.timings["submitted_at"] >= name.timings["finished_at"]
 
 
-def test_compiled_map_reduce_runs_its_maps_as_one_group(llm, parrot, parrot_url):
+def test_compiled_map_reduce_runs_its_maps_as_one_group(llm, server, server_url):
     stories = ["a fox and grapes", "a crow and a jug", "a hare", "ants"]
     parts = {f"part{i}": text for i, text in enumerate(stories)}
     chain = map_reduce(llm, 4)
-    before = gets(parrot_url)
-    moral, info = in_session(parrot, lambda: compile_chain(chain).invoke(parts))
-    assert isinstance(moral, str) and gets(parrot_url) - before == 1
+    before = gets(server_url)
+    moral, info = in_session(server, lambda: compile_chain(chain).invoke(parts))
+    assert isinstance(moral, str) and gets(server_url) - before == 1
     *maps, reduce = info.calls
     assert len(maps) == 4 and all(c.state == "done" for c in info.calls)
     assert max(c.timings["submitted_at"] for c in info.calls) <= min(m.timings["finished_at"] for m in maps)
@@ -95,16 +97,16 @@ def test_compiled_map_reduce_runs_its_maps_as_one_group(llm, parrot, parrot_url)
     assert reduce.timings["started_at"] >= max(m.timings["finished_at"] for m in maps)
 
 
-def test_parallel_branches_share_their_input_variable(llm, parrot):
+def test_parallel_branches_share_their_input_variable(llm, server):
     fact = PromptTemplate.from_template("A fact about {topic}:") | llm
     joke = PromptTemplate.from_template("A joke about {topic}:") | llm
     compiled = compile_chain({"fact": fact, "joke": joke})  # the dict shorthand
-    out, info = in_session(parrot, lambda: compiled.invoke({"topic": "tides"}))
+    out, info = in_session(server, lambda: compiled.invoke({"topic": "tides"}))
     assert set(out) == {"fact", "joke"}
     assert len(info.calls) == 2 and [v.name for v in info.vars].count("topic") == 1
 
 
-def test_client_steps_run_between_server_stages(llm, parrot):
+def test_client_steps_run_between_server_stages(llm, server):
     seen: list[str] = []
 
     def shout(name: str) -> str:
@@ -113,16 +115,16 @@ def test_client_steps_run_between_server_stages(llm, parrot):
 
     chain = name_step(llm) | RunnableLambda(shout) | {"name": RunnablePassthrough()} | slogan_step(llm)
     compiled = compile_chain(chain)
-    slogan, info = in_session(parrot, lambda: compiled.invoke({"thing": "boat"}))
+    slogan, info = in_session(server, lambda: compiled.invoke({"thing": "boat"}))
     assert isinstance(slogan, str) and len(seen) == 1 and "⟦" not in seen[0]  # the real text
     name, second = info.calls
     assert second.timings["submitted_at"] >= name.timings["finished_at"]  # a stage boundary
 
 
-def test_compiled_batch_runs_all_inputs_in_one_session(llm, parrot):
+def test_compiled_batch_runs_all_inputs_in_one_session(llm, server):
     compiled = compile_chain(two_step_dict(llm))
     inputs = [{"thing": "boat"}, {"thing": "kite"}, {"thing": "lamp"}]
-    outputs, info = in_session(parrot, lambda: compiled.batch(inputs))
+    outputs, info = in_session(server, lambda: compiled.batch(inputs))
     assert [set(o) for o in outputs] == [{"name", "slogan"}] * 3
     assert len(info.calls) == 6
     assert submitted_before_any_finished(info.calls)

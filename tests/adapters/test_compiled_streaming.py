@@ -1,6 +1,7 @@
-"""``compile_chain(chain).stream()`` / ``.astream()`` against a real ``parrot serve``
-(issue 22): the chain's final output streams from its semantic variable while every step
-runs on the server in one session's DAG; the chunks join to what ``invoke`` returns."""
+"""``compile_chain(chain).stream()`` / ``.astream()`` against a Parrot server (the API on
+the fake engine: ``server_url``) (issue 22): the chain's final output streams from its
+semantic variable while every step runs on the server in one session's DAG; the chunks
+join to what ``invoke`` returns."""
 
 from __future__ import annotations
 
@@ -18,17 +19,17 @@ LONGER = {"max_tokens": 24, "temperature": 0}
 
 
 @pytest.fixture
-def long_llm(parrot_url) -> ParrotLLM:
-    return ParrotLLM(base_url=parrot_url, **LONGER)
+def long_llm(server_url) -> ParrotLLM:
+    return ParrotLLM(base_url=server_url, **LONGER)
 
 
-def test_stream_hands_out_the_final_text_while_the_dag_runs_on_the_server(long_llm, parrot, parrot_url):
+def test_stream_hands_out_the_final_text_while_the_dag_runs_on_the_server(long_llm, server, server_url):
     compiled = compile_chain(two_step_text(long_llm))
-    before = gets(parrot_url)
-    with parrot.session() as session:
+    before = gets(server_url)
+    with server.session() as session:
         chunks = list(compiled.stream(BAKERY))
         info = session.info()
-    assert gets(parrot_url) == before  # nothing was waited for with a get: the slogan streamed
+    assert gets(server_url) == before  # nothing was waited for with a get: the slogan streamed
     assert len(chunks) >= 2 and all(isinstance(c, str) for c in chunks)
     assert "".join(chunks) == compiled.invoke(BAKERY)
     # Both steps ran in the one session, the slogan's call submitted before the name existed.
@@ -43,8 +44,8 @@ async def test_astream(long_llm):
     assert len(chunks) >= 2 and "".join(chunks) == await compiled.ainvoke(BAKERY)
 
 
-def test_a_chat_models_output_streams_as_message_chunks(parrot_url):
-    chat = ParrotChatModel(base_url=parrot_url, **LONGER)
+def test_a_chat_models_output_streams_as_message_chunks(server_url):
+    chat = ParrotChatModel(base_url=server_url, **LONGER)
     compiled = compile_chain(chat_chain(chat))
     chat_input = {"topic": "the tide", "history": []}
     chunks = list(compiled.stream(chat_input))
@@ -65,7 +66,7 @@ def test_an_output_that_is_not_a_text_comes_whole(llm):
     assert list(compiled.stream(BAKERY)) == [compiled.invoke(BAKERY)]
 
 
-def test_a_stream_closed_early_deletes_its_session(long_llm, parrot, monkeypatch):
+def test_a_stream_closed_early_deletes_its_session(long_llm, server, monkeypatch):
     deleted: list[str] = []
     delete = AsyncSession.delete
 
@@ -79,4 +80,4 @@ def test_a_stream_closed_early_deletes_its_session(long_llm, parrot, monkeypatch
     stream.close()  # at once, not when the run's generation ends or the server expires it
     assert len(deleted) == 1
     with pytest.raises(NotFoundError):
-        parrot.attach(deleted[0], "any").info()
+        server.attach(deleted[0], "any").info()

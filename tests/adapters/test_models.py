@@ -1,5 +1,7 @@
-"""``ParrotLLM`` and ``ParrotChatModel`` against a real ``parrot serve``: invoke, batch,
-stream (with callbacks), stop strings, usage, criteria, chat templates, bad settings."""
+"""``ParrotLLM`` and ``ParrotChatModel`` against a Parrot server (the API on the fake
+engine: ``server_url``; on the real ``parrot serve`` in test_structured_and_tools.py,
+test_langchain_examples.py and test_texts.py): invoke, batch, stream (with callbacks), stop
+strings, usage, criteria, chat templates, bad settings."""
 
 from __future__ import annotations
 
@@ -42,9 +44,9 @@ def test_llm_invoke_honours_stop_and_fills_usage(llm):
     assert llm.invoke(PROMPT, max_tokens=2) == llm.bind(max_tokens=2).invoke(PROMPT)
 
 
-def test_llm_batch_of_16_reaches_the_server_as_16_concurrent_calls(llm, parrot):
+def test_llm_batch_of_16_reaches_the_server_as_16_concurrent_calls(llm, server):
     prompts = [f"<|im_start|>user\nCount to {n}.<|im_end|>\n<|im_start|>assistant\n" for n in range(16)]
-    with parrot.session() as session:  # the model's calls go into the enclosing session
+    with server.session() as session:  # the model's calls go into the enclosing session
         texts = llm.batch(prompts)
         calls = session.info().calls
     assert len(texts) == 16 and all(t.strip() for t in texts)
@@ -65,9 +67,9 @@ async def test_sync_invoke_inside_a_running_event_loop(llm):
     assert llm.invoke(PROMPT, max_tokens=2) == await llm.ainvoke(PROMPT, max_tokens=2)
 
 
-def test_llm_one_at_a_time_waits_between_calls(llm, parrot):
+def test_llm_one_at_a_time_waits_between_calls(llm, server):
     """The contrast: invoke in a loop reaches the server one call after the other."""
-    with parrot.session() as session:
+    with server.session() as session:
         for n in range(2):
             llm.invoke(f"Count to {n}:")
         first, second = session.info().calls
@@ -107,11 +109,11 @@ async def test_chat_astream_calls_back_per_token(chat):
     assert len(texts) > 1 and [t for t in handler.tokens if t] == texts
 
 
-def test_chat_batch_shares_one_system_prompt_prefix(chat, parrot_url, parrot):
+def test_chat_batch_shares_one_system_prompt_prefix(chat, server_url, server):
     system = "You are the terse assistant of a test that counts shared prefixes. " * 4
     chats = [[("system", system), ("human", q)] for q in ("Hi.", "Open today?", "Any bread?")]
-    forked = metric(parrot_url, FORKED)
-    with parrot.session() as session:
+    forked = metric(server_url, FORKED)
+    with server.session() as session:
         replies = chat.batch(chats)
         calls = session.info().calls
     assert len(replies) == 3 and all(isinstance(r, AIMessage) for r in replies)
@@ -119,7 +121,7 @@ def test_chat_batch_shares_one_system_prompt_prefix(chat, parrot_url, parrot):
     assert submitted_before_any_finished(calls)
     # The system message (some 60 tokens) is constant text at the start of every call: the
     # calls after the first forked it from the engine's context instead of computing it.
-    assert metric(parrot_url, FORKED) - forked >= 2 * 50
+    assert metric(server_url, FORKED) - forked >= 2 * 50
 
 
 def test_criteria_come_from_the_run_metadata(llm, caplog):
@@ -133,15 +135,15 @@ def test_criteria_come_from_the_run_metadata(llm, caplog):
         llm.invoke("Hi", config={"metadata": {"parrot_criteria": "fast"}})
 
 
-def test_bad_settings_are_clear_errors(parrot_url):
+def test_bad_settings_are_clear_errors(server_url):
     with pytest.raises(ValidationError, match="temperature"):
-        ParrotLLM(base_url=parrot_url, temperature=-1)
+        ParrotLLM(base_url=server_url, temperature=-1)
     with pytest.raises(ValidationError, match="base_url must start with http"):
         ParrotChatModel(base_url="localhost:9000")
-    llm = ParrotLLM(base_url=parrot_url, max_tokens=4)
+    llm = ParrotLLM(base_url=server_url, max_tokens=4)
     with pytest.raises(ValueError, match="unknown arguments \\['top_q'\\]"):
         llm.invoke("Hi", top_q=0.5)
     with pytest.raises(ValueError, match="the prompt is empty"):
         llm.invoke("")
     with pytest.raises(ParrotError, match="no registered engine serves"):
-        ParrotLLM(base_url=parrot_url, model="no-such-model").invoke("Hi")
+        ParrotLLM(base_url=server_url, model="no-such-model").invoke("Hi")
