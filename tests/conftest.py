@@ -177,11 +177,11 @@ def parrot(parrot_url):
 
 
 @pytest.fixture(scope="session")
-def fake_server_url(tmp_path_factory) -> Iterator[str]:
+def fake_server(tmp_path_factory) -> Iterator[tuple[str, object]]:
     """A ServeCore's API (its own SQLite file, the admin token of ``parrot_url``) served in a
     thread, on a fake engine whose tokens take 20 ms (calls submitted together are all on the
     server before the first is done, as on the real engine): for the SDK's and the adapters'
-    tests of what the client does."""
+    tests of what the client does. (url, the ServeCore)"""
     from fake_engine import FakeEngine, FakeEngineServer
 
     from parrot.platform.api.app import create_app
@@ -192,7 +192,12 @@ def fake_server_url(tmp_path_factory) -> Iterator[str]:
     with FakeEngineServer(FakeEngine(step_s=0.02)) as engine:
         app = create_app(core, engine_urls=(engine.url,), admin_token=ADMIN_TOKEN)
         with ServerThread(app) as server:
-            yield server.url
+            yield server.url, core
+
+
+@pytest.fixture(scope="session")
+def fake_server_url(fake_server) -> str:
+    return fake_server[0]
 
 
 @pytest.fixture

@@ -1,4 +1,5 @@
-"""Streamed semantic variables in the SDK (issue 22), against a real ``parrot serve``:
+"""Streamed semantic variables in the SDK (issue 22), against a Parrot server (the API on
+the fake engine: ``server_url``; the real ``parrot serve`` for a plain and a typed stream):
 ``for piece in var.stream()`` / ``async for piece in var.astream()`` hand out the text as it
 is generated, the pieces join to the value, the value is kept for ``get()``; late
 streams, semantic functions' outputs, and the stream's errors as :class:`ParrotError`."""
@@ -6,9 +7,9 @@ streams, semantic functions' outputs, and the stream's errors as :class:`ParrotE
 from __future__ import annotations
 
 import threading
-import time
 
 import pytest
+from waiting import wait_until
 
 from parrot.sdk import (
     AsyncClient,
@@ -31,8 +32,9 @@ def ask(session, question: str, **sampling) -> Var:
     return call.outputs["a"]
 
 
-def test_stream_hands_out_the_value_piece_by_piece(parrot):
-    with parrot.session() as session:
+@pytest.mark.parametrize("server_url", ["fake", "real"], indirect=True)
+def test_stream_hands_out_the_value_piece_by_piece(server):
+    with server.session() as session:
         var = ask(session, "Write a short poem about the sea.")
         pieces = list(var.stream())
         assert len(pieces) >= 2 and all(pieces)  # streamed, not sent at the end
@@ -42,8 +44,8 @@ def test_stream_hands_out_the_value_piece_by_piece(parrot):
         assert Var(session, var.var_id, "a").get() == "".join(pieces)
 
 
-def test_late_and_very_late_streams(parrot):
-    with parrot.session() as session:
+def test_late_and_very_late_streams(server):
+    with server.session() as session:
         var = ask(session, "Tell me a long story about a dragon.", max_tokens=64)
         first = next(var.stream())  # the producer is running: it has written something
         assert first
@@ -56,19 +58,21 @@ def test_late_and_very_late_streams(parrot):
         assert list(late.stream()) == [late.value]  # a handle that has the value asks nothing
 
 
-def test_a_set_value_streams_whole(parrot):
-    with parrot.session() as session:
+def test_a_set_value_streams_whole(server, fake_server):
+    core = fake_server[1]
+    with server.session() as session:
         given = session.var("given")
         streamed: list[str] = []
         follower = threading.Thread(target=lambda: streamed.extend(Var(session, given.var_id, "g").stream()))
         follower.start()
-        time.sleep(0.3)
+        # it waits for the value, on the server
+        wait_until(lambda: session.session_id in core.streams._per_session, what="the follower")
         given.set("hello")
         follower.join(30)
         assert streamed == ["hello"]
 
 
-def test_outputs_of_semantic_functions_stream(parrot):
+def test_outputs_of_semantic_functions_stream(server):
     @semantic_function()
     def story(topic: Input, text: Output(**LONG)):
         """<|im_start|>user
@@ -76,7 +80,7 @@ def test_outputs_of_semantic_functions_stream(parrot):
         <|im_start|>assistant
         {{text}}"""
 
-    with parrot.session():
+    with server.session():
         out = story("a lighthouse")
         pieces = list(out.stream())
         assert len(pieces) >= 2 and "".join(pieces) == out.get() == out.value
@@ -91,8 +95,8 @@ def failing_output(session) -> Var:
     return call.outputs["a"]
 
 
-def test_stream_errors_are_parrot_errors(parrot):
-    with parrot.session() as session:
+def test_stream_errors_are_parrot_errors(server):
+    with server.session() as session:
         with pytest.raises(ProducerFailedError, match="failed") as failed:
             list(failing_output(session).stream())
         assert failed.value.status == 424 and failed.value.code == "producer_failed"
@@ -100,11 +104,11 @@ def test_stream_errors_are_parrot_errors(parrot):
             list(Var(session, "var-nope", "x").stream())
         var = ask(session, "Hi.", max_tokens=4)
         with pytest.raises(ForbiddenError):
-            list(Var(parrot.attach(session.session_id, "wrong"), var.var_id, "a").stream())
+            list(Var(server.attach(session.session_id, "wrong"), var.var_id, "a").stream())
 
 
-def test_deleting_the_session_ends_its_streams(parrot):
-    session = parrot.session()
+def test_deleting_the_session_ends_its_streams(server):
+    session = server.session()
     var = ask(session, "Tell me a very long story about a castle.", max_tokens=200)
     stream = var.stream()
     assert next(stream)  # it is being written
@@ -115,8 +119,8 @@ def test_deleting_the_session_ends_its_streams(parrot):
     assert type(closed.value) is SessionClosedError  # the server's class, from the stream's error event
 
 
-async def test_astream(parrot_url):
-    async with AsyncClient(parrot_url, timeout=120) as client, client.session() as session:
+async def test_astream(server_url):
+    async with AsyncClient(server_url, timeout=120) as client, client.session() as session:
         call = await session.submit(
             PROMPT.format(q="Describe a forest.") + "{{a}}", outputs={"a": Output(**LONG)}
         )
@@ -132,7 +136,8 @@ async def test_astream(parrot_url):
             [p async for p in failing.outputs["a"].astream()]
 
 
-def test_a_typed_variable_streamed_by_a_handle_that_did_not_type_it_parses(parrot):
+@pytest.mark.parametrize("server_url", ["real"], indirect=True)  # a format: the real engine
+def test_a_typed_variable_streamed_by_a_handle_that_did_not_type_it_parses(server):
     """The value event says the variable's format, as a get does: ``get()`` after the
     stream returns the parsed JSON, ``get_text()`` the text the pieces joined to."""
     schema = {
@@ -141,7 +146,7 @@ def test_a_typed_variable_streamed_by_a_handle_that_did_not_type_it_parses(parro
         "required": ["n"],
         "additionalProperties": False,
     }
-    with parrot.session() as session:
+    with server.session() as session:
         typed = session.submit(
             PROMPT.format(q="Give a number as JSON.") + "{{a}}",
             outputs={"a": Output(schema=schema, max_tokens=32, temperature=0)},
