@@ -53,6 +53,18 @@ def engine_config(model_cache_dir):
     )
 
 
+@pytest.fixture(scope="session")
+def tiny_model(model_cache_dir, tmp_path_factory) -> Path:
+    """A random 2-layer Llama with the default model's tokenizer (tests/tiny_model.py), for
+    the tests of processes whose engines need not be the default model."""
+    from tiny_model import NAME, write_tiny_model
+
+    from parrot.engines.builtin.model.loader import resolve_model_folder
+
+    tokenizer = resolve_model_folder(None, model_cache_dir)
+    return write_tiny_model(tmp_path_factory.mktemp("models") / NAME, tokenizer)
+
+
 ENGINE = pytest.StashKey()  # the session's engine, once the ``engine`` fixture made it
 
 

@@ -122,16 +122,19 @@ class ParrotProcess(ChildProcess):
         super().__init__([sys.executable, "-m", "parrot.cli.main", *args], env)
 
 
-def serve_env(engine, data_dir: Path, admin_token: str | None) -> dict:
+def serve_env(engine, data_dir: Path, admin_token: str | None, model: Path | None = None) -> dict:
     """The environment of a ``parrot serve`` that starts its own builtin engine: the model
     cache the tests share, a small KV cache, its own data folder and SQLite store, and the
-    admin token (none: no fixed token, one is printed)."""
+    admin token (none: no fixed token, one is printed); ``model`` (a folder) instead of the
+    default model."""
     env = {
         **os.environ,
         "PARROT_CACHE_DIR": str(engine.model_folder.parent),
         "PARROT_KV_CACHE_MEMORY": "256MiB",
         "PARROT_DATA_DIR": str(data_dir),
     }
+    if model is not None:
+        env["PARROT_MODEL"] = str(model)
     env.pop("PARROT_DB", None)
     env.pop("PARROT_ADMIN_TOKEN", None)
     if admin_token is not None:

@@ -1,5 +1,6 @@
 """``parrot serve`` restarts at once after a stop (issue 24, defect 1): a port that a stopped
-server left in TIME_WAIT is free, a port that a process listens on is still refused."""
+server left in TIME_WAIT is free, a port that a process listens on is still refused. (The
+engines that ``parrot serve`` starts here serve the tiny model: ports do not depend on it.)"""
 
 from __future__ import annotations
 
@@ -60,10 +61,10 @@ def test_a_bound_port_is_in_use():
 
 
 @pytest.mark.parametrize("stop", ["sigint", "sigkill"])
-def test_serve_restarts_at_once_with_the_same_ports(engine, tmp_path, stop):
+def test_serve_restarts_at_once_with_the_same_ports(engine, tmp_path, stop, tiny_model):
     port, engine_port = free_port(), free_port()
     url = f"http://127.0.0.1:{port}"
-    env = serve_env(engine, tmp_path, "restart-test-token")
+    env = serve_env(engine, tmp_path, "restart-test-token", model=tiny_model)
     args = ["serve", "--port", str(port), "--engine-port", str(engine_port)]
 
     def ready() -> bool:
@@ -75,7 +76,7 @@ def test_serve_restarts_at_once_with_the_same_ports(engine, tmp_path, stop):
         # Traffic to the engine, so its port has had connections to close.
         r = httpx.post(
             f"{url}/v1/completions",
-            json={"model": "SmolLM2-135M-Instruct", "prompt": "Hi", "max_tokens": 2},
+            json={"model": "tiny-llama", "prompt": "Hi", "max_tokens": 2},
             timeout=120,
         )
         assert r.status_code in (200, 404), r.text
@@ -115,9 +116,9 @@ def test_a_held_api_port_is_refused_before_anything_is_announced(engine, tmp_pat
     assert not port_in_use(engine_port)
 
 
-def test_the_api_line_comes_after_the_socket_is_bound(engine, tmp_path):
+def test_the_api_line_comes_after_the_socket_is_bound(engine, tmp_path, tiny_model):
     port, engine_port = free_port(), free_port()
-    env = serve_env(engine, tmp_path, "port-test-token")
+    env = serve_env(engine, tmp_path, "port-test-token", model=tiny_model)
     proc = ParrotProcess(["serve", "--port", str(port), "--engine-port", str(engine_port)], env)
     try:
         deadline = time.monotonic() + 180

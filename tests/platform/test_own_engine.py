@@ -50,12 +50,13 @@ async def test_the_engine_an_earlier_run_started_is_replaced(engine_server, engi
     assert set(await run(tmp_path, None)) == {first, f"{first}/v1"}
 
 
-def test_serve_on_another_engine_port_lists_only_its_new_engine(engine, tmp_path):
+def test_serve_on_another_engine_port_lists_only_its_new_engine(engine, tmp_path, tiny_model):
     """As ``make run`` then ``make run ENGINE_PORT=...`` on the same data folder: the second
-    run lists one engine, its own, up (before: the first run's too, down for good)."""
+    run lists one engine, its own, up (before: the first run's too, down for good). Its
+    engines serve the tiny model."""
     port = free_port()
     url = f"http://127.0.0.1:{port}"
-    env = serve_env(engine, tmp_path, "own-engine-token")
+    env = serve_env(engine, tmp_path, "own-engine-token", model=tiny_model)
     admin = {"Authorization": "Bearer own-engine-token"}
 
     def ready() -> bool:

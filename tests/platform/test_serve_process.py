@@ -1,5 +1,6 @@
 """``parrot serve`` with the builtin engine it starts: the engine never outlives it (SIGTERM
-or SIGKILL), and an engine already on the engine port is not silently adopted."""
+or SIGKILL), and an engine already on the engine port is not silently adopted. (The engine
+serves the tiny model: what happens to processes and ports does not depend on the model.)"""
 
 from __future__ import annotations
 
@@ -32,9 +33,10 @@ def gone(url: str, timeout_s: float = 60) -> bool:
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL])
-def test_the_engine_child_stops_with_parrot_serve(sig, tmp_path):
+def test_the_engine_child_stops_with_parrot_serve(sig, tmp_path, tiny_model):
     port, engine_port = free_port(), free_port()
     env = {**os.environ, "PARROT_ADMIN_TOKEN": "admin", "PARROT_DATA_DIR": str(tmp_path)}
+    env |= {"PARROT_MODEL": str(tiny_model), "PARROT_KV_CACHE_MEMORY": "64MiB"}
     serve = ParrotProcess(["serve", "--port", str(port), "--engine-port", str(engine_port)], env)
     engine = f"http://127.0.0.1:{engine_port}/ping"
     serve.wait_ready(lambda: answers(f"http://127.0.0.1:{port}/healthz"), "parrot serve", timeout_s=300)
