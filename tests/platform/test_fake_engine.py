@@ -91,9 +91,7 @@ async def test_jobs_wait_for_room_the_highest_priority_first(http, fake_engine):
 
 async def test_abort_stops_a_running_job_and_frees_its_context(http, fake_engine):
     fake_engine.engine.step_s = 0.01
-    job = asyncio.create_task(
-        http.generate(1, SamplingParams(max_tokens=1000, ignore_eos=True), text="long")
-    )
+    job = asyncio.create_task(http.generate(1, SamplingParams(max_tokens=1000, ignore_eos=True), text="long"))
     while not fake_engine.engine.contexts:
         await asyncio.sleep(0.005)
     aborted = await http.abort([1, 99])

@@ -1,8 +1,10 @@
 """The serve layer's scheduling: DAGs without client round trips, one engine request per
 task, fill-ahead of known prefixes, continuing a call's own generation, shared system
 prompts, task groups, priorities, failure propagation. On the fake engine; where tokens
-matter (fill-ahead, continuing, shared prefixes: a real tokenizer's boundaries) on the real
-engine too. Chains and map-reduce run on the real engine end to end in the SDK's tests."""
+or the engine's answers matter (fill-ahead, continuing, shared prefixes: a real tokenizer's
+boundaries; priorities on the engine; a fork from another session's context) on the real
+engine too. Chains and map-reduce run on the real engine end to end in the SDK's tests
+(test_examples.py), a failed producer in test_errors.py."""
 
 from __future__ import annotations
 
@@ -182,6 +184,7 @@ async def test_sessions_share_the_system_prompt_context(core):
         earlier.add(kw["args"][0])
 
 
+@pytest.mark.parametrize("engine_url", ["fake", "real"], indirect=True)
 async def test_latency_critical_tasks_run_first_on_the_engine_too(core):
     session, _ = await core.sessions.create()
     bulk = await call(core, session, "Story: {{s}}", s=out("s"))
@@ -202,6 +205,7 @@ async def test_a_failed_producer_fails_its_consumers_with_the_reason(core):
     assert consumer["request"].state == "failed" and spy(core).count("generate") == 0
 
 
+@pytest.mark.parametrize("engine_url", ["fake", "real"], indirect=True)
 async def test_a_context_another_session_forks_from_outlives_its_session_until_the_fork(core):
     """Session B's call forks deep into session A's context; A is deleted before B's request
     reaches the engine: A's context stays until B is done with it (then it is freed), so B
