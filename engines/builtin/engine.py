@@ -46,6 +46,7 @@ from parrot.engines.protocol.schemas import (
 from parrot.wire.sampling import SamplingParams
 
 log = logging.getLogger(__name__)
+GATHER_S = 0.003  # an idle engine's wait for more work before its first step (see _gather)
 T = TypeVar("T")
 Reply = TypeVar("Reply", GenerateResponse, StreamEnd)
 
@@ -146,22 +147,11 @@ class BuiltinEngine:
             return
         finally:
             self._ready.set()
+        busy = False
         while True:
-            ran = False
-            while True:
-                try:
-                    fn, args, sink, reply = self._commands.get_nowait()
-                except queue.Empty:
-                    break
-                ran = True
-                try:
-                    result = fn(*args)
-                except BaseException as error:
-                    if sink is not None:
-                        self._outbox.post([(sink, Final(error=error))])
-                else:
-                    if reply:
-                        self._outbox.post([(sink, Final(result))])
+            ran = self._run_commands()
+            if ran and not busy and self.core.has_work():
+                self._gather()
             if self._stopping:
                 self.core.fail_all(EngineShutdownError("the engine is shutting down"))
                 self._outbox.deliver()
@@ -172,12 +162,41 @@ class BuiltinEngine:
                 log.exception("engine step failed")
                 self.core.fail_all(EngineShutdownError("internal engine error during a step"))
                 busy = False
-            if busy or ran:
+            # An idle step answers too: a fork whose parent never came fails on its own.
+            if busy or ran or self._outbox.holds:
                 self._publish()
                 self._outbox.deliver()
             if not busy:
                 self._wake.wait(timeout=1.0)
                 self._wake.clear()
+
+    def _run_commands(self) -> bool:
+        """Run the commands that arrived (new jobs, frees, aborts); whether there were any."""
+        ran = False
+        while True:
+            try:
+                fn, args, sink, reply = self._commands.get_nowait()
+            except queue.Empty:
+                return ran
+            ran = True
+            try:
+                result = fn(*args)
+            except BaseException as error:
+                if sink is not None:
+                    self._outbox.post([(sink, Final(error=error))])
+            else:
+                if reply:
+                    self._outbox.post([(sink, Final(result))])
+
+    def _gather(self) -> None:
+        """Work arrived at an idle engine: take what else arrives within GATHER_S before the
+        first step, so requests sent together (a DAG's ready calls, concurrent clients)
+        start in one batched prefill rather than a step each (a prefill takes far longer)."""
+        deadline = time.monotonic() + GATHER_S
+        while (left := deadline - time.monotonic()) > 0:
+            if self._wake.wait(timeout=left):
+                self._wake.clear()
+                self._run_commands()
 
     def _publish(self) -> None:
         """Statistics as of now, for readers on other threads: a ping is answered at once,

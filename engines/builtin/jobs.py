@@ -52,6 +52,11 @@ class Outbox:
     def post(self, answers: Iterable[Answer]) -> None:
         self._held.extend(answers)
 
+    @property
+    def holds(self) -> bool:
+        """Whether answers wait to be delivered."""
+        return bool(self._held)
+
     def deliver(self) -> None:
         if not self._held:
             return
