@@ -39,30 +39,54 @@ class AsyncVar(VarBase):
         """See :meth:`parrot.sdk.client.Var.get_text`."""
         if self._value is not None:
             return self._value
+        if self.ref is not None:  # queued: the queue is sent, answered with this stream
+            return await self._read_all(criteria, timeout)
+        await self.session.flush()
         return await self.session.send(self._get_op(criteria, timeout))
 
-    async def astream(self, criteria: str = "latency", timeout: float = DEFAULT_WAIT_S) -> AsyncIterator[str]:
+    async def _read_all(self, criteria: str, timeout: float, close: bool = False) -> str:
+        async for _ in self._stream(criteria, timeout, close):
+            pass
+        assert self._value is not None  # a stream ends with the value or raises
+        return self._value
+
+    def astream(self, criteria: str = "latency", timeout: float = DEFAULT_WAIT_S) -> AsyncIterator[str]:
         """``async for piece in var.astream()``: see :meth:`parrot.sdk.client.Var.stream`."""
+        return self._stream(criteria, timeout)
+
+    async def _stream(self, criteria: str, timeout: float, close: bool = False) -> AsyncIterator[str]:
         if self._value is not None:
             if self._value:
                 yield self._value
             return
+        if self.ref is None:
+            await self.session.flush()
         so_far = 0
-        async for event in self.session.send_stream(self._stream_op(criteria, timeout)):
-            piece = self._piece(event, so_far)
-            so_far += len(piece)
-            if piece:
-                yield piece
+        try:
+            async for event in self.session.send_stream(self._stream_op(criteria, timeout, close)):
+                piece = self._piece(event, so_far)
+                so_far += len(piece)
+                if piece:
+                    yield piece
+        except ParrotError as error:
+            if self.ref is not None:  # refused with the queue it was in
+                self.session._refused(error)
+            raise
 
     stream = astream
 
     async def set(self, value: str) -> None:
+        await self.session.flush()
         await self.session.send(self._set_op(value))
 
     async def is_ready(self) -> bool:
-        return self._value is not None or await self.session.send(self._ready_op())
+        if self._value is not None:
+            return True
+        await self.session.flush()
+        return await self.session.send(self._ready_op())
 
     async def call_info(self) -> CallInfo | None:
+        await self.session.flush()
         op = self._call_info_op()
         return None if op is None else await self.session.send(op)
 
@@ -73,9 +97,19 @@ class AsyncSession(SessionBase[AsyncVar]):
 
     var_class = AsyncVar
 
-    def __init__(self, client: AsyncClient, key: SessionKey) -> None:
-        super().__init__(key)
+    def __init__(self, client: AsyncClient, key: SessionKey | None, pipelined: bool = False) -> None:
+        super().__init__(key, pipelined)
         self.client = client
+
+    async def flush(self) -> None:
+        """See :meth:`parrot.sdk.client.Session.flush`."""
+        op = self._pending_op()
+        if op is not None:
+            try:
+                await self.send(op)
+            except ParrotError as error:
+                self._refused(error)
+                raise
 
     async def send(self, op: Op[T]) -> T:
         return await self.client.send(op)
@@ -89,10 +123,15 @@ class AsyncSession(SessionBase[AsyncVar]):
 
     async def __aexit__(self, exc_type, exc, tb) -> None:
         self._leave()
+        if exc_type is None and self.pipeline is not None and self.pipeline.queued:
+            await self.flush()  # what the block submitted runs, and its refusals raise
+        if self.key is None:
+            return
         with contextlib.suppress(ParrotError if exc_type else NotFoundError):
             await self.delete()
 
     async def var(self, name: str, value: str | None = None) -> AsyncVar:
+        await self.flush()
         return await self.send(self._var_op(name, value))
 
     async def submit(
@@ -105,6 +144,8 @@ class AsyncSession(SessionBase[AsyncVar]):
         output_criteria: str | None = None,
     ) -> Call[AsyncVar]:
         """See :meth:`parrot.sdk.client.Session.submit`."""
+        if self.pipeline is not None:
+            return self._queue(template, inputs or {}, outputs or {}, models, output_criteria)
         return await self.send(
             self._submit_op(template, inputs or {}, outputs or {}, models, output_criteria)
         )
@@ -112,19 +153,24 @@ class AsyncSession(SessionBase[AsyncVar]):
     async def transform(
         self, inputs: Sequence[AsyncVar | str], steps: Sequence[Mapping[str, Any]], output: str = "result"
     ) -> AsyncVar:
+        await self.flush()
         return await self.send(self._transform_op(inputs, steps, output))
 
     async def info(self) -> SessionInfo:
+        await self.flush()
         return await self.send(self._info_op())
 
     async def call_info(self, call_id: str) -> CallInfo:
+        await self.flush()
         return await self.send(self._call_info_op(call_id))
 
     async def usage(self, calls: Sequence[str | Call] = ()) -> SessionUsage:
         """See :meth:`parrot.sdk.client.Session.usage`."""
+        await self.flush()
         return await self.send(self._usage_op(calls))
 
     async def delete(self) -> None:
+        await self.flush()
         await self.send(self._delete_op())
 
 
@@ -132,11 +178,14 @@ class _OpenSession:
     """What ``AsyncClient.session()`` returns: ``await`` it for a session, or use it in
     ``async with`` to have the session deleted at the end."""
 
-    def __init__(self, client: AsyncClient) -> None:
+    def __init__(self, client: AsyncClient, pipeline: bool) -> None:
         self._client = client
+        self._pipeline = pipeline
         self._session: AsyncSession | None = None
 
     async def _create(self) -> AsyncSession:
+        if self._pipeline:
+            return AsyncSession(self._client, None, pipelined=True)
         created = await self._client.send(ops.create_session())
         return AsyncSession(self._client, SessionKey(created.session_id, created.session_auth))
 
@@ -173,9 +222,31 @@ class AsyncClient(ClientBase):
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
 
-    def session(self) -> _OpenSession:
-        """``s = await client.session()``, or ``async with client.session() as s:``."""
-        return _OpenSession(self)
+    def session(self, pipeline: bool = False) -> _OpenSession:
+        """``s = await client.session()``, or ``async with client.session() as s:``;
+        ``pipeline``: see :meth:`parrot.sdk.client.Client.session`."""
+        return _OpenSession(self, pipeline)
+
+    async def call(
+        self, func: Any, *args: Any, criteria: str = "latency", timeout: float = DEFAULT_WAIT_S, **kwargs: Any
+    ) -> Any:
+        """See :meth:`parrot.sdk.client.Client.call`."""
+        var = await self._one_call(func, args, kwargs)
+        return var._read(await var._read_all(criteria, timeout, close=True))
+
+    async def stream_call(
+        self, func: Any, *args: Any, criteria: str = "latency", timeout: float = DEFAULT_WAIT_S, **kwargs: Any
+    ) -> AsyncIterator[str]:
+        """See :meth:`parrot.sdk.client.Client.stream_call`."""
+        var = await self._one_call(func, args, kwargs)
+        async for piece in var._stream(criteria, timeout, close=True):
+            yield piece
+
+    async def _one_call(self, func: Any, args: tuple, kwargs: dict) -> AsyncVar:
+        output = await func.asubmit(*args, session=AsyncSession(self, None, pipelined=True), **kwargs)
+        if not isinstance(output, AsyncVar):
+            raise TypeError(f"{func.__name__}() has {len(output)} outputs: run it in a session to read them")
+        return output
 
     def attach(self, session_id: str, session_auth: str) -> AsyncSession:
         return AsyncSession(self, SessionKey(session_id, session_auth))

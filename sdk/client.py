@@ -39,7 +39,16 @@ class Var(VarBase):
         """Wait for the value (see :meth:`get`) and return its text, as generated."""
         if self._value is not None:
             return self._value
+        if self.ref is not None:  # queued: the queue is sent, answered with this stream
+            return self._read_all(criteria, timeout)
+        self.session.flush()
         return self.session.send(self._get_op(criteria, timeout))
+
+    def _read_all(self, criteria: str, timeout: float, close: bool = False) -> str:
+        for _ in self._stream(criteria, timeout, close):
+            pass
+        assert self._value is not None  # a stream ends with the value or raises
+        return self._value
 
     def stream(self, criteria: str = "latency", timeout: float = DEFAULT_WAIT_S) -> Iterator[str]:
         """The value's text as it is generated, piece by piece: ``for piece in var.stream()``.
@@ -49,29 +58,44 @@ class Var(VarBase):
         :meth:`get`; ``timeout``: how long the stream may go without an event. Raises
         :class:`ProducerFailedError` when the value will never come, :class:`NotFoundError`
         when the session is deleted meanwhile."""
+        return self._stream(criteria, timeout)
+
+    def _stream(self, criteria: str, timeout: float, close: bool = False) -> Iterator[str]:
         if self._value is not None:
             if self._value:
                 yield self._value
             return
+        if self.ref is None:
+            self.session.flush()
         so_far = 0
-        for event in self.session.send_stream(self._stream_op(criteria, timeout)):
-            piece = self._piece(event, so_far)
-            so_far += len(piece)
-            if piece:
-                yield piece
+        try:
+            for event in self.session.send_stream(self._stream_op(criteria, timeout, close)):
+                piece = self._piece(event, so_far)
+                so_far += len(piece)
+                if piece:
+                    yield piece
+        except ParrotError as error:
+            if self.ref is not None:  # refused with the queue it was in
+                self.session._refused(error)
+            raise
 
     def set(self, value: str) -> None:
         """Give the variable its value (once; not for outputs of a call)."""
+        self.session.flush()
         self.session.send(self._set_op(value))
 
     @property
     def ready(self) -> bool:
         """Whether it has a value (asks the server until this client has seen one)."""
-        return self._value is not None or self.session.send(self._ready_op())
+        if self._value is not None:
+            return True
+        self.session.flush()
+        return self.session.send(self._ready_op())
 
     def call_info(self) -> CallInfo | None:
         """The state and timings of the call that produces it (None when it was made
         with ``session.var``, or produced by a call this client did not submit)."""
+        self.session.flush()
         op = self._call_info_op()
         return None if op is None else self.session.send(op)
 
@@ -82,9 +106,20 @@ class Session(SessionBase[Var]):
 
     var_class = Var
 
-    def __init__(self, client: Client, key: SessionKey) -> None:
-        super().__init__(key)
+    def __init__(self, client: Client, key: SessionKey | None, pipelined: bool = False) -> None:
+        super().__init__(key, pipelined)
         self.client = client
+
+    def flush(self) -> None:
+        """Send what a pipelined session has queued (see :mod:`parrot.sdk.pipeline`); made
+        by its first request, the session exists on the server afterwards."""
+        op = self._pending_op()
+        if op is not None:
+            try:
+                self.send(op)
+            except ParrotError as error:
+                self._refused(error)
+                raise
 
     def send(self, op: Op[T]) -> T:
         return self.client.send(op)
@@ -98,12 +133,17 @@ class Session(SessionBase[Var]):
 
     def __exit__(self, exc_type, exc, tb) -> None:
         self._leave()
+        if exc_type is None and self.pipeline is not None and self.pipeline.queued:
+            self.flush()  # what the block submitted runs, and its refusals raise
+        if self.key is None:
+            return
         # Deleting must not hide the error that ended the block.
         with contextlib.suppress(ParrotError if exc_type else NotFoundError):
             self.delete()
 
     def var(self, name: str, value: str | None = None) -> Var:
         """A new variable, with a value or (to be set or generated later) without."""
+        self.flush()
         return self.send(self._var_op(name, value))
 
     def submit(
@@ -116,7 +156,10 @@ class Session(SessionBase[Var]):
         output_criteria: str | None = None,
     ) -> Call[Var]:
         """A semantic call: ``template`` with ``{{name}}`` placeholders, each one an input
-        (a Var or a str) or an output; returns at once with the output variables."""
+        (a Var or a str) or an output; returns at once with the output variables (in a
+        pipelined session, queued: see :mod:`parrot.sdk.pipeline`)."""
+        if self.pipeline is not None:
+            return self._queue(template, inputs or {}, outputs or {}, models, output_criteria)
         return self.send(self._submit_op(template, inputs or {}, outputs or {}, models, output_criteria))
 
     def transform(
@@ -124,20 +167,25 @@ class Session(SessionBase[Var]):
     ) -> Var:
         """A variable derived from ``inputs`` on the server by string ``steps`` (strip,
         lower, upper, regex, json_field, join, split_take, format), without an LLM."""
+        self.flush()
         return self.send(self._transform_op(inputs, steps, output))
 
     def info(self) -> SessionInfo:
+        self.flush()
         return self.send(self._info_op())
 
     def call_info(self, call_id: str) -> CallInfo:
+        self.flush()
         return self.send(self._call_info_op(call_id))
 
     def usage(self, calls: Sequence[str | Call] = ()) -> SessionUsage:
         """Token usage of the session's calls (of ``calls``, ids or Calls, when given)."""
+        self.flush()
         return self.send(self._usage_op(calls))
 
     def delete(self) -> None:
         """Delete the session and free everything it holds on the server."""
+        self.flush()
         self.send(self._delete_op())
 
 
@@ -162,10 +210,35 @@ class Client(ClientBase):
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def session(self) -> Session:
-        """A new session, created now; use it in a ``with`` block to delete it at the end."""
+    def session(self, pipeline: bool = False) -> Session:
+        """A new session, created now; use it in a ``with`` block to delete it at the end.
+        ``pipeline``: made by its first request instead, its calls queued and sent together
+        when something needs the server (see :mod:`parrot.sdk.pipeline`)."""
+        if pipeline:
+            return Session(self, None, pipelined=True)
         created = self.send(ops.create_session())
         return Session(self, SessionKey(created.session_id, created.session_auth))
+
+    def call(
+        self, func: Any, *args: Any, criteria: str = "latency", timeout: float = DEFAULT_WAIT_S, **kwargs: Any
+    ) -> Any:
+        """``func(*args, **kwargs)``, a semantic function of one output, run in one round
+        trip (a session of its own, made and deleted by the same request); its output's
+        value (parsed, for a typed one)."""
+        var = self._one_call(func, args, kwargs)
+        return var._read(var._read_all(criteria, timeout, close=True))
+
+    def stream_call(
+        self, func: Any, *args: Any, criteria: str = "latency", timeout: float = DEFAULT_WAIT_S, **kwargs: Any
+    ) -> Iterator[str]:
+        """:meth:`call`, its output's text streamed as it is generated."""
+        return self._one_call(func, args, kwargs)._stream(criteria, timeout, close=True)
+
+    def _one_call(self, func: Any, args: tuple, kwargs: dict) -> Var:
+        output = func(*args, session=Session(self, None, pipelined=True), **kwargs)
+        if not isinstance(output, Var):
+            raise TypeError(f"{func.__name__}() has {len(output)} outputs: run it in a session to read them")
+        return output
 
     def attach(self, session_id: str, session_auth: str) -> Session:
         """A session created earlier (by this or another client)."""

@@ -11,14 +11,17 @@ from contextvars import ContextVar, Token
 from dataclasses import dataclass
 from typing import Any, ClassVar, Generic, TypeVar
 
-from parrot.sdk import ops, streams
+from parrot.sdk import ops, pipeline, streams
 from parrot.sdk.config import DEFAULT_TIMEOUT_S, ClientConfig
+from parrot.sdk.errors import ParrotError
 from parrot.sdk.formats import ValueType
 from parrot.sdk.http import Op, StreamOp
 from parrot.sdk.ops import SessionKey
 from parrot.sdk.params import Output
-from parrot.sdk.results import CallInfo, CallSubmitted, SessionInfo, SessionUsage, VarInfo
-from parrot.wire.bodies import CallParameter, TransformInput
+from parrot.sdk.pipeline import Pipeline
+from parrot.sdk.results import CallInfo, CallSubmitted, SessionCreated, SessionInfo, SessionUsage, VarInfo
+from parrot.wire.bodies import CallParameter, CallSpec, OutputRef, TransformInput
+from parrot.wire.responses import CallsSubmitted
 from parrot.wire.var_stream import VarDelta, VarValue
 
 DEFAULT_WAIT_S = 300.0
@@ -43,13 +46,15 @@ class VarBase:
     def __init__(
         self,
         session: SessionBase,
-        var_id: str,
+        var_id: str | None,
         name: str,
         value: str | None = None,
         call_id: str | None = None,
     ) -> None:
         self.session = session
-        self.var_id = var_id
+        self.var_id = var_id  # None while its call is queued in a pipelined session
+        self.ref: OutputRef | None = None  # its place in that queue, until it is sent
+        self.refused: ParrotError | None = None  # why the server refused that queued call
         self.name = name
         self.call_id = call_id  # the call that produces it, when this client submitted it
         self.value_type: ValueType | None = None
@@ -77,9 +82,19 @@ class VarBase:
         return self._parsed[1]
 
     def _get_op(self, criteria: str, timeout: float) -> Op[str]:
+        self._check_sent()
         return ops.get_var(self.session.key, self.var_id, criteria, timeout).then(self._keep)
 
-    def _stream_op(self, criteria: str, timeout: float) -> StreamOp[VarDelta | VarValue]:
+    def _check_sent(self) -> None:
+        if self.refused is not None:
+            raise pipeline.refused(self)
+
+    def _stream_op(self, criteria: str, timeout: float, close: bool = False) -> StreamOp[VarDelta | VarValue]:
+        """Its stream; for a queued output, the queue sent with its stream as the answer
+        (``close``: the session deleted when it ends)."""
+        self._check_sent()
+        if self.ref is not None:
+            return pipeline.stream_op(self.session, self.ref, criteria, timeout, close)
         return streams.stream_var(self.session.key, self.var_id, criteria, timeout)
 
     def _piece(self, event: VarDelta | VarValue, so_far: int) -> str:
@@ -96,18 +111,23 @@ class VarBase:
         return event.value[so_far:]
 
     def _set_op(self, value: str) -> Op[None]:
+        self._check_sent()
+
         def keep(_: VarInfo) -> None:
             self._value = value
 
         return ops.set_var(self.session.key, self.var_id, value).then(keep)
 
     def _ready_op(self) -> Op[bool]:
+        self._check_sent()
+
         def ready(info: SessionInfo) -> bool:
             return any(v.var_id == self.var_id and v.ready for v in info.vars)
 
         return ops.session_info(self.session.key).then(ready)
 
     def _call_info_op(self) -> Op[CallInfo] | None:
+        self._check_sent()
         if self.call_id is None:
             return None
         return ops.call_info(self.session.key, self.call_id)
@@ -120,15 +140,16 @@ class VarBase:
 V = TypeVar("V", bound=VarBase)
 
 
-@dataclass(frozen=True)
+@dataclass
 class Call(Generic[V]):
-    """A submitted semantic call and its output variables by placeholder name."""
+    """A submitted semantic call and its output variables by placeholder name (``call_id``
+    is empty while the call is queued in a pipelined session)."""
 
     call_id: str
     outputs: dict[str, V]
 
 
-def _reference(value: Any, what: str) -> dict[str, str]:
+def _reference(value: Any, what: str) -> dict[str, str | None]:
     """An input as the fields that name it: a Var by ``var_id``, a str as its ``value``."""
     if isinstance(value, VarBase):
         return {"var_id": value.var_id}
@@ -138,10 +159,14 @@ def _reference(value: Any, what: str) -> dict[str, str]:
 
 
 def call_parameters(
-    inputs: Mapping[str, VarBase | str], outputs: Mapping[str, Output]
+    inputs: Mapping[str, VarBase | str], outputs: Mapping[str, Output], session: SessionBase
 ) -> list[CallParameter]:
-    """The API's ``parameters`` list: inputs by var_id or value, outputs with sampling."""
-    params = [CallParameter(name=n, **_reference(value, f"input {n!r}")) for n, value in inputs.items()]
+    """The API's ``parameters`` list: inputs by var_id or value (a queued output of a
+    pipelined ``session`` by its place in the queue), outputs with sampling."""
+    params = [
+        pipeline.reference(CallParameter(name=n, **_reference(value, f"input {n!r}")), value, session)
+        for n, value in inputs.items()
+    ]
     for name, output in outputs.items():
         if not isinstance(output, Output):
             raise TypeError(f"output {name!r} must be an Output, not {type(output).__name__}")
@@ -154,17 +179,45 @@ class SessionBase(Generic[V]):
 
     var_class: ClassVar[type]
 
-    def __init__(self, key: SessionKey) -> None:
-        self.key = key
+    def __init__(self, key: SessionKey | None, pipelined: bool = False) -> None:
+        self.key = key  # None: a pipelined session its first request has not made yet
+        self.pipeline = Pipeline() if pipelined else None
         self._tokens: list[Token] = []
 
     @property
-    def session_id(self) -> str:
-        return self.key.session_id
+    def session_id(self) -> str | None:
+        return None if self.key is None else self.key.session_id
 
     @property
-    def session_auth(self) -> str:
-        return self.key.session_auth
+    def session_auth(self) -> str | None:
+        return None if self.key is None else self.key.session_auth
+
+    def accepted(self, answer: CallsSubmitted) -> None:
+        """The queue, as the server took it (the session, when it made it)."""
+        if self.key is None:
+            assert answer.session_auth is not None, "a batch that made a session answers its auth"
+            self.key = SessionKey(answer.session_id, answer.session_auth)
+        assert self.pipeline is not None
+        self.pipeline.apply(answer)
+
+    def _refused(self, error: ParrotError) -> None:
+        """A request that carried the queue failed: its calls do not exist."""
+        if self.pipeline is not None and self.pipeline.queued:
+            self.pipeline.refuse(error)
+
+    def _made(self, created: SessionCreated) -> None:
+        self.key = SessionKey(created.session_id, created.session_auth)
+
+    def _pending_op(self) -> Op[None] | None:
+        """What a pipelined session must send before any other request: its queue, or
+        (when it has none and was never made) its creation."""
+        if self.pipeline is None:
+            return None
+        if self.pipeline.queued:
+            return pipeline.send_op(self)
+        if self.key is None:
+            return ops.create_session().then(self._made)
+        return None
 
     def _enter(self) -> None:
         self._tokens.append(CURRENT_SESSION.set(self))
@@ -172,7 +225,9 @@ class SessionBase(Generic[V]):
     def _leave(self) -> None:
         CURRENT_SESSION.reset(self._tokens.pop())
 
-    def _new_var(self, var_id: str, name: str, value: str | None = None, call_id: str | None = None) -> V:
+    def _new_var(
+        self, var_id: str | None, name: str, value: str | None = None, call_id: str | None = None
+    ) -> V:
         return self.var_class(self, var_id, name, value, call_id)
 
     def _var_op(self, name: str, value: str | None) -> Op[V]:
@@ -186,7 +241,7 @@ class SessionBase(Generic[V]):
         models: Sequence[str],
         output_criteria: str | None,
     ) -> Op[Call[V]]:
-        params = call_parameters(inputs, outputs)
+        params = call_parameters(inputs, outputs, self)
 
         def wrap(submitted: CallSubmitted) -> Call[V]:
             made = {}
@@ -198,6 +253,28 @@ class SessionBase(Generic[V]):
             return Call(submitted.call_id, made)
 
         return ops.submit_call(self.key, template, params, models, output_criteria).then(wrap)
+
+    def _queue(
+        self,
+        template: str,
+        inputs: Mapping[str, VarBase | str],
+        outputs: Mapping[str, Output],
+        models: Sequence[str],
+        output_criteria: str | None,
+    ) -> Call[V]:
+        """A call of a pipelined session, queued: its outputs are Vars with no id yet."""
+        assert self.pipeline is not None
+        params = call_parameters(inputs, outputs, self)
+        made = {}
+        for name, output in outputs.items():
+            made[name] = output.target or self._new_var(None, name)
+            made[name].value_type = output.value_type
+        spec = CallSpec(
+            template=template, parameters=params, models=list(models), output_criteria=output_criteria
+        )
+        call: Call[V] = Call("", made)
+        self.pipeline.add(spec, call)
+        return call
 
     def _transform_op(
         self, inputs: Sequence[VarBase | str], steps: Sequence[Mapping[str, Any]], output: str

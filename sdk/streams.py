@@ -115,7 +115,7 @@ def stream_chat(
     return StreamOp("/v1/chat/completions", _chat_delta, body=body, token=api_key)
 
 
-def _var_event(event: ServerSentEvent) -> VarDelta | VarValue | None:
+def var_event(event: ServerSentEvent) -> VarDelta | VarValue | None:
     if event.event == DELTA:
         return msgspec.json.decode(event.data, type=VarDelta)
     if event.event == VALUE:
@@ -133,4 +133,4 @@ def stream_var(key: SessionKey, var_id: str, criteria: str, wait_s: float) -> St
     may wait for its own inputs before it writes anything)."""
     params = {"session_id": key.session_id, "criteria": criteria}
     path = f"/v1/semantic_var/{var_id}/stream"
-    return StreamOp(path, _var_event, token=key.session_auth, method="GET", params=params, wait_s=wait_s)
+    return StreamOp(path, var_event, token=key.session_auth, method="GET", params=params, wait_s=wait_s)

@@ -44,25 +44,59 @@ class SetVar(Body):
     value: Text
 
 
+class OutputRef(Body):
+    """An output of an earlier call of the same batch: its position in ``calls`` and its
+    placeholder's name."""
+
+    call: Annotated[int, msgspec.Meta(ge=0)]
+    output: Name
+
+
 class CallParameter(Body):
-    """A placeholder of the template: an input (``var_id`` or ``value``) or an output; an
-    output's ``format`` (a JSON schema, JSON object, regex, choice or grammar) constrains
-    its generation and types its variable."""
+    """A placeholder of the template: an input (``var_id``, ``value``, or in a batch
+    ``output_of`` an earlier call of the batch) or an output; an output's ``format`` (a
+    JSON schema, JSON object, regex, choice or grammar) constrains its generation and types
+    its variable."""
 
     name: str
     is_output: bool = False
     var_id: str | None = None
+    output_of: OutputRef | None = None
     value: str | None = None
     sampling: SamplingParams | None = None
     format: OutputFormat | None = None
 
 
-class SubmitCall(Body):
-    session_id: str
+class CallSpec(Body):
+    """A templated call: its template, what each placeholder is bound to, the models it may
+    run on and its outputs' criteria."""
+
     template: Text
     parameters: Annotated[list[CallParameter], msgspec.Meta(max_length=1024)]
     models: list[str] = msgspec.field(default_factory=list)
     output_criteria: str | None = None
+
+
+class SubmitCall(CallSpec, kw_only=True):
+    session_id: str
+
+
+class SubmitCalls(Body):
+    """Calls submitted together (``POST /v1/semantic_calls``): a DAG in one request.
+
+    A call's input may be ``output_of`` an earlier call of the batch. Every call is checked
+    before any is accepted. No ``session_id``: the batch opens a new session (its key is in
+    the answer). ``stream``: the answer is the event stream of that output (a ``submitted``
+    event first, then its ``delta`` / ``value`` / ``error`` events, as
+    ``GET /v1/semantic_var/{id}/stream`` sends them), read with ``criteria``; ``close``
+    deletes the session when that stream ends: a one-shot application in one round trip.
+    """
+
+    calls: Annotated[list[CallSpec], msgspec.Meta(min_length=1, max_length=1024)]
+    session_id: str | None = None
+    stream: OutputRef | None = None
+    criteria: Literal["latency", "throughput"] = "latency"
+    close: bool = False
 
 
 class TransformInput(Body):

@@ -78,6 +78,15 @@ class CallSubmitted(msgspec.Struct, kw_only=True, frozen=True):
         return {p.name: p.var_id for p in self.param_info if p.is_output and p.var_id}
 
 
+class CallsSubmitted(msgspec.Struct, kw_only=True, frozen=True, omit_defaults=True):
+    """A batch accepted: its session (``session_auth`` only when the batch opened it) and
+    each call as ``POST /v1/semantic_call`` answers it, in the batch's order."""
+
+    session_id: str
+    calls: list[CallSubmitted]
+    session_auth: str | None = None
+
+
 class EngineInfo(msgspec.Struct, kw_only=True, frozen=True):
     """An engine registered with the ServeCore, as operators see it everywhere (the API's
     ``GET /v1/engines``, the dashboard, ``/metrics``, ``/healthz``), never with its API key.

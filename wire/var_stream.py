@@ -18,6 +18,9 @@ import msgspec
 from parrot.wire.formats import OutputFormat
 
 DELTA, VALUE, ERROR = "delta", "value", "error"  # the event names
+# The first event of a batch's stream (``POST /v1/semantic_calls`` with ``stream``): the
+# batch's CallsSubmitted (:mod:`parrot.wire.responses`).
+SUBMITTED = "submitted"
 
 
 class VarDelta(msgspec.Struct, kw_only=True, frozen=True):

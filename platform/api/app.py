@@ -32,6 +32,7 @@ from parrot.engines.protocol.json_body import JsonRequest
 from parrot.platform.api.adapter_routes import AdapterController
 from parrot.platform.api.auth import Sessions, admin_guard
 from parrot.platform.api.bodies import binding, engine_spec, transform_binding
+from parrot.platform.api.call_batches import CallBatchController
 from parrot.platform.api.deps import DEPENDENCIES, Core
 from parrot.platform.api.openai_front import OpenAIController
 from parrot.platform.api.token_throttle import TokenThrottle
@@ -278,6 +279,7 @@ def create_app(
             SessionController,
             VariableController,
             CallController,
+            CallBatchController,
             EngineController,
             HealthController,
             OpenAIController,

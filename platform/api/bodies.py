@@ -5,13 +5,24 @@ body's types (which fields an engine's kind takes)."""
 from __future__ import annotations
 
 from parrot.engines.protocol.errors import BadRequestError
-from parrot.platform.serve.calls.service import Binding
+from parrot.platform.serve.calls.service import Binding, CallRequest
 from parrot.platform.serve.engines.registry import EngineSpec
-from parrot.wire.bodies import CallParameter, RegisterEngine, TransformInput
+from parrot.wire.bodies import CallParameter, CallSpec, RegisterEngine, TransformInput
 
 
-def binding(p: CallParameter) -> Binding:
-    return Binding(p.name, p.is_output, p.var_id, p.value, p.sampling, p.format)
+def binding(p: CallParameter, in_batch: bool = False) -> Binding:
+    if p.output_of is not None and not in_batch:
+        raise BadRequestError(
+            f"parameter {p.name!r}: output_of names a call of the same batch (POST /v1/semantic_calls)"
+        )
+    ref = None if p.output_of is None else (p.output_of.call, p.output_of.output)
+    return Binding(p.name, p.is_output, p.var_id, p.value, p.sampling, p.format, ref)
+
+
+def call_request(spec: CallSpec) -> CallRequest:
+    """A call of a batch."""
+    bindings = [binding(p, in_batch=True) for p in spec.parameters]
+    return CallRequest(spec.template, bindings, spec.models, spec.output_criteria)
 
 
 def transform_binding(item: TransformInput, position: int) -> Binding:

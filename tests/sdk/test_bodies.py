@@ -10,13 +10,14 @@ import pytest
 
 from parrot.sdk.api import BadRequestError, Output
 from parrot.wire.adapter_bodies import RenderChat
-from parrot.wire.bodies import CreateVar, RegisterEngine, SetVar, SubmitCall, SubmitTransform
+from parrot.wire.bodies import CreateVar, RegisterEngine, SetVar, SubmitCall, SubmitCalls, SubmitTransform
 from parrot.wire.errors import TransformError
 
 ROUTES = [
     ("/v1/semantic_var", "post", CreateVar),
     ("/v1/semantic_var/{var_id}", "put", SetVar),
     ("/v1/semantic_call", "post", SubmitCall),
+    ("/v1/semantic_calls", "post", SubmitCalls),
     ("/v1/semantic_transform", "post", SubmitTransform),
     ("/v1/engines", "post", RegisterEngine),
     ("/v1/render_chat", "post", RenderChat),

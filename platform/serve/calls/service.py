@@ -52,6 +52,50 @@ class Binding:
     value: str | None = None
     sampling: SamplingParams | None = None
     format: OutputFormat | None = None
+    output_of: tuple[int, str] | None = None  # in a batch: (earlier call, its output)
+
+
+@dataclass(frozen=True)
+class CallRequest:
+    """A templated call of a batch, as the route decoded it."""
+
+    template: str
+    bindings: list[Binding]
+    models: list[str]
+    output_criteria: str | None
+
+
+@dataclass(frozen=True)
+class PreparedCall:
+    """A call checked and built, with what accepting it stores: the variables it binds by
+    name (``fresh``: the new ones), its parameters as stored, and the formats it gives
+    existing variables."""
+
+    session: Session
+    call: RequestChain
+    bound: dict[str, SemanticVariable]
+    fresh: list[SemanticVariable]
+    stored: list[dict]
+    template: str
+    models: list[str]
+    output_criteria: str | None
+    retyped: Sequence[tuple[SemanticVariable, OutputFormat]] = ()
+
+
+def _output_of(prepared: list[PreparedCall], ref: tuple[int, str]) -> SemanticVariable:
+    """The variable of output ``ref`` (call, name) of an earlier call of the batch."""
+    n, name = ref
+    if n >= len(prepared):
+        raise BadRequestError(f"output_of call {n}: a call's inputs can be outputs of earlier calls only")
+    var = prepared[n].bound.get(name)
+    if var is None or name not in prepared[n].call.outputs():
+        raise BadRequestError(f"output_of call {n}: it has no output {name!r}")
+    return var
+
+
+def _in_batch(error: ParrotError, message: str) -> ParrotError:
+    """``error`` of a call of a batch, its message saying which."""
+    return type(error)(message, status=error.status)
 
 
 class CallService:
@@ -78,6 +122,61 @@ class CallService:
         output_criteria: str | None,
     ) -> tuple[RequestChain, dict[str, str]]:
         """A templated call; its outputs' variable ids by name."""
+        return await self._accept(self._prepare(session, template, bindings, models, output_criteria))
+
+    async def submit_batch(
+        self, session: Session, calls: Sequence[CallRequest]
+    ) -> list[tuple[RequestChain, dict[str, str]]]:
+        """Templated calls submitted together, in order; an input may be ``output_of`` an
+        earlier call of the batch. Every call is checked (and the session's room for all of
+        them) before any is accepted, so a refused batch leaves nothing behind."""
+        prepared: list[PreparedCall] = []
+        for n, request in enumerate(calls):
+            try:
+                earlier = {p.name: _output_of(prepared, p.output_of) for p in request.bindings if p.output_of}
+                prepared.append(
+                    self._prepare(
+                        session,
+                        request.template,
+                        request.bindings,
+                        request.models,
+                        request.output_criteria,
+                        earlier,
+                    )
+                )
+            except ParrotError as error:
+                raise _in_batch(error, f"call {n} of the batch: {error}") from None
+        self.admission.check_session_growth(
+            session.session_id,
+            len(session.vars),
+            sum(len(p.fresh) for p in prepared),
+            len(session.calls),
+            len(prepared),
+        )
+        accepted: list[tuple[RequestChain, dict[str, str]]] = []
+        for n, call in enumerate(prepared):
+            try:
+                accepted.append(await self._accept(call))
+            except ParrotError as error:
+                if not accepted:
+                    raise
+                ids = ", ".join(c.call_id for c, _ in accepted)
+                message = f"call {n} of the batch: {error} (calls 0-{n - 1} were accepted: {ids})"
+                raise _in_batch(error, message) from None
+        return accepted
+
+    def _prepare(
+        self,
+        session: Session,
+        template: str,
+        bindings: list[Binding],
+        models: list[str],
+        output_criteria: str | None,
+        earlier: dict[str, SemanticVariable] | None = None,
+    ) -> PreparedCall:
+        """A templated call checked and built, not yet in the session. ``earlier``: the
+        inputs bound to outputs of earlier calls of the same batch, by name."""
+        earlier = earlier or {}
         check_criteria(output_criteria, "output_criteria")
         self.admission.check_prompt(len(template), "the template")
         self.admission.check_text(template, "the template")
@@ -95,19 +194,20 @@ class CallService:
                         f"variable {p.var_id!r}: a variable has one producer"
                     )
                 output_vars[p.var_id] = p.name
-            if p.var_id is not None and p.value is not None:
-                raise BadRequestError(f"parameter {p.name!r}: give var_id or value, not both")
+            if sum(x is not None for x in (p.var_id, p.value, p.output_of)) > 1:
+                raise BadRequestError(f"parameter {p.name!r}: give one of var_id, value and output_of")
             if p.is_output:
-                if p.value is not None:
-                    raise BadRequestError(f"output {p.name!r} cannot have a value")
+                if p.value is not None or p.output_of is not None:
+                    raise BadRequestError(f"output {p.name!r} cannot have a value or be output_of a call")
                 outputs[p.name] = p.sampling or SamplingParams()
             elif p.sampling is not None:
                 raise BadRequestError(f"input {p.name!r} cannot have sampling settings")
-            elif p.var_id is None and p.value is None:
+            elif p.var_id is None and p.value is None and p.name not in earlier:
                 raise BadRequestError(f"input {p.name!r} needs a var_id or a value")
         check_formats(bindings, self.vars.check_format)
         self._require_engine(models)
         named = {p.name: self.vars.find(session, p.var_id) for p in bindings if p.var_id is not None}
+        named |= earlier
         retyped = type_outputs(bindings, named, outputs)
         # New variables (inputs given by value, fresh outputs) join the session only if the
         # call is accepted: a rejected call leaves nothing behind.
@@ -116,7 +216,7 @@ class CallService:
                 new_id("var"), p.name, p.value, format=outputs[p.name].format if p.is_output else None
             )
             for p in bindings
-            if p.var_id is None
+            if p.var_id is None and p.name not in earlier
         }
         check_paths(chunks, named | fresh)
         call = RequestChain.build(new_id("call"), chunks, named | fresh, outputs)
@@ -128,7 +228,7 @@ class CallService:
             }
             for p in bindings
         ]
-        return await self._accept(
+        return PreparedCall(
             session,
             call,
             named | fresh,
@@ -166,7 +266,7 @@ class CallService:
         bound[output] = out
         stored = [{"name": name, "is_output": False} for name in bound if name != output]
         stored.append({"name": output, "is_output": True, "transform": msgspec.to_builtins(steps)})
-        return await self._accept(session, call, bound, fresh, stored, "", [], None)
+        return await self._accept(PreparedCall(session, call, bound, fresh, stored, "", [], None))
 
     async def submit_prompt(
         self,
@@ -187,24 +287,16 @@ class CallService:
         self._require_engine(models)
         out = SemanticVariable(new_id("var"), "completion")
         call = RequestChain.prompt(new_id("call"), pieces, out, sampling)
-        await self._accept(session, call, {"completion": out}, [out], [], "", models, LATENCY)
+        await self._accept(PreparedCall(session, call, {"completion": out}, [out], [], "", models, LATENCY))
         return call
 
-    async def _accept(
-        self,
-        session: Session,
-        call: RequestChain,
-        bound: dict[str, SemanticVariable],
-        fresh: list[SemanticVariable],
-        stored: list[dict],
-        template: str,
-        models: list[str],
-        output_criteria: str | None,
-        retyped: Sequence[tuple[SemanticVariable, OutputFormat]] = (),
-    ) -> tuple[RequestChain, dict[str, str]]:
+    async def _accept(self, prepared: PreparedCall) -> tuple[RequestChain, dict[str, str]]:
         """Link a built call into the session's DAG (or raise, changing nothing), store it
         with its new variables (and the formats it gives existing ones), and only then
         start it."""
+        session, call, bound, fresh = prepared.session, prepared.call, prepared.bound, prepared.fresh
+        stored, template, models = prepared.stored, prepared.template, prepared.models
+        output_criteria, retyped = prepared.output_criteria, prepared.retyped
         self.admission.check_session_growth(
             session.session_id, len(session.vars), len(fresh), len(session.calls), 1
         )
