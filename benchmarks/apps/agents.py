@@ -3,9 +3,9 @@ task a coder writes the code, a tester writes tests for that code, and a reviewe
 both; many such applications run at once, and the three roles' system prompts are shared
 by all of them.
 
-Parrot: a session per application; its three calls submitted one after another (the
-tester takes the coder's output variable, the reviewer both), then one ``get`` of the
-verdict. Baseline: each agent's request sent once the answers it reads are back,
+Parrot: a pipelined session per application: its three calls (the tester takes the
+coder's output variable, the reviewer both) and the ``get`` of the verdict go in one
+request. Baseline: each agent's request sent once the answers it reads are back,
 applications concurrently. Measured: the time until every application is done, and the
 mean latency of an application.
 """
@@ -141,7 +141,7 @@ class Agents:
         async def app(task: str) -> float:
             start = time.perf_counter()
             out = fixed_output(s.output_tokens)
-            async with parrot.session():
+            async with parrot.session(pipeline=True):  # the calls and the verdict: one request
                 code = await write_code.asubmit(s.coder, task, code=out)
                 tests = await write_tests.asubmit(s.tester, task, code, tests=out)
                 verdict = await review.asubmit(s.reviewer, task, code, tests, verdict=out)

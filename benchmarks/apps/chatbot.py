@@ -2,7 +2,8 @@
 workload): every user asks one question at the same time, each in a session of their own.
 
 Parrot: the system prompt is a plain (text) parameter of the semantic function, so it is
-the same constant prefix in every session and the server holds it once per engine.
+the same constant prefix in every session and the server holds it once per engine; each
+user's call is one request (``client.call``).
 Baseline: the same turns as chat messages to the engine's ``/v1/chat/completions`` (its
 prefix cache on). Measured: output tokens per second over all users, and the mean
 latency of a user.
@@ -85,10 +86,9 @@ class Chatbot:
     async def run_parrot(self, parrot: ParrotClient, s: ChatbotScenario) -> Metrics:
         async def user(question: str) -> float:
             start = time.perf_counter()
-            async with parrot.session():
-                reply = await answer.asubmit(s.system, question, reply=fixed_output(s.output_tokens))
-                await reply.get(timeout=WAIT_S)
-                return time.perf_counter() - start  # not counting the session's deletion
+            # One request, as the baseline's: the call's session made and deleted by it.
+            await parrot.call(answer, s.system, question, reply=fixed_output(s.output_tokens), timeout=WAIT_S)
+            return time.perf_counter() - start
 
         return _metrics(await asyncio.gather(*(user(q) for q in s.questions)), s)
 

@@ -8,6 +8,7 @@ import importlib.util
 import statistics
 import sys
 from collections.abc import Callable, Sequence
+from dataclasses import astuple
 from pathlib import Path
 
 from benchmarks._report import DOC, machine, write_section
@@ -38,11 +39,15 @@ def compared(metric: Metric, base: Spread, ours: Spread) -> str:
 
 
 def median_work(samples: Sequence[Sample]) -> Work:
-    return Work(
-        round(statistics.median(s.work.generated for s in samples)),
-        round(statistics.median(s.work.computed for s in samples)),
-        round(statistics.median(s.work.steps for s in samples)),
-    )
+    """Each counter's median over the runs (counts rounded)."""
+    medians = [statistics.median(values) for values in zip(*(astuple(s.work) for s in samples), strict=True)]
+    return Work(*(m if isinstance(m, float) and not m.is_integer() else round(m) for m in medians))
+
+
+def steps_of(work: Work) -> str:
+    """Its steps, ``fill`` of them prompts only and ``graph`` replayed as CUDA graphs (the
+    rest eager), and the wall ms a step took on average."""
+    return f"{work.steps} ({work.fill_steps} fill, {work.graph_steps} graph; {work.ms_per_step:.1f} ms)"
 
 
 CPU_ORDER = ("engine", "ServeCore", "client")
@@ -90,7 +95,7 @@ def main_table(results: Results) -> str:
         for side in others:
             head += [f"{SIDE_NAMES[side]} {m.label}", f"{SIDE_NAMES[side]} speed-up"]
     cpu = "+".join(k for k in CPU_ORDER if all(k in x.cpu for x in results.main))
-    head += ["tokens generated", "tokens computed", "engine steps", f"CPU s {cpu}"]
+    head += ["tokens generated", "tokens computed", "engine steps (fill, graph; ms a step)", f"CPU s {cpu}"]
     rows = []
     for (config, rtt), by_side in group(results.main).items():
         row = [config, str(rtt)]
@@ -104,7 +109,7 @@ def main_table(results: Results) -> str:
         same = len({x.generated for x in works}) == 1
         row.append(" / ".join(str(x.generated) for x in works) + ("" if same else " (differ!)"))
         row.append(" / ".join(str(x.computed) for x in works))
-        row.append(" / ".join(str(x.steps) for x in works))
+        row.append(" / ".join(steps_of(x) for x in works))
         row.append(" / ".join(median_cpu(by_side[s]) for s in sides if s in by_side))
         rows.append(row)
     legend = (

@@ -16,7 +16,7 @@ import os
 import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import astuple, dataclass
 from typing import Any, Literal
 
 import httpx
@@ -45,11 +45,16 @@ class Work:
     generated: int
     computed: int
     steps: int  # engine iterations (one batch each)
+    fill_steps: int = 0  # steps that computed prompts only (sampled nothing)
+    graph_steps: int = 0  # steps replayed as CUDA graphs (the rest ran eagerly)
+    step_s: float = 0.0  # wall time in steps
 
     def __sub__(self, other: Work) -> Work:
-        return Work(
-            self.generated - other.generated, self.computed - other.computed, self.steps - other.steps
-        )
+        return Work(*(a - b for a, b in zip(astuple(self), astuple(other), strict=True)))
+
+    @property
+    def ms_per_step(self) -> float:
+        return 1000 * self.step_s / self.steps if self.steps else 0.0
 
 
 @dataclass(frozen=True)
@@ -64,6 +69,10 @@ class Sample:
     load: float  # the machine's 1-minute load average at the end of the run
 
 
+# The engine's counters (GET /ping) that make a Work, in its fields' order.
+WORK_COUNTERS = ("tokens_generated", "tokens_computed", "steps", "fill_steps", "graph_steps", "step_seconds")
+
+
 async def settled_work(http: httpx.AsyncClient, engine_urls: Sequence[str]) -> Work:
     """The engines' counters once nothing runs or waits on them (the work of a run is
     all counted, and the next run starts on idle engines)."""
@@ -72,7 +81,7 @@ async def settled_work(http: httpx.AsyncClient, engine_urls: Sequence[str]) -> W
         stats = [(await http.get(f"{url}/ping")).json() for url in engine_urls]
         busy = sum(s["num_running"] + s["num_waiting"] for s in stats)
         if not busy or time.monotonic() > deadline:
-            return Work(*(sum(s[k] for s in stats) for k in ("tokens_generated", "tokens_computed", "steps")))
+            return Work(*(sum(s.get(k, 0) for s in stats) for k in WORK_COUNTERS))
         await asyncio.sleep(0.1)
 
 

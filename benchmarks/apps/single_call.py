@@ -1,8 +1,8 @@
 """Single calls: the ServeCore's overhead per call. Independent one-call applications, one
 after another (never two at once), each summarizing a fresh passage.
 
-Parrot: a session per call, the call submitted with the SDK and its output read with
-``get``. Baseline: the same rendered prompt sent to the engine's own
+Parrot: each call in one request with the SDK's ``client.call`` (a session made and
+deleted by that request). Baseline: the same rendered prompt sent to the engine's own
 ``/v1/completions``. Both sides run the same tokens on an idle engine, so the difference
 is what the ServeCore adds to a call: the SDK's requests, tokenizing and placing the call,
 one engine request, storing its states. Measured: the mean time of a call.
@@ -64,10 +64,8 @@ class SingleCall:
     async def run_parrot(self, parrot: ParrotClient, s: SingleCallScenario) -> Metrics:
         out = fixed_output(s.output_tokens)
         start = time.perf_counter()
-        for part in s.parts:
-            async with parrot.session():
-                summary = await summarize.asubmit(s.system, part, summary=out)
-                await summary.get(timeout=WAIT_S)
+        for part in s.parts:  # one request a call, as the baseline's
+            await parrot.call(summarize, s.system, part, summary=out, timeout=WAIT_S)
         return {"seconds": (time.perf_counter() - start) / len(s.parts)}
 
     async def run_requests(self, client: RequestClient, s: SingleCallScenario) -> Metrics:

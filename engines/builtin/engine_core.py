@@ -83,6 +83,8 @@ class EngineCore:
         self.shared_prefix_steps = 0  # steps that took the shared-prefix attention path
         self.graph_steps = 0  # decode steps replayed as CUDA graphs
         self.fused_steps = 0  # decode steps run by the fused CPU step
+        self.fill_steps = 0  # steps that only computed prompts (no token sampled)
+        self.step_seconds = 0.0  # wall time spent in steps (model, sampling, postprocessing)
         self.rate = TokenRate(_RATE_WINDOW_S)
 
     # -- commands ------------------------------------------------------------------------
@@ -305,6 +307,7 @@ class EngineCore:
         self.post.postprocess(items, jobs, output, sampled, tokens)
         computed = sum(item.num_tokens for item in items)
         self._record(len(items), computed, len(tokens), output.shared_prefix, output.path)
+        self.step_seconds += time.perf_counter() - started
         if log.isEnabledFor(logging.DEBUG):  # a step trace, for profiling a workload
             log.debug(
                 "step %d: %d items, %d tokens (%d prefill items), %d sampled, %s, %.1f ms",
@@ -354,6 +357,7 @@ class EngineCore:
         self.shared_prefix_steps += shared_prefix
         self.graph_steps += path == "graph"
         self.fused_steps += path == "fused"
+        self.fill_steps += generated == 0
         self.batched_seqs += batch_size
         self.last_batch_size = batch_size
         self.max_batch_size = max(self.max_batch_size, batch_size)
@@ -386,6 +390,8 @@ class EngineCore:
             "shared_prefix_steps": self.shared_prefix_steps,
             "graph_steps": self.graph_steps,
             "fused_steps": self.fused_steps,
+            "fill_steps": self.fill_steps,
+            "step_seconds": round(self.step_seconds, 6),
             "preemptions": self.scheduler.num_preemptions,
             "max_model_len": self.max_model_len,
             "max_running": self.scheduler.config.max_running,

@@ -35,6 +35,8 @@ _COUNTERS = (
     ("shared_prefix_steps", "parrot:shared_prefix_steps", "Steps with shared-prefix attention."),
     ("graph_steps", "parrot:graph_steps", "Decode steps replayed as CUDA graphs."),
     ("fused_steps", "parrot:fused_steps", "Decode steps run whole by the fused CPU step."),
+    ("fill_steps", "parrot:fill_steps", "Steps that computed prompts only (sampled nothing)."),
+    ("step_seconds", "parrot:step_seconds", "Wall time spent in steps."),
     ("preemptions", "parrot:num_preemptions", "Jobs preempted when KV blocks ran out."),
 )
 

@@ -195,8 +195,12 @@ class CallDriver:
             waits.append(chain.previous.gen.var)
         for var in waits:
             if not var.settled.is_set():
-                latency = criteria == LATENCY or chain.latency_depth > 0
-                self.scheduler.fill_ahead(chain, session.session_id, models, latency)
+                # Ahead of an input whose producer runs already, a fill would land in the
+                # engine steps right before the chain's own: a step on its critical path.
+                # The prompt is then computed with the generation, in one step.
+                if var.producer is None or var.producer.call.state != CallState.RUNNING:
+                    latency = criteria == LATENCY or chain.latency_depth > 0
+                    self.scheduler.fill_ahead(chain, session.session_id, models, latency)
                 await var.settled.wait()
             if var.error:
                 return f"input {var.name!r} failed: {var.error}"

@@ -1,0 +1,40 @@
+"""The step economy of Semantic Variables (issue 35): an application sent to Parrot as a
+DAG takes no more engine steps than the same prompts sent as plain requests to the same
+engine's ``/v1/completions`` (within 5%). A chain, a map-reduce and a chatbot from the
+benchmark suite (``benchmarks/apps``), small, on the real engine and a real ``parrot
+serve``; both sides generate the same tokens. The engine's step counter, not time, is
+checked.
+
+Where Parrot may take a step more: calls that share a prefix (the maps' system prompt) are
+computed as the prefix, then the forks from it (two prefill steps, and a quarter fewer
+tokens computed here); with 16 tokens out that is 3% of the map-reduce's steps."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+
+from benchmarks.apps import chain, chatbot, map_reduce
+from benchmarks.apps.runner import Side, measure
+from benchmarks.apps.text import Document
+
+APPS = [
+    pytest.param(chain.WORKLOAD, chain.ChainConfig(4, 64, 16), id="chain"),
+    pytest.param(map_reduce.WORKLOAD, map_reduce.MapReduceConfig(4, 64, 16), id="map-reduce"),
+    pytest.param(chatbot.WORKLOAD, chatbot.ChatbotConfig(4, 256, 16), id="chatbot"),
+]
+
+
+@pytest.mark.parametrize(("workload", "config"), APPS)
+def test_an_app_takes_no_more_steps_than_its_plain_requests(engine_server, parrot_url, workload, config: Any):
+    doc = Document.load(engine_server.url)
+    sides = [Side("baseline", "requests", (engine_server.url,)), Side("parrot", "parrot", (parrot_url,))]
+    samples = asyncio.run(
+        measure(workload, [config], sides, [0], 2, doc, [engine_server.url], {}, warm=False)
+    )
+    steps = {side.name: sorted(s.work.steps for s in samples if s.side == side.name) for side in sides}
+    generated = {s.work.generated for s in samples}
+    assert len(generated) == 1, f"the sides generated different tokens: {samples}"
+    assert max(steps["parrot"]) <= 1.05 * min(steps["baseline"]), steps
