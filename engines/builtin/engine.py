@@ -46,7 +46,7 @@ from parrot.engines.protocol.schemas import (
 from parrot.wire.sampling import SamplingParams
 
 log = logging.getLogger(__name__)
-GATHER_S = 0.003  # an idle engine's wait for more work before its first step (see _gather)
+GATHER_S = 0.003  # an idle engine's wait for more work before its first step (see _loop)
 T = TypeVar("T")
 Reply = TypeVar("Reply", GenerateResponse, StreamEnd)
 
@@ -147,11 +147,32 @@ class BuiltinEngine:
             return
         finally:
             self._ready.set()
-        busy = False
+        busy, gather_until = False, None
         while True:
-            ran = self._run_commands()
+            ran = False
+            while True:
+                try:
+                    fn, args, sink, reply = self._commands.get_nowait()
+                except queue.Empty:
+                    break
+                ran = True
+                try:
+                    result = fn(*args)
+                except BaseException as error:
+                    if sink is not None:
+                        self._outbox.post([(sink, Final(error=error))])
+                else:
+                    if reply:
+                        self._outbox.post([(sink, Final(result))])
+            # Work arrived at an idle engine: what else arrives within GATHER_S joins it, so
+            # requests sent together (a DAG's ready calls, concurrent clients) start in one
+            # batched prefill rather than a step each (a prefill takes far longer).
             if ran and not busy and self.core.has_work():
-                self._gather()
+                gather_until = gather_until or time.monotonic() + GATHER_S
+                if self._wake.wait(timeout=max(0.0, gather_until - time.monotonic())):
+                    self._wake.clear()
+                    continue
+            gather_until = None
             if self._stopping:
                 self.core.fail_all(EngineShutdownError("the engine is shutting down"))
                 self._outbox.deliver()
@@ -169,34 +190,6 @@ class BuiltinEngine:
             if not busy:
                 self._wake.wait(timeout=1.0)
                 self._wake.clear()
-
-    def _run_commands(self) -> bool:
-        """Run the commands that arrived (new jobs, frees, aborts); whether there were any."""
-        ran = False
-        while True:
-            try:
-                fn, args, sink, reply = self._commands.get_nowait()
-            except queue.Empty:
-                return ran
-            ran = True
-            try:
-                result = fn(*args)
-            except BaseException as error:
-                if sink is not None:
-                    self._outbox.post([(sink, Final(error=error))])
-            else:
-                if reply:
-                    self._outbox.post([(sink, Final(result))])
-
-    def _gather(self) -> None:
-        """Work arrived at an idle engine: take what else arrives within GATHER_S before the
-        first step, so requests sent together (a DAG's ready calls, concurrent clients)
-        start in one batched prefill rather than a step each (a prefill takes far longer)."""
-        deadline = time.monotonic() + GATHER_S
-        while (left := deadline - time.monotonic()) > 0:
-            if self._wake.wait(timeout=left):
-                self._wake.clear()
-                self._run_commands()
 
     def _publish(self) -> None:
         """Statistics as of now, for readers on other threads: a ping is answered at once,

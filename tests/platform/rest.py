@@ -8,7 +8,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from conftest import ServerThread, database_url
+from conftest import DATABASES, ServerThread, database_url
 
 from parrot.platform.api.app import create_app
 from parrot.platform.serve.core import ServeCore
@@ -26,6 +26,19 @@ def served_api(
     store = Store(database_url(request, database, folder))
     app = create_app(ServeCore(store=store), engine_urls=(engine_url,), admin_token=ADMIN)
     with ServerThread(app) as server, httpx.Client(base_url=server.url, timeout=120) as client:
+        yield client
+
+
+@pytest.fixture(scope="module", params=DATABASES, name="api")
+def api_on_fake_engine(request, tmp_path_factory):
+    """``api``: the API on the fake engine, its store on SQLite and on PostgreSQL (the
+    PostgreSQL tier). A test module imports it to use it."""
+    from fake_engine import FakeEngineServer
+
+    with (
+        FakeEngineServer() as engine,
+        served_api(request, request.param, engine.url, tmp_path_factory.mktemp("api-db")) as client,
+    ):
         yield client
 
 

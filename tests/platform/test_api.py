@@ -6,23 +6,11 @@ from __future__ import annotations
 
 import httpx
 import pytest
-from conftest import DATABASES
-from fake_engine import FakeEngineServer
-from rest import ADMIN, new_session, out, served_api
+from rest import ADMIN, api_on_fake_engine, new_session, out, served_api  # noqa: F401  (the api fixture)
 
 from parrot.platform.serve.calls.service import Binding
 from parrot.platform.serve.core import ServeCore
 from parrot.wire.sampling import SamplingParams
-
-
-@pytest.fixture(scope="module", params=DATABASES)
-def api(request, tmp_path_factory):
-    """The API on the fake engine, its store on SQLite and on PostgreSQL (the PostgreSQL tier)."""
-    with (
-        FakeEngineServer() as engine,
-        served_api(request, request.param, engine.url, tmp_path_factory.mktemp("api-db")) as client,
-    ):
-        yield client
 
 
 def test_chain_of_three_calls_with_one_final_get(api):

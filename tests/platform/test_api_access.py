@@ -4,25 +4,13 @@ the Prometheus metrics."""
 from __future__ import annotations
 
 import httpx
-import pytest
-from conftest import DATABASES, ServerThread
-from fake_engine import FakeEngineServer
+from conftest import ServerThread
 from prometheus_client.parser import text_string_to_metric_families
-from rest import new_session, out, served_api
+from rest import api_on_fake_engine, new_session, out  # noqa: F401  (the api fixture)
 
 from parrot.platform.api.app import create_app
 from parrot.platform.serve.core import ServeCore
 from parrot.sdk.results import parse_metrics
-
-
-@pytest.fixture(scope="module", params=DATABASES)
-def api(request, tmp_path_factory):
-    """The API on the fake engine, its store on SQLite and on PostgreSQL (the PostgreSQL tier)."""
-    with (
-        FakeEngineServer() as engine,
-        served_api(request, request.param, engine.url, tmp_path_factory.mktemp("api-db")) as client,
-    ):
-        yield client
 
 
 def test_auth_and_cross_session_access(api):

@@ -5,19 +5,7 @@ registrations, text with a NUL, one variable bound to two outputs."""
 from __future__ import annotations
 
 import pytest
-from conftest import DATABASES
-from fake_engine import FakeEngineServer
-from rest import ADMIN, new_session, out, served_api
-
-
-@pytest.fixture(scope="module", params=DATABASES)
-def api(request, tmp_path_factory):
-    """The API on the fake engine, its store on SQLite and on PostgreSQL (the PostgreSQL tier)."""
-    with (
-        FakeEngineServer() as engine,
-        served_api(request, request.param, engine.url, tmp_path_factory.mktemp("api-db")) as client,
-    ):
-        yield client
+from rest import ADMIN, api_on_fake_engine, new_session, out  # noqa: F401  (the api fixture)
 
 
 @pytest.mark.parametrize(

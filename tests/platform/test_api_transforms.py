@@ -4,19 +4,7 @@ transform that fails its variable and its consumers."""
 from __future__ import annotations
 
 import pytest
-from conftest import DATABASES
-from fake_engine import FakeEngineServer
-from rest import new_session, out, served_api
-
-
-@pytest.fixture(scope="module", params=DATABASES)
-def api(request, tmp_path_factory):
-    """The API on the fake engine, its store on SQLite and on PostgreSQL (the PostgreSQL tier)."""
-    with (
-        FakeEngineServer() as engine,
-        served_api(request, request.param, engine.url, tmp_path_factory.mktemp("api-db")) as client,
-    ):
-        yield client
+from rest import api_on_fake_engine, new_session, out  # noqa: F401  (the api fixture)
 
 
 def test_transforms_derive_variables_inside_the_dag(api):

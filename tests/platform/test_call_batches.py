@@ -11,18 +11,8 @@ import re
 
 import httpx
 import pytest
-from fake_engine import FakeEngineServer
 from httpx_sse import connect_sse
-from rest import new_session, out, served_api
-
-
-@pytest.fixture(scope="module")
-def api(request, tmp_path_factory):
-    with (
-        FakeEngineServer() as engine,
-        served_api(request, "sqlite", engine.url, tmp_path_factory.mktemp("batch-db")) as client,
-    ):
-        yield client
+from rest import api_on_fake_engine, new_session, out  # noqa: F401  (the api fixture)
 
 
 def chain(n: int) -> list[dict]:

@@ -62,15 +62,11 @@ async def core(engine_url):
 
 
 def out(name: str, max_tokens: int = 8) -> Binding:
-    return Binding(
-        name=name, is_output=True, sampling=SamplingParams(max_tokens=max_tokens, temperature=0)
-    )
+    return Binding(name=name, is_output=True, sampling=SamplingParams(max_tokens=max_tokens, temperature=0))
 
 
 async def call(core, session, template: str, **params) -> dict:
-    parameters = [
-        p if isinstance(p, Binding) else Binding(name=n, **p) for n, p in params.items()
-    ]
+    parameters = [p if isinstance(p, Binding) else Binding(name=n, **p) for n, p in params.items()]
     request, outputs = await core.calls.submit(session, template, parameters, [], None)
     return {"request": request, **outputs}
 
