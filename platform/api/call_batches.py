@@ -50,7 +50,9 @@ class CallBatchController(Controller):
         auth = None
         if data.session_id is None:
             client = request.client.host if request.client else "unknown"
-            session, auth = await core.sessions.create(client=client)
+            # A one-shot batch (closed with its answer) is not stored, as an OpenAI
+            # request is not: no client can come back to it, and it costs no writes.
+            session, auth = await core.sessions.create(stored=not data.close, client=client)
         else:
             session = sessions(data.session_id)
         try:
