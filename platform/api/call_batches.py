@@ -8,6 +8,7 @@ Without ``session_id`` the batch opens a session of its own; with ``close`` that
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 from collections.abc import AsyncIterator
 
@@ -23,11 +24,14 @@ from parrot.platform.api.auth import Sessions
 from parrot.platform.api.bodies import call_request
 from parrot.platform.api.deps import Core
 from parrot.platform.api.var_stream_events import sse_messages
+from parrot.platform.serve.contexts.manager import spawn
 from parrot.platform.serve.core import ServeCore
 from parrot.platform.serve.sessions.session import Session
 from parrot.wire.bodies import CallParameter, CallSpec, SubmitCalls
 from parrot.wire.responses import CallsSubmitted, CallSubmitted, ParamInfo
 from parrot.wire.var_stream import SUBMITTED
+
+_closing: set[asyncio.Task] = set()  # deletions of one-shot sessions, while they run
 
 
 class CallBatchController(Controller):
@@ -115,5 +119,6 @@ async def _answer(
             yield message
     finally:
         if closing is not None and not closing.closed:
-            with contextlib.suppress(ParrotError):
-                await core.sessions.delete(closing)
+            # Off the answer's path: the client has its value; freeing what the session
+            # holds on the engines need not hold its response open.
+            spawn(_closing, core.sessions.delete(closing))

@@ -185,11 +185,16 @@ class HttpEngine:
             ) as r:
                 if r.status_code >= 400:
                     raise _engine_error(r.status_code, await r.aread(), self.public_url)
+                end = None
                 async for event in EventSource(r).aiter_sse():
                     if event.event == "end":
-                        yield msgspec.json.decode(event.data, type=StreamEnd)
-                        return
+                        # Read on to the response's end (it ends here): a response left
+                        # unread closes its connection, and the next request opens one.
+                        end = msgspec.json.decode(event.data, type=StreamEnd)
+                        continue
                     yield msgspec.json.decode(event.data, type=TokenStreamEvent)
+            if end is not None:
+                yield end
         except SSEError as error:
             raise EngineUnavailableError(f"engine {self.public_url} sent no event stream: {error}") from None
         except httpx.TransportError as error:
