@@ -40,8 +40,9 @@ def compared(metric: Metric, base: Spread, ours: Spread) -> str:
 
 def median_work(samples: Sequence[Sample]) -> Work:
     """Each counter's median over the runs (counts rounded)."""
-    medians = [statistics.median(values) for values in zip(*(astuple(s.work) for s in samples), strict=True)]
-    return Work(*(m if isinstance(m, float) and not m.is_integer() else round(m) for m in medians))
+    columns = list(zip(*(astuple(s.work) for s in samples), strict=True))
+    medians = [statistics.median(values) for values in columns]
+    return Work(*(round(m) if isinstance(c[0], int) else m for m, c in zip(medians, columns, strict=True)))
 
 
 def steps_of(work: Work) -> str:
