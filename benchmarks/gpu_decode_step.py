@@ -224,7 +224,7 @@ def bench_model(
         eager_logits = side.eager.run(items).logits
         graph_logits = graphed.run(items).logits
         hf_logits = hf_step().float()
-        assert graphed.graphs.fits(items)
+        assert graphed.whole_step.fits(items)
         syncs = "-" if not cuda else host_syncs(partial(graphed.run, items))
         times = compare(
             {"eager": partial(side.eager.run, items), graph_name: partial(graphed.run, items), "hf": hf_step},

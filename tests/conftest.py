@@ -23,6 +23,13 @@ from servers import serve_env as serve_env
 
 pytest_plugins = ["tiers"]  # the logic tier (make test-fast)
 
+# Under pytest-xdist (make test) each worker, and the processes its tests start, computes on
+# its share of the cores: torch's default (every core) in every worker oversubscribes them,
+# and OpenMP's waiting threads spin (the engine tests took 2.3x as long on 2 workers of 2
+# threads each as on 2 of 1). Set before torch is first imported; an explicit setting wins.
+if workers := os.environ.get("PYTEST_XDIST_WORKER_COUNT"):
+    os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // int(workers))))
+
 # Without a GPU the Triton kernels run in Triton's interpreter; it must be chosen before
 # triton is first imported.
 if not os.environ.get("CUDA_VISIBLE_DEVICES", "x") or not Path("/dev/nvidia0").exists():

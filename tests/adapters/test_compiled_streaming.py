@@ -55,7 +55,13 @@ def test_a_chat_models_output_streams_as_message_chunks(server_url):
         whole += chunk
     reply = compiled.invoke(chat_input)
     assert whole.content == reply.content
-    assert whole.usage_metadata == reply.usage_metadata
+    # The same counts, but for the prompt's tokens read from the prefix cache: the second
+    # run of a prompt finds at least what the first found (how much depends on what other
+    # tests left cached on the shared server).
+    streamed, invoked = dict(whole.usage_metadata), dict(reply.usage_metadata)
+    cached = [usage.pop("input_token_details", {}).get("cache_read", 0) for usage in (streamed, invoked)]
+    assert streamed == invoked
+    assert cached[0] <= cached[1]
     assert whole.response_metadata["model_name"] == reply.response_metadata["model_name"]
     assert whole.response_metadata["finish_reason"] == reply.response_metadata["finish_reason"]
 

@@ -216,8 +216,10 @@ class FakeEngine:
             "kv_blocks_total": self.kv_tokens // BLOCK_SIZE,
             "kv_blocks_used": used,
             "num_contexts": len(self.contexts),
-            "num_running": len(self._running),
-            "num_waiting": len(self._waiting),
+            # An aborted job counts no more, as on the engine (whose step drops it at once);
+            # here it leaves its set when its request's task next runs.
+            "num_running": sum(j.error is None for j in self._running),
+            "num_waiting": sum(j.error is None for j in self._waiting),
             "tokens_generated": self.tokens_generated,
             "tokens_per_s": 0.0,
             "max_model_len": self.max_model_len,

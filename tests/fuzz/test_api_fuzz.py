@@ -24,6 +24,7 @@ from urllib.parse import urlsplit, urlunsplit
 import httpx
 import pytest
 import schemathesis
+import schemathesis.specs.openapi.schemas  # (see below)
 from conftest import ServerThread
 from fuzzing import FuzzReport, fuzz
 from schemathesis import Case
@@ -31,6 +32,11 @@ from schemathesis import Case
 from parrot.platform.api.app import create_app
 from parrot.platform.serve.core import ServeCore
 from parrot.platform.store.store import Store, sqlite_url
+
+# schemathesis imports its OpenAPI modules on first use, and pytest's assertion rewriting
+# compiles them then; compiling while other threads of the test (its servers) run can trip
+# CPython 3.11's check of the AST's recursion depth (a SystemError, gh-106905). Imported at
+# collection, they are compiled before any thread starts.
 
 EXAMPLES = int(os.environ.get("PARROT_FUZZ_EXAMPLES", "6"))
 SEED = int(os.environ.get("PARROT_FUZZ_SEED", "14"))

@@ -166,3 +166,19 @@ def test_graph_replay_equals_the_eager_step_on_cuda():
     finally:
         torch.cuda.set_sync_debug_mode(previous)
     torch.testing.assert_close(step.logits, side.eager.run(side.decode_items(3)).logits, rtol=2e-2, atol=2e-2)
+
+
+def test_the_decode_step_benchmark_runs_in_its_quick_mode(monkeypatch, capsys):
+    """``benchmarks/gpu_decode_step.py --quick`` on the CPU (padded steps, no graphs), so the
+    GPU benchmark cannot rot between GPU sessions (it once failed on a renamed attribute)."""
+    from benchmarks import gpu_decode_step
+
+    monkeypatch.setattr("sys.argv", ["gpu_decode_step.py", "--quick", "--rounds", "1", "--reps", "1"])
+    gpu_decode_step.main()
+    table = capsys.readouterr().out.split("| model | batch |")[-1]  # the printed table
+    rows = [line for line in table.splitlines() if line.startswith("| tiny |")]
+    assert [row.split("|")[2].strip() for row in rows] == ["1", "3", "4"]
+    for row in rows:
+        cells = [c.strip() for c in row.split("|")]
+        assert float(cells[8]) < 1e-5, row  # max abs(padded - eager): the same step
+        assert cells[10] == "100%", row  # the same greedy tokens as transformers
