@@ -23,6 +23,7 @@ from litestar.response import ServerSentEvent
 from litestar.response.sse import ServerSentEventMessage
 
 from parrot.engines.protocol.errors import ParrotError
+from parrot.engines.protocol.event_stream import EventStream
 from parrot.web.config import DashboardConfig
 
 EVENT = "update"  # the event the pages' ``sse-swap`` takes
@@ -88,7 +89,7 @@ def _escape(message: str) -> str:
 
 
 def stream(render: Callable[[], Any], config: DashboardConfig) -> ServerSentEvent:
-    return ServerSentEvent(updates(render, config), headers={"Cache-Control": "no-store"})
+    return EventStream(updates(render, config), headers={"Cache-Control": "no-store"})
 
 
 def renders(request: Any) -> SharedRenders:

@@ -12,7 +12,6 @@ from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
 
 import msgspec
-from litestar.response import ServerSentEvent
 from litestar.response.sse import ServerSentEventMessage
 
 from parrot.wire.openai_schemas import (
@@ -182,12 +181,3 @@ async def chat_stream(
     if final_usage is not None:
         yield chunk([], final_usage(completion_tokens))
     yield sse("[DONE]")
-
-
-class EventStream(ServerSentEvent):
-    """Litestar's ``ServerSentEvent`` for a route that answers JSON or a stream: Litestar
-    gives a returned stream the media type of its handler (JSON there); this one keeps
-    ``text/event-stream``, so clients that check the content type (httpx-sse) accept it."""
-
-    def to_asgi_response(self, *args, **kwargs):
-        return super().to_asgi_response(*args, **{**kwargs, "media_type": self.media_type})

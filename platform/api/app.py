@@ -28,6 +28,7 @@ from parrot.engines.protocol.error_docs import (
     error_responses,
 )
 from parrot.engines.protocol.error_responses import exception_handlers
+from parrot.engines.protocol.event_stream import EventStream
 from parrot.engines.protocol.json_body import JsonRequest
 from parrot.platform.api.adapter_routes import AdapterController
 from parrot.platform.api.auth import Sessions, admin_guard
@@ -157,7 +158,7 @@ class VariableController(Controller):
         """The variable's value as it is written: ``delta`` events, then ``value`` (or
         ``error``); see :mod:`parrot.wire.var_stream`."""
         events = core.streams.follow(sessions(session_id), var_id, criteria)
-        return ServerSentEvent(sse_messages(events), headers={"Cache-Control": "no-store"})
+        return EventStream(sse_messages(events), headers={"Cache-Control": "no-store"})
 
 
 class CallController(Controller):

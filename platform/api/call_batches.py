@@ -15,11 +15,11 @@ from collections.abc import AsyncIterator
 import msgspec
 from litestar import Controller, Request, Response, post
 from litestar.params import JSONBody
-from litestar.response import ServerSentEvent
 from litestar.response.sse import ServerSentEventMessage
 
 from parrot.engines.protocol.error_docs import BODY, CREATES, SESSION, STORE, VALUES, error_responses
 from parrot.engines.protocol.errors import BadRequestError, ParrotError
+from parrot.engines.protocol.event_stream import EventStream
 from parrot.platform.api.auth import Sessions
 from parrot.platform.api.bodies import call_request
 from parrot.platform.api.deps import Core
@@ -75,7 +75,7 @@ class CallBatchController(Controller):
                     await core.sessions.delete(session)
             raise
         closing = session if data.close else None
-        return ServerSentEvent(  # type: ignore[return-value]  # the same 201, as an event stream
+        return EventStream(  # type: ignore[return-value]  # the same 201, as an event stream
             _answer(core, answer, sse_messages(events), closing),
             status_code=201,
             headers={"Cache-Control": "no-store"},
@@ -121,4 +121,4 @@ async def _answer(
         if closing is not None and not closing.closed:
             # Off the answer's path: the client has its value; freeing what the session
             # holds on the engines need not hold its response open.
-            spawn(_closing, core.sessions.delete(closing))
+            spawn(_closing, core.sessions.delete(closing, batch_frees=True))

@@ -21,11 +21,11 @@ from litestar.response import Stream
 from parrot.engines.protocol.disconnect import unless_disconnected
 from parrot.engines.protocol.error_docs import ADMIN, BODY, CREATES, error_responses
 from parrot.engines.protocol.errors import BadRequestError, NotFoundError
+from parrot.engines.protocol.event_stream import EventStream
 from parrot.engines.protocol.openai_requests import read_chat, sampling_params
 from parrot.engines.protocol.openai_stream import (
     Answer,
     Delta,
-    EventStream,
     Finish,
     chat_response,
     chat_stream,

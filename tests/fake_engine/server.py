@@ -16,6 +16,7 @@ from fake_engine.engine import FakeEngine
 from fake_engine.tokens import tokenizer_json
 from parrot.engines.protocol.disconnect import unless_disconnected
 from parrot.engines.protocol.error_responses import exception_handlers
+from parrot.engines.protocol.event_stream import EventStream
 from parrot.engines.protocol.schemas import (
     AbortRangeRequest,
     AbortRequest,
@@ -94,7 +95,7 @@ def create_app(engine: Callable[[], FakeEngine]) -> Litestar:
                     return
                 event = await anext(stream)
 
-        return ServerSentEvent(events())
+        return EventStream(events())
 
     @post("/free_context", status_code=200)
     async def free_context(data: JSONBody[FreeContextRequest]) -> FreeContextResponse:

@@ -20,6 +20,7 @@ from parrot.engines.protocol.disconnect import unless_disconnected
 from parrot.engines.protocol.error_docs import BODY, error_responses
 from parrot.engines.protocol.error_responses import exception_handlers
 from parrot.engines.protocol.errors import BadRequestError, NotFoundError
+from parrot.engines.protocol.event_stream import EventStream
 from parrot.engines.protocol.json_body import JsonRequest
 from parrot.engines.protocol.schemas import (
     AbortRangeRequest,
@@ -106,7 +107,7 @@ class EngineAPI(Controller):
                 yield {"event": "token", "data": msgspec.json.encode(event).decode()}
                 event = await anext(stream)
 
-        return ServerSentEvent(events())
+        return EventStream(events())
 
     @post("/free_context", status_code=200, responses=error_responses(BODY, 503))
     async def free_context(

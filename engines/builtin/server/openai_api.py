@@ -24,11 +24,11 @@ from parrot.engines.builtin.server.deps import OPENAI, EngineDep, OpenAIContextI
 from parrot.engines.protocol.disconnect import unless_disconnected
 from parrot.engines.protocol.error_docs import BODY, error_responses
 from parrot.engines.protocol.errors import BadRequestError
+from parrot.engines.protocol.event_stream import EventStream
 from parrot.engines.protocol.openai_requests import read_chat, sampling_params
 from parrot.engines.protocol.openai_stream import (
     Answer,
     Delta,
-    EventStream,
     Finish,
     chat_response,
     chat_stream,

@@ -24,6 +24,7 @@ import logging
 from collections import Counter
 from collections.abc import Coroutine, Sequence
 
+from parrot.platform.serve.contexts.frees import BatchedFrees
 from parrot.platform.serve.contexts.leases import AheadFill, AheadLease, Lease, Result
 from parrot.platform.serve.contexts.orphans import claim_region, free_orphans, region_range
 from parrot.platform.serve.contexts.tree import (
@@ -75,6 +76,7 @@ class ContextManager:
         self._stale: dict[EngineSlot, list[ContextTree]] = {}  # trees of before an engine went down
         self._counts: dict[EngineSlot, list[int]] = {}  # contexts made, freed
         self._frees: set[asyncio.Task] = set()
+        self.batched = BatchedFrees()  # frees nothing waits for (dropped one-shot sessions)
 
     # -- engines ----------------------------------------------------------------------------
     async def claim_region(self, store) -> None:
@@ -212,10 +214,13 @@ class ContextManager:
     def of_session(self, session_id: str) -> dict[EngineSlot, list[EngineContext]]:
         return {slot: tree.of_session(session_id) for slot, tree in self._trees.items()}
 
-    async def drop_session(self, session_id: str, before: dict[EngineSlot, list[EngineContext]]) -> None:
+    async def drop_session(
+        self, session_id: str, before: dict[EngineSlot, list[EngineContext]], batched: bool = False
+    ) -> None:
         """Free a session's contexts (``before``: those it had before its running tasks
         were stopped) on their engines, before this returns: nothing of the session keeps
-        computing. Its fill-ahead holds go."""
+        computing. Its fill-ahead holds go. ``batched``: nothing of it was computing, so
+        the frees may wait for a batch (:mod:`.frees`); they leave its trees at once."""
         for key in [k for k, ahead in self._holds.items() if ahead.session_id == session_id]:
             self.release_hold(key)
         for slot, gone in before.items():
@@ -231,7 +236,11 @@ class ContextManager:
                 else:
                     self._forget(slot, tree, ctx)
             # Those its stopped tasks discarded too: their frees run in the background.
-            await free_on_engine(slot.client, sorted({c.context_id for c in gone if not c.doomed}))
+            ids = sorted({c.context_id for c in gone if not c.doomed})
+            if batched:
+                self.batched.add(slot.client, ids)
+            else:
+                await free_on_engine(slot.client, ids)
 
     async def relieve(self, slot: EngineSlot, queued: list[Sequence]) -> int:
         """Free contexts no task needs (``queued``: the prompts of the queued tasks, which
@@ -263,6 +272,8 @@ class ContextManager:
     async def stop(self, free_timeout_s: float) -> None:
         """Free everything held on the engines that are up (the contexts would outlive this
         ServeCore there), each engine bounded by ``free_timeout_s``."""
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(self.batched.flush(), free_timeout_s)
         if self._frees:
             await asyncio.wait(list(self._frees), timeout=free_timeout_s)
         frees = []

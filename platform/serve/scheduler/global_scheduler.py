@@ -202,9 +202,10 @@ class GlobalScheduler:
         candidates = [s for s in self.serving(models) if s.up]
         self.background(self.ahead.fill(chain, session_id, candidates, latency))
 
-    async def drop_session(self, session_id: str) -> None:
+    async def drop_session(self, session_id: str, batch_frees: bool = False) -> None:
         """Stop everything of a session: its queued tasks leave, its running generations are
-        aborted on their engines, and its contexts are freed there."""
+        aborted on their engines, and its contexts are freed there (``batch_frees``: with
+        other sessions' in one request, if nothing of it was running)."""
         self.queue.take_session(session_id)
         # Its contexts, running generations included, are aborted on their engines before
         # this returns: nothing of the session keeps computing.
@@ -213,7 +214,7 @@ class GlobalScheduler:
         for job in jobs:
             job.cancel()
         await asyncio.gather(*jobs, return_exceptions=True)
-        await self.contexts.drop_session(session_id, before)
+        await self.contexts.drop_session(session_id, before, batched=batch_frees and not jobs)
 
     @property
     def idle(self) -> bool:

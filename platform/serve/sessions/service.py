@@ -121,11 +121,12 @@ class SessionService:
             self.journal.record(lambda store: store.touch_session(session_id))
         return session
 
-    async def delete(self, session: Session) -> None:
+    async def delete(self, session: Session, batch_frees: bool = False) -> None:
         """Delete the session's records, then stop its work (queued tasks dropped, running
         generations aborted on their engines), free its contexts and wake whoever waits on
         its variables. The store goes first: a delete it refuses (:class:`StoreError`, 503)
-        changes nothing, and the session goes on as before."""
+        changes nothing, and the session goes on as before. ``batch_frees``: no one waits
+        for its contexts' frees (a one-shot session closed after its answer)."""
         if session.closed:
             return
         session.closed = True  # no new work while the store deletes
@@ -147,7 +148,7 @@ class SessionService:
                 )
             )
         self.driver.stop(session)
-        await self.scheduler.drop_session(session.session_id)
+        await self.scheduler.drop_session(session.session_id, batch_frees)
         self.values.close(session.vars.values(), f"session {session.session_id} was deleted")
 
     async def expire_idle(self) -> list[str]:
