@@ -45,7 +45,8 @@ class AsyncVar(VarBase):
         return await self.session.send(self._get_op(criteria, timeout))
 
     async def _read_all(self, criteria: str, timeout: float, close: bool = False) -> str:
-        async for _ in self._stream(criteria, timeout, close):
+        # Only the value is wanted: the server leaves the deltas out of the stream.
+        async for _ in self._stream(criteria, timeout, close, deltas=False):
             pass
         assert self._value is not None  # a stream ends with the value or raises
         return self._value
@@ -54,7 +55,9 @@ class AsyncVar(VarBase):
         """``async for piece in var.astream()``: see :meth:`parrot.sdk.client.Var.stream`."""
         return self._stream(criteria, timeout)
 
-    async def _stream(self, criteria: str, timeout: float, close: bool = False) -> AsyncIterator[str]:
+    async def _stream(
+        self, criteria: str, timeout: float, close: bool = False, deltas: bool = True
+    ) -> AsyncIterator[str]:
         if self._value is not None:
             if self._value:
                 yield self._value
@@ -63,7 +66,7 @@ class AsyncVar(VarBase):
             await self.session.flush()
         so_far = 0
         try:
-            async for event in self.session.send_stream(self._stream_op(criteria, timeout, close)):
+            async for event in self.session.send_stream(self._stream_op(criteria, timeout, close, deltas)):
                 piece = self._piece(event, so_far)
                 so_far += len(piece)
                 if piece:

@@ -45,7 +45,8 @@ class Var(VarBase):
         return self.session.send(self._get_op(criteria, timeout))
 
     def _read_all(self, criteria: str, timeout: float, close: bool = False) -> str:
-        for _ in self._stream(criteria, timeout, close):
+        # Only the value is wanted: the server leaves the deltas out of the stream.
+        for _ in self._stream(criteria, timeout, close, deltas=False):
             pass
         assert self._value is not None  # a stream ends with the value or raises
         return self._value
@@ -60,7 +61,9 @@ class Var(VarBase):
         when the session is deleted meanwhile."""
         return self._stream(criteria, timeout)
 
-    def _stream(self, criteria: str, timeout: float, close: bool = False) -> Iterator[str]:
+    def _stream(
+        self, criteria: str, timeout: float, close: bool = False, deltas: bool = True
+    ) -> Iterator[str]:
         if self._value is not None:
             if self._value:
                 yield self._value
@@ -69,7 +72,7 @@ class Var(VarBase):
             self.session.flush()
         so_far = 0
         try:
-            for event in self.session.send_stream(self._stream_op(criteria, timeout, close)):
+            for event in self.session.send_stream(self._stream_op(criteria, timeout, close, deltas)):
                 piece = self._piece(event, so_far)
                 so_far += len(piece)
                 if piece:

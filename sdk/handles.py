@@ -89,12 +89,14 @@ class VarBase:
         if self.refused is not None:
             raise pipeline.refused(self)
 
-    def _stream_op(self, criteria: str, timeout: float, close: bool = False) -> StreamOp[VarDelta | VarValue]:
+    def _stream_op(
+        self, criteria: str, timeout: float, close: bool = False, deltas: bool = True
+    ) -> StreamOp[VarDelta | VarValue]:
         """Its stream; for a queued output, the queue sent with its stream as the answer
-        (``close``: the session deleted when it ends)."""
+        (``close``: the session deleted when it ends; not ``deltas``: only the value comes)."""
         self._check_sent()
         if self.ref is not None:
-            return pipeline.stream_op(self.session, self.ref, criteria, timeout, close)
+            return pipeline.stream_op(self.session, self.ref, criteria, timeout, close, deltas)
         return streams.stream_var(self.session.key, self.var_id, criteria, timeout)
 
     def _piece(self, event: VarDelta | VarValue, so_far: int) -> str:

@@ -61,7 +61,12 @@ class Pipeline:
         self.queued.append(Queued(spec, call))
 
     def body(
-        self, session_id: str | None, stream: OutputRef | None, criteria: str, close: bool
+        self,
+        session_id: str | None,
+        stream: OutputRef | None,
+        criteria: str,
+        close: bool,
+        deltas: bool = True,
     ) -> SubmitCalls:
         return SubmitCalls(
             calls=[q.spec for q in self.queued],
@@ -69,6 +74,7 @@ class Pipeline:
             stream=stream,
             criteria=criteria,
             close=close,
+            deltas=deltas,
         )
 
     def refuse(self, error: ParrotError) -> None:
@@ -120,13 +126,14 @@ def send_op(session: SessionBase) -> Op[None]:
 
 
 def stream_op(
-    session: SessionBase, ref: OutputRef, criteria: str, wait_s: float, close: bool
+    session: SessionBase, ref: OutputRef, criteria: str, wait_s: float, close: bool, deltas: bool = True
 ) -> StreamOp[VarDelta | VarValue]:
     """The queue in one request whose answer is the stream of queued output ``ref``: its
     ``submitted`` event is applied as it comes (the output's Var gets its id), then the
-    output's events as ``GET /v1/semantic_var/{id}/stream`` sends them."""
+    output's events as ``GET /v1/semantic_var/{id}/stream`` sends them (without its deltas
+    unless ``deltas``)."""
     key = session.key
-    body = session.pipeline.body(key and key.session_id, ref, criteria, close)
+    body = session.pipeline.body(key and key.session_id, ref, criteria, close, deltas)
     return StreamOp(PATH, _events(session), body=body, token=key and key.session_auth, wait_s=wait_s)
 
 

@@ -90,6 +90,8 @@ class SubmitCalls(Body):
     event first, then its ``delta`` / ``value`` / ``error`` events, as
     ``GET /v1/semantic_var/{id}/stream`` sends them), read with ``criteria``; ``close``
     deletes the session when that stream ends: a one-shot application in one round trip.
+    ``deltas=false`` leaves the stream's ``delta`` events out: a reader that wants only the
+    value gets one event for it, not one per generated piece.
     """
 
     calls: Annotated[list[CallSpec], msgspec.Meta(min_length=1, max_length=1024)]
@@ -97,6 +99,7 @@ class SubmitCalls(Body):
     stream: OutputRef | None = None
     criteria: Literal["latency", "throughput"] = "latency"
     close: bool = False
+    deltas: bool = True
 
 
 class TransformInput(Body):

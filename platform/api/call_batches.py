@@ -29,7 +29,9 @@ from parrot.platform.serve.core import ServeCore
 from parrot.platform.serve.sessions.session import Session
 from parrot.wire.bodies import CallParameter, CallSpec, SubmitCalls
 from parrot.wire.responses import CallsSubmitted, CallSubmitted, ParamInfo
-from parrot.wire.var_stream import SUBMITTED
+from parrot.wire.var_stream import SUBMITTED, VarDelta, VarStreamError, VarValue
+
+VarStreamEvent = VarDelta | VarValue | VarStreamError | None  # None: a keep-alive
 
 _closing: set[asyncio.Task] = set()  # deletions of one-shot sessions, while they run
 
@@ -49,6 +51,8 @@ class CallBatchController(Controller):
         event stream: ``submitted`` (this answer's body), then the output's events."""
         if data.close and data.stream is None:
             raise BadRequestError("'close' deletes the session when the streamed output ends: give 'stream'")
+        if not data.deltas and data.stream is None:
+            raise BadRequestError("'deltas' is about the streamed output's events: give 'stream'")
         if data.stream is not None:
             _check_ref(data)
         auth = None
@@ -69,6 +73,8 @@ class CallBatchController(Controller):
                 return Response(answer, status_code=201)
             var_id = answer.calls[data.stream.call].outputs[data.stream.output]
             events = core.streams.follow(session, var_id, data.criteria)
+            if not data.deltas:
+                events = _without_deltas(events)
         except BaseException:
             if auth is not None:  # the batch opened it: nothing of a refused batch is left
                 with contextlib.suppress(ParrotError):
@@ -105,6 +111,12 @@ def _submitted(
 
     info = [ParamInfo(name=p.name, is_output=p.is_output, var_id=var_id(p)) for p in spec.parameters]
     return CallSubmitted(call_id=call_id, outputs=outputs, param_info=info)
+
+
+async def _without_deltas(events: AsyncIterator[VarStreamEvent]) -> AsyncIterator[VarStreamEvent]:
+    async for event in events:
+        if not isinstance(event, VarDelta):
+            yield event
 
 
 async def _answer(

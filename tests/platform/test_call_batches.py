@@ -95,6 +95,15 @@ def test_the_answer_streamed_in_the_same_request_and_the_session_closed(api):
     assert api.get(f"/v1/session/{sid}", headers=auth).status_code == 404
 
 
+def test_without_deltas_the_stream_is_the_value_alone(api):
+    with_deltas = streamed(api, {"calls": chain(2), "stream": {"call": 1, "output": "a"}, "close": True})
+    body = {"calls": chain(2), "stream": {"call": 1, "output": "a"}, "close": True, "deltas": False}
+    got = streamed(api, body)
+    assert [name for name, _ in got] == ["submitted", "value"]
+    assert any(name == "delta" for name, _ in with_deltas)  # the same batch streams its pieces
+    assert got[-1][1]["value"] == with_deltas[-1][1]["value"] and got[-1][1]["finish_reason"]
+
+
 def test_streamed_without_close_the_session_stays(api):
     body = {"calls": chain(1), "stream": {"call": 0, "output": "a"}}
     submitted = streamed(api, body)[0][1]
@@ -164,6 +173,7 @@ def test_a_refused_batch_leaves_nothing_behind(api, calls, message):
 
 BAD_BODIES = [
     ("close without stream", {"calls": chain(1), "close": True}, "give 'stream'"),
+    ("deltas without stream", {"calls": chain(1), "deltas": False}, "'deltas' is about the streamed"),
     ("stream of no call", {"calls": chain(1), "stream": {"call": 3, "output": "a"}}, "no call 3"),
     ("stream of no output", {"calls": chain(1), "stream": {"call": 0, "output": "z"}}, "no output 'z'"),
     ("no calls", {"calls": []}, "calls"),
