@@ -27,8 +27,29 @@ pytest_plugins = ["tiers"]  # the logic tier (make test-fast)
 # its share of the cores: torch's default (every core) in every worker oversubscribes them,
 # and OpenMP's waiting threads spin (the engine tests took 2.3x as long on 2 workers of 2
 # threads each as on 2 of 1). Set before torch is first imported; an explicit setting wins.
+
+
+def usable_cores() -> int:
+    """The cores this process may use: its CPU affinity, within a cgroup's CPU quota (a
+    container limited to 2 cores may still see every core of its host)."""
+    cores = len(os.sched_getaffinity(0))
+    quotas = (("/sys/fs/cgroup/cpu.max", None), ("/sys/fs/cgroup/cpu/cpu.cfs_quota_us", "cpu.cfs_period_us"))
+    for path, period_file in quotas:
+        try:
+            fields = Path(path).read_text().split()
+            if period_file:
+                fields.append(Path(path).with_name(period_file).read_text().strip())
+            quota, period = fields[0], fields[1]
+        except (OSError, IndexError):
+            continue
+        if quota not in ("max", "-1"):
+            cores = min(cores, max(1, int(quota) // int(period)))
+        break
+    return cores
+
+
 if workers := os.environ.get("PYTEST_XDIST_WORKER_COUNT"):
-    os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // int(workers))))
+    os.environ.setdefault("OMP_NUM_THREADS", str(max(1, usable_cores() // int(workers))))
 
 # Without a GPU the Triton kernels run in Triton's interpreter; it must be chosen before
 # triton is first imported.
