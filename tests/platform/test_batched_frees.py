@@ -12,6 +12,7 @@ from waiting import until
 
 from parrot.platform.serve.calls.service import Binding
 from parrot.platform.serve.contexts.frees import BatchedFrees
+from parrot.platform.serve.contexts.manager import spawn
 from parrot.platform.serve.core import ServeCore
 from parrot.wire.sampling import SamplingParams
 
@@ -31,7 +32,9 @@ class Recorder:
 
 @pytest.mark.asyncio(loop_scope="function")
 async def test_frees_wait_for_their_batch_per_engine_then_go_in_one_request():
-    frees, a, b = BatchedFrees(delay_s=0.05, batch=5), Recorder(), Recorder()
+    tasks: set[asyncio.Task] = set()
+    frees = BatchedFrees(lambda work: spawn(tasks, work), delay_s=0.05, batch=5)
+    a, b = Recorder(), Recorder()
     frees.add(a, [1, 2])
     frees.add(b, [7])
     frees.add(a, [3])
@@ -44,7 +47,8 @@ async def test_frees_wait_for_their_batch_per_engine_then_go_in_one_request():
     await asyncio.sleep(0)
     assert a.aborts[-1] == [4, 5, 6, 8, 9]
     frees.add(b, [10])
-    await frees.flush()  # at stop: sent now, and waited for
+    frees.flush()  # at stop: sent now
+    await asyncio.gather(*tasks)
     assert (b.aborts[-1], frees.pending()) == ([10], 0)
     await asyncio.sleep(0.1)
     assert frees.requests == 4  # the flushed batch's timer did not send it again

@@ -14,27 +14,27 @@ engine short of memory still evicts its cached blocks itself.
 from __future__ import annotations
 
 import asyncio
-import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Coroutine, Sequence
 
 from parrot.platform.serve.contexts.tree import free_on_engine
-
-log = logging.getLogger(__name__)
 
 DELAY_S = 0.1  # ~2 single calls on the CPU's bundled model; dozens under concurrent load
 BATCH = 64
 
 
 class BatchedFrees:
-    """Context ids to free per engine (keyed by its client), sent in batches."""
+    """Context ids to free per engine (keyed by its client), sent in batches; each batch's
+    request runs as ``background`` work (the context manager's, awaited at its stop)."""
 
-    def __init__(self, delay_s: float = DELAY_S, batch: int = BATCH) -> None:
+    def __init__(
+        self, background: Callable[[Coroutine], None], delay_s: float = DELAY_S, batch: int = BATCH
+    ) -> None:
+        self.background = background
         self.delay_s = delay_s
         self.batch = batch
         self.requests = 0  # engine requests sent (for tests and benchmarks)
         self._pending: dict[object, list[int]] = {}
         self._timers: dict[object, asyncio.TimerHandle] = {}
-        self._sending: set[asyncio.Task] = set()
 
     def add(self, client, context_ids: Sequence[int]) -> None:
         """Free ``context_ids`` on ``client``'s engine with the next batch (must run on the
@@ -52,12 +52,10 @@ class BatchedFrees:
         """Contexts waiting for their batch."""
         return sum(map(len, self._pending.values()))
 
-    async def flush(self) -> None:
-        """Send every batch now and wait for the requests (at stop)."""
+    def flush(self) -> None:
+        """Send every batch now (at stop)."""
         for client in list(self._pending):
             self._send(client)
-        if self._sending:
-            await asyncio.gather(*self._sending, return_exceptions=True)
 
     def _send(self, client) -> None:
         if (timer := self._timers.pop(client, None)) is not None:
@@ -65,13 +63,4 @@ class BatchedFrees:
         ids = self._pending.pop(client, [])
         if ids:
             self.requests += 1
-            task = asyncio.create_task(_free(client, ids))
-            self._sending.add(task)
-            task.add_done_callback(self._sending.discard)
-
-
-async def _free(client, context_ids: list[int]) -> None:
-    try:
-        await free_on_engine(client, context_ids)
-    except Exception as error:  # a bug or a broken engine client: the batch is lost, logged
-        log.warning("freeing %d contexts failed: %r", len(context_ids), error)
+            self.background(free_on_engine(client, ids))

@@ -76,7 +76,7 @@ class ContextManager:
         self._stale: dict[EngineSlot, list[ContextTree]] = {}  # trees of before an engine went down
         self._counts: dict[EngineSlot, list[int]] = {}  # contexts made, freed
         self._frees: set[asyncio.Task] = set()
-        self.batched = BatchedFrees()  # frees nothing waits for (dropped one-shot sessions)
+        self.batched = BatchedFrees(self._background)  # frees nothing waits for (closed one-shot sessions)
 
     # -- engines ----------------------------------------------------------------------------
     async def claim_region(self, store) -> None:
@@ -272,8 +272,7 @@ class ContextManager:
     async def stop(self, free_timeout_s: float) -> None:
         """Free everything held on the engines that are up (the contexts would outlive this
         ServeCore there), each engine bounded by ``free_timeout_s``."""
-        with contextlib.suppress(asyncio.TimeoutError):
-            await asyncio.wait_for(self.batched.flush(), free_timeout_s)
+        self.batched.flush()
         if self._frees:
             await asyncio.wait(list(self._frees), timeout=free_timeout_s)
         frees = []
