@@ -7,8 +7,8 @@ contexts on the engine once the answer is out. Freeing them at once cost an engi
 their tree first), so their frees wait up to ``delay_s`` for others to the same engine and
 go in one request: at most ``batch`` contexts, or ``delay_s`` later.
 
-The KV they hold stays held that much longer (at most ``delay_s`` of finished calls); an
-engine short of memory still evicts its cached blocks itself.
+The KV they hold stays held that much longer: at most ``batch`` contexts per engine, for
+at most ``delay_s``.
 """
 
 from __future__ import annotations
