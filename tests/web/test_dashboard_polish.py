@@ -13,6 +13,7 @@ import re
 import httpx
 import pytest
 from playwright.sync_api import Page, expect
+from waiting import wait_until
 
 from parrot.sdk import Client, Output
 from parrot.web import words
@@ -136,8 +137,9 @@ def test_every_page_fits_a_phone(signed_in, dashboard_url, artifacts):
             }, path
         page.goto(f"{url}/engines")
         cell = page.locator('tr[data-engine] td[data-label="URL"]').first
-        box = cell.bounding_box()
-        assert box is not None and box["x"] + box["width"] <= 390
+        # The live section is swapped on every update: between two swaps the cell is laid out.
+        box = wait_until(cell.bounding_box, what="the engines table's URL cell laid out")
+        assert box["x"] + box["width"] <= 390
     page.goto(f"{url}/sessions/no-such-session")
     shoot(page, artifacts, "error")
 
