@@ -81,7 +81,6 @@ class BuiltinEngine:
             raise self._build_error
         self.metrics = EngineMetrics(self.model_name, self.stats_now)
 
-
     def _build(self) -> None:
         config = self.config
         self.device = config.torch_device()
@@ -270,9 +269,12 @@ class BuiltinEngine:
         priority: int = 0,
         checkpoints: Sequence[tuple[int, int]] = (),
         parent_timeout_ms: int = 0,
+        stream_interval_ms: int = 0,
     ) -> AsyncIterator[TokenStreamEvent | StreamEnd]:
-        """Yields a :class:`TokenStreamEvent` per token, then the :class:`StreamEnd`."""
-        sink = JobSink(asyncio.get_running_loop(), stream=True)
+        """Yields a :class:`TokenStreamEvent` per token (with ``stream_interval_ms``, after
+        the first token at most one per interval, joining the tokens between), then the
+        :class:`StreamEnd`."""
+        sink = JobSink(asyncio.get_running_loop(), stream=True, interval_s=stream_interval_ms / 1000)
         args = await self._generate_args(
             context_id, sampling, parent_context_id, parent_len, token_ids, text, priority, checkpoints,
             parent_timeout_ms, sink,

@@ -31,10 +31,13 @@ class JobSink:
     final result (or an exception); ``events`` receives streamed tokens when the caller
     asked for a stream, then None. Only :func:`hand_over` (on its loop) writes to it."""
 
-    def __init__(self, loop: asyncio.AbstractEventLoop, stream: bool = False) -> None:
+    def __init__(
+        self, loop: asyncio.AbstractEventLoop, stream: bool = False, interval_s: float = 0.0
+    ) -> None:
         self.loop = loop
         self.result: asyncio.Future[Any] = loop.create_future()
         self.events: asyncio.Queue[Any] | None = asyncio.Queue() if stream else None
+        self.interval_s = interval_s  # streamed events after the first at most this often
 
 
 Answer = tuple[JobSink, Any]  # a streamed event, or a Final

@@ -2,7 +2,7 @@
 
 This is the one place where a step's results change state (as nano-vllm's
 ``Scheduler.postprocess``): what the step computed is recorded in the contexts (through the
-context pool), checkpoints fork a prompt once it is computed, sampled tokens are appended,
+context pool), checkpoints fork a prompt as soon as their prefix is computed, sampled tokens are appended,
 streamed and checked against the stop conditions, and finished jobs leave the scheduler
 with their results. The model runner before it changes nothing. What a step answers (tokens,
 finished results) is posted to the engine's outbox once, at the end of the step.
@@ -40,6 +40,8 @@ class GenerationState:
     stop: StopChecker | None
     text: str = ""
     emitted: int = 0  # characters of ``text`` already streamed
+    unsent: int = 0  # tokens generated since the last streamed event
+    sent_at: float | None = None  # when the last event was streamed (engine clock)
     constraint: Constraint | None = None  # the output format's grammar state, if any
     # Jump-forward: tokens the grammar forces at the start, taken instead of the first sample.
     forced: list[int] = field(default_factory=list)
@@ -103,8 +105,8 @@ class Postprocessor:
                 upto = item.start + item.num_tokens
                 self.pool.computed(ctx, upto, hidden[n] if upto == len(ctx.token_ids) else None)
             job = jobs[id(ctx)]
-            if job.checkpoints and ctx.num_pending == 0:  # the prompt is computed: fork it
-                self._make_checkpoints(job)
+            if job.checkpoints:  # fork the prompt at each checkpoint computed by now
+                self._make_checkpoints(job, ctx.num_computed)
         for job, token in zip(sampled, tokens, strict=True):
             self._on_token(job, token)
         for item in items:
@@ -114,11 +116,17 @@ class Postprocessor:
         answers, self._answers = self._answers, []
         self.outbox.post(answers)
 
-    def _make_checkpoints(self, job: Job) -> None:
+    def _make_checkpoints(self, job: Job, computed: int) -> None:
+        """Each checkpoint as soon as its prefix is computed, not once the whole prompt is:
+        forks waiting for it (users behind one long system prompt) join the next step
+        while the rest of a chunked prompt is computed."""
+        left = []
         for cp in job.checkpoints:
-            if not cp.freed:
+            if cp.parent_len is not None and cp.parent_len > computed:
+                left.append(cp)
+            elif not cp.freed:
                 self.pool.materialize(cp)
-        job.checkpoints = []
+        job.checkpoints = left
 
     def _on_token(self, job: Job, token: int) -> None:
         if job.first_token_at is None:
@@ -178,14 +186,22 @@ class Postprocessor:
             return False
         return True
 
-    def _emit(self, job: Job, token: int, upto: int) -> None:
+    def _emit(self, job: Job, token: int, upto: int, last: bool = False) -> None:
+        """Stream the text up to ``upto``: the first token's at once, then per token, or
+        per the sink's interval (the tokens between joined); the last one always."""
         state: GenerationState = job.state
+        state.unsent += 1
+        now = time.monotonic()
+        if not last and state.sent_at is not None and now - state.sent_at < job.sink.interval_s:
+            return
         delta = state.text[state.emitted : upto] if upto > state.emitted else ""
         state.emitted = max(state.emitted, upto)
-        self._answers.append((job.sink, TokenStreamEvent(token_id=token, text=delta)))
+        event = TokenStreamEvent(token_id=token, text=delta, tokens=state.unsent)
+        self._answers.append((job.sink, event))
+        state.unsent, state.sent_at = 0, now
 
     def _finish_generate(self, job: Job, reason: str, token: int, stop_string: bool = False) -> None:
-        self._emit(job, token, len(job.state.text))
+        self._emit(job, token, len(job.state.text), last=True)
         self.retire(job)
         result = GenerateResult(
             context_id=job.context.context_id,

@@ -173,6 +173,7 @@ class OpenAIEngine:
         priority: int = 0,
         checkpoints: Sequence[tuple[int, int]] = (),
         parent_timeout_ms: int = 0,  # in-process: a parent exists before its forks are asked for
+        stream_interval_ms: int = 0,  # in-process: an event costs no HTTP; the backend's pace
     ) -> AsyncIterator[TokenStreamEvent | StreamEnd]:
         """A :class:`TokenStreamEvent` per text delta (``token_id=-1``), then :class:`StreamEnd`."""
         ctx, created = self._target(context_id, parent_context_id, parent_len, token_ids, text)

@@ -17,6 +17,9 @@ Priority = Annotated[int, msgspec.Meta(ge=0, le=10)]
 # A fork may wait this long for a parent that does not exist yet (the request creating it
 # may still be on its way): a ServeCore pipelines dependent requests.
 WaitMs = Annotated[int, msgspec.Meta(ge=0, le=60_000)]
+# A stream's events at most this often after its first token (0: one per token); the
+# tokens between are joined into one event.
+StreamIntervalMs = Annotated[int, msgspec.Meta(ge=0, le=60_000)]
 
 
 class Checkpoint(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
@@ -69,6 +72,9 @@ class GenerateRequest(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     checkpoints: Annotated[list[Checkpoint], msgspec.Meta(max_length=64)] = msgspec.field(
         default_factory=list
     )
+    # ``/generate_stream``: a caller that nobody reads along with (it only needs the first
+    # token's time and the end) asks for fewer events; each costs both sides CPU.
+    stream_interval_ms: StreamIntervalMs = 0
 
 
 class GenerateResponse(msgspec.Struct, kw_only=True):
@@ -82,8 +88,9 @@ class GenerateResponse(msgspec.Struct, kw_only=True):
 
 
 class TokenStreamEvent(msgspec.Struct, kw_only=True):
-    token_id: int
+    token_id: int  # the last of its tokens
     text: str
+    tokens: int = 1  # tokens its text covers (more than one when joined by an interval)
 
 
 class StreamEnd(msgspec.Struct, kw_only=True):

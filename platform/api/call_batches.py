@@ -72,7 +72,7 @@ class CallBatchController(Controller):
             if data.stream is None:
                 return Response(answer, status_code=201)
             var_id = answer.calls[data.stream.call].outputs[data.stream.output]
-            events = core.streams.follow(session, var_id, data.criteria)
+            events = core.streams.follow(session, var_id, data.criteria, data.deltas)
             if not data.deltas:
                 events = _without_deltas(events)
         except BaseException:

@@ -125,7 +125,7 @@ class OpenAIController(Controller):
             raise BadRequestError("echo and logprobs are not supported")
         model = _model(core, data.model)
         sampling = sampling_params(data, COMPLETION_MAX_TOKENS)
-        run = await OneShot.start(core, [_prompt(data.prompt)], sampling, data.n, model)
+        run = await OneShot.start(core, [_prompt(data.prompt)], sampling, data.n, model, bool(data.stream))
         rid, created = f"cmpl-{uuid.uuid4().hex}", int(time.time())
         if not data.stream:
             return completion_response(rid, created, model, *await _finished(request, run))
@@ -143,7 +143,7 @@ class OpenAIController(Controller):
         chat = read_chat(data)
         sampling = sampling_params(data, CHAT_MAX_TOKENS, chat.tools)
         pieces = await render_chat(core, model, chat.turns)
-        run = await OneShot.start(core, pieces, sampling, data.n, model)
+        run = await OneShot.start(core, pieces, sampling, data.n, model, bool(data.stream))
         rid, created, tools = f"chatcmpl-{uuid.uuid4().hex}", int(time.time()), chat.tools is not None
         if not data.stream:
             return chat_response(rid, created, model, *await _finished(request, run), tools=tools)

@@ -2,11 +2,13 @@
 
 Every change (a session made, a variable's value, a call's state) is queued as one write;
 one writer task applies them in the order they happened, so the store never sees a call
-finish before it was submitted. A write that fails is tried again a few times; if it still
-fails, its future carries a :class:`StoreError`. A route that answers a client waits for
-its own writes first (:meth:`Journal.commit`) and fails with that error instead of
-acknowledging what is not stored: a ServeCore killed right after a response loses nothing
-it acknowledged, and a database that refuses writes is reported, never hidden.
+finish before it was submitted. What was queued while a transaction ran goes in the next
+one together (group commit: one commit for a DAG's calls and their state changes). A
+write that fails is tried again a few times; if it still fails, its future carries a
+:class:`StoreError`. A route that answers a client waits for its own writes first
+(:meth:`Journal.commit`) and fails with that error instead of acknowledging what is not
+stored: a ServeCore killed right after a response loses nothing it acknowledged, and a
+database that refuses writes is reported, never hidden.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ log = logging.getLogger(__name__)
 
 Write = Callable[[Store], Awaitable[Any]]
 RETRY_DELAYS_S = (0.05, 0.25, 1.0)  # a locked or briefly unavailable database
+MAX_BATCH = 256  # writes in one transaction at most
 
 
 class Journal:
@@ -67,28 +70,50 @@ class Journal:
 
     async def _write_loop(self, store: Store) -> None:
         while True:
-            write, done = await self._queue.get()
+            batch = [await self._queue.get()]
+            while len(batch) < MAX_BATCH and not self._queue.empty():
+                batch.append(self._queue.get_nowait())
             try:
-                for attempt, delay in enumerate((*RETRY_DELAYS_S, None)):
-                    try:
-                        await write(store)
-                        error = None
-                        break
-                    except Exception as failed:
-                        error = failed
-                        if delay is None:
-                            self.failures += 1
-                            log.error("could not write to the store (%d attempts): %s", attempt + 1, error)
+                if len(batch) > 1 and await self._write_together(store, batch):
+                    continue
+                for write, done in batch:  # alone, each with its retries
+                    for attempt, delay in enumerate((*RETRY_DELAYS_S, None)):
+                        try:
+                            await write(store)
+                            error = None
                             break
-                        log.warning("store write failed (%s); again in %.2f s", error, delay)
-                        await asyncio.sleep(delay)
-                if not done.done():
-                    if error is None:
-                        done.set_result(None)
-                    else:
-                        done.set_exception(StoreError(f"the database did not take the write: {error}"))
+                        except Exception as failed:
+                            error = failed
+                            if delay is None:
+                                self.failures += 1
+                                log.error("the store refused a write (%d attempts): %s", attempt + 1, error)
+                                break
+                            log.warning("store write failed (%s); again in %.2f s", error, delay)
+                            await asyncio.sleep(delay)
+                    if not done.done():
+                        if error is None:
+                            done.set_result(None)
+                        else:
+                            done.set_exception(StoreError(f"the database did not take the write: {error}"))
             finally:
-                self._queue.task_done()
-                # Not kept while waiting for the next one: a write's closure may hold a
+                for _ in batch:
+                    self._queue.task_done()
+                # Not kept while waiting for the next ones: a write's closure may hold a
                 # whole session (its values: 200 MiB stayed after a delete).
-                del write, done
+                batch = write = done = None
+
+    async def _write_together(self, store: Store, batch: list[tuple[Write, asyncio.Future]]) -> bool:
+        """The writes queued meanwhile, in order, in one transaction (group commit). False
+        if it failed: nothing of it is stored, and each write is then tried on its own, so
+        one bad write fails alone."""
+        try:
+            async with store.batch():
+                for write, _ in batch:
+                    await write(store)
+        except Exception as error:
+            log.debug("a batch of %d writes failed (%s); writing them one by one", len(batch), error)
+            return False
+        for _, done in batch:
+            if not done.done():
+                done.set_result(None)
+        return True

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import UTC, datetime
 
 from sqlalchemy import JSON, DateTime, ForeignKey, Integer, String, Text
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+from parrot.platform.serve.calls.state import CallState
 
 
 class Base(DeclarativeBase):
@@ -76,3 +78,52 @@ class ServeCoreStateRecord(Base):
 
     name: Mapped[str] = mapped_column(String(64), primary_key=True)
     value: Mapped[dict] = mapped_column(JSON)
+
+
+def now() -> datetime:
+    return datetime.now(UTC)
+
+
+def var_record(
+    var_id: str,
+    session_id: str | None,
+    name: str,
+    value: str | None = None,
+    content_hash: str | None = None,
+    format: dict | None = None,
+) -> VariableRecord:
+    """A variable's record, to add (``format``: a typed variable's format, as JSON)."""
+    return VariableRecord(
+        var_id=var_id,
+        session_id=session_id,
+        name=name,
+        value=value,
+        content_hash=content_hash,
+        format=format,
+        updated_at=now(),
+    )
+
+
+def call_record(
+    call_id: str,
+    session_id: str,
+    seq: int,
+    template: str,
+    parameters: list[dict],
+    models: list[str] | None = None,
+    output_criteria: str | None = None,
+    timings: dict | None = None,
+) -> CallRecord:
+    """A new call's record, to add (pending)."""
+    return CallRecord(
+        call_id=call_id,
+        session_id=session_id,
+        seq=seq,
+        template=template,
+        parameters=parameters,
+        models=models or [],
+        output_criteria=output_criteria,
+        state=CallState.PENDING,
+        timings=timings or {},
+        created_at=now(),
+    )

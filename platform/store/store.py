@@ -5,9 +5,10 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
+from contextlib import AbstractAsyncContextManager, asynccontextmanager, nullcontext
+from contextvars import ContextVar
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -15,16 +16,18 @@ from alembic import command
 from alembic.config import Config
 from cryptography.fernet import Fernet
 from sqlalchemy import delete, event, select, update
-from sqlalchemy.ext.asyncio import AsyncEngine, async_sessionmaker, create_async_engine
+from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker, create_async_engine
 
 from parrot.engines.protocol.urls import public_url
-from parrot.platform.serve.calls.state import UNFINISHED, CallState
+from parrot.platform.serve.calls.state import UNFINISHED
 from parrot.platform.store.models import (
     CallRecord,
     EngineRecord,
     ServeCoreStateRecord,
     SessionRecord,
     VariableRecord,
+    call_record,
+    now,
 )
 from parrot.platform.store.secret_box import SecretBox
 
@@ -32,29 +35,8 @@ log = logging.getLogger(__name__)
 
 MIGRATIONS_DIR = Path(__file__).resolve().parents[2] / "migrations"
 
-
-def now() -> datetime:
-    return datetime.now(UTC)
-
-
-def var_record(
-    var_id: str,
-    session_id: str | None,
-    name: str,
-    value: str | None = None,
-    content_hash: str | None = None,
-    format: dict | None = None,
-) -> VariableRecord:
-    """A variable's record, to add (``format``: a typed variable's format, as JSON)."""
-    return VariableRecord(
-        var_id=var_id,
-        session_id=session_id,
-        name=name,
-        value=value,
-        content_hash=content_hash,
-        format=format,
-        updated_at=now(),
-    )
+# The transaction of the batch (:meth:`Store.batch`) the current task writes in, if any.
+_batch: ContextVar[AsyncSession | None] = ContextVar("parrot_store_batch", default=None)
 
 
 def sqlite_url(data_dir: Path) -> str:
@@ -115,8 +97,29 @@ class Store:
     async def close(self) -> None:
         await self.engine.dispose()
 
-    async def _update(self, model: Any, key: Any, key_value: str, **fields: Any) -> int:
+    @asynccontextmanager
+    async def batch(self) -> AsyncIterator[None]:
+        """The writes made inside (by this task) go in one transaction: all stored at its
+        end, or none if one of them fails. A commit costs far more than a statement, and
+        the journal has many small writes queued at once (a DAG's calls, their states).
+        Inside a batch, a batch is part of it."""
+        if _batch.get() is not None:
+            yield
+            return
         async with self._sessions.begin() as db:
+            token = _batch.set(db)
+            try:
+                yield
+            finally:
+                _batch.reset(token)
+
+    def _begin(self) -> AbstractAsyncContextManager[AsyncSession]:
+        """A write's transaction: the batch's, inside :meth:`batch`, else one of its own."""
+        db = _batch.get()
+        return self._sessions.begin() if db is None else nullcontext(db)
+
+    async def _update(self, model: Any, key: Any, key_value: str, **fields: Any) -> int:
+        async with self._begin() as db:
             result = await db.execute(update(model).where(key == key_value).values(**fields))
             return result.rowcount
 
@@ -125,7 +128,7 @@ class Store:
         record = SessionRecord(
             session_id=session_id, auth_hash=auth_hash, created_at=now(), last_active_at=now()
         )
-        async with self._sessions.begin() as db:
+        async with self._begin() as db:
             db.add(record)
         return record
 
@@ -138,7 +141,7 @@ class Store:
 
     async def delete_session(self, session_id: str) -> bool:
         """Deletes the session with its variables and calls."""
-        async with self._sessions.begin() as db:
+        async with self._begin() as db:
             result = await db.execute(delete(SessionRecord).where(SessionRecord.session_id == session_id))
             return result.rowcount > 0
 
@@ -149,7 +152,7 @@ class Store:
     # -- semantic variables ---------------------------------------------------------------
     async def add_vars(self, records: Sequence[VariableRecord]) -> None:
         """Variables' records (from :func:`var_record`), in one transaction."""
-        async with self._sessions.begin() as db:
+        async with self._begin() as db:
             db.add_all(records)
 
     async def set_var_value(self, var_id: str, value: str) -> bool:
@@ -202,21 +205,14 @@ class Store:
     ) -> CallRecord:
         """A call, stored in one transaction with the variables it made (``new_vars``:
         from :func:`var_record`)."""
-        record = CallRecord(
-            call_id=call_id,
-            session_id=session_id,
-            seq=seq,
-            template=template,
-            parameters=parameters,
-            models=models or [],
-            output_criteria=output_criteria,
-            state=CallState.PENDING,
-            timings=timings or {},
-            created_at=now(),
-        )
-        async with self._sessions.begin() as db:  # one commit: the call and its new variables
-            db.add_all([*new_vars, record])
+        record = call_record(call_id, session_id, seq, template, parameters, models, output_criteria, timings)
+        await self.add_calls([record], new_vars)
         return record
+
+    async def add_calls(self, calls: Sequence[CallRecord], new_vars: Sequence[VariableRecord] = ()) -> None:
+        """Calls (from :func:`call_record`) and the variables they made, in one transaction."""
+        async with self._begin() as db:
+            db.add_all([*new_vars, *calls])
 
     async def update_call(self, call_id: str, **fields: Any) -> bool:
         return await self._update(CallRecord, CallRecord.call_id, call_id, **fields) > 0
@@ -264,7 +260,7 @@ class Store:
         """``url`` is stored without credentials or query; those, and ``secrets`` (an API
         key), are stored encrypted (:meth:`engine_secrets` gives them back)."""
         shown, sealed = self._split_secrets(url, dict(secrets or {}))
-        async with self._sessions.begin() as db:
+        async with self._begin() as db:
             record = await db.get(EngineRecord, engine_id)
             if record is None:
                 record = EngineRecord(engine_id=engine_id, created_at=now())
@@ -325,7 +321,7 @@ class Store:
         return await self._update(EngineRecord, EngineRecord.engine_id, engine_id, status=status) > 0
 
     async def delete_engine(self, engine_id: str) -> bool:
-        async with self._sessions.begin() as db:
+        async with self._begin() as db:
             result = await db.execute(delete(EngineRecord).where(EngineRecord.engine_id == engine_id))
             return result.rowcount > 0
 
@@ -340,7 +336,7 @@ class Store:
             return None if record is None else record.value
 
     async def set_state(self, name: str, value: dict) -> None:
-        async with self._sessions.begin() as db:
+        async with self._begin() as db:
             record = await db.get(ServeCoreStateRecord, name)
             if record is None:
                 db.add(ServeCoreStateRecord(name=name, value=value))

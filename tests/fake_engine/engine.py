@@ -133,6 +133,7 @@ class FakeEngine:
         priority: int = 0,
         checkpoints: Sequence[tuple[int, int]] = (),
         parent_timeout_ms: int = 0,
+        stream_interval_ms: int = 0,  # recorded (it streams every token whatever it is)
     ) -> AsyncIterator[TokenStreamEvent | StreamEnd]:
         await self._enter("generate", locals())
         if token_ids is not None and text is not None:

@@ -68,6 +68,7 @@ def create_app(engine: Callable[[], FakeEngine]) -> Litestar:
             priority=data.priority,
             checkpoints=[(c.context_id, c.length) for c in data.checkpoints],
             parent_timeout_ms=data.parent_timeout_ms,
+            stream_interval_ms=data.stream_interval_ms,
         )
 
     @post("/generate", status_code=200)

@@ -6,9 +6,11 @@ from __future__ import annotations
 import pytest
 from sqlalchemy import event
 
-from parrot.platform.serve.calls.service import Binding
+from parrot.platform.serve import journal as journal_module
+from parrot.platform.serve.calls.service import Binding, CallRequest
 from parrot.platform.serve.core import ServeCore
 from parrot.platform.serve.errors import StoreError
+from parrot.platform.serve.journal import Journal
 from parrot.platform.store.store import Store, sqlite_url
 
 
@@ -67,4 +69,75 @@ async def test_a_refused_write_fails_the_request_and_changes_nothing(fake_engine
         assert request.call_id in {c.call_id for c in stored.calls}
         assert {v.var_id: v.value for v in stored.vars}[waiting.var_id] == "now"
     finally:
+        await core.stop()
+
+
+@pytest.mark.asyncio(loop_scope="function")
+async def test_writes_queued_together_are_committed_together(tmp_path):
+    """Group commit: what is queued while the writer is busy goes in one transaction, in
+    order (a session's calls, then their state changes)."""
+    store = Store(sqlite_url(tmp_path))
+    await store.migrate()
+    commits = []
+    event.listen(store.engine.sync_engine, "commit", lambda _conn: commits.append(1))
+    journal = Journal(store)
+    journal.start()
+    try:
+        made = [journal.record(lambda s, i=i: s.add_session(f"s{i}", "hash")) for i in range(50)]
+        touched = journal.record(lambda s: s.touch_session("s7"))
+        await journal.commit(*made, touched)
+        assert len(commits) == 1
+        stored = await store.sessions()
+        assert sorted(r.session_id for r in stored) == sorted(f"s{i}" for i in range(50))
+        seven = next(r for r in stored if r.session_id == "s7")
+        assert seven.last_active_at > seven.created_at  # applied after its creation
+    finally:
+        await journal.stop()
+        await store.close()
+
+
+@pytest.mark.asyncio(loop_scope="function")
+async def test_a_bad_write_in_a_batch_fails_alone(tmp_path, monkeypatch):
+    """The batch's transaction is undone; each write is then tried on its own, so the
+    good ones are stored and only the bad one's request fails."""
+    monkeypatch.setattr(journal_module, "RETRY_DELAYS_S", (0.0,))
+    store = Store(sqlite_url(tmp_path))
+    await store.migrate()
+    journal = Journal(store)
+    journal.start()
+    try:
+        first = journal.record(lambda s: s.add_session("one", "hash"))
+        twice = journal.record(lambda s: s.add_session("one", "hash"))  # its key is taken
+        last = journal.record(lambda s: s.add_session("two", "hash"))
+        await journal.commit(first, last)
+        with pytest.raises(StoreError, match="did not take the write"):
+            await journal.commit(twice)
+        assert sorted(r.session_id for r in await store.sessions()) == ["one", "two"]
+        assert journal.failures == 1
+    finally:
+        await journal.stop()
+        await store.close()
+
+
+@pytest.mark.asyncio(loop_scope="function")
+async def test_a_batch_of_calls_is_stored_in_one_commit(fake_engine, tmp_path):
+    """The calls of one request (a DAG submitted together) are stored together before any
+    starts: one commit, not one per call in turn (each call then waited for the one before)."""
+    store = Store(sqlite_url(tmp_path))
+    core = ServeCore(store=store)
+    await core.start()
+    try:
+        await core.engines.register_builtin(fake_engine.url)
+        session, _ = await core.sessions.create()
+        commits = []
+        event.listen(store.engine.sync_engine, "commit", lambda _conn: commits.append(1))
+        fake_engine.engine.hang = True  # nothing runs meanwhile: no state changes to store
+        output = [Binding("a", is_output=True)]
+        calls = [CallRequest(f"Part {n}: {{{{a}}}}", output, [], None) for n in range(9)]
+        accepted = await core.calls.submit_batch(session, calls)
+        assert len(commits) == 1
+        stored = {c.call_id for c in (await store.snapshot()).calls}
+        assert {call.call_id for call, _ in accepted} <= stored
+    finally:
+        fake_engine.engine.hang = False
         await core.stop()

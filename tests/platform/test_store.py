@@ -8,7 +8,8 @@ import pytest_asyncio
 from sqlalchemy import inspect, text
 from sqlalchemy.exc import IntegrityError
 
-from parrot.platform.store.store import Store, var_record
+from parrot.platform.store.models import var_record
+from parrot.platform.store.store import Store
 
 pytestmark = pytest.mark.asyncio(loop_scope="function")
 

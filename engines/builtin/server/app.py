@@ -94,7 +94,10 @@ class EngineAPI(Controller):
     )
     async def generate_stream(self, data: JSONBody[GenerateRequest], engine: EngineDep) -> ServerSentEvent:
         args = _generate_args(data)
-        stream = engine.generate_stream(data.context_id, data.sampling, data.parent_context_id, **args)
+        stream = engine.generate_stream(
+            data.context_id, data.sampling, data.parent_context_id, **args,
+            stream_interval_ms=data.stream_interval_ms,
+        )  # fmt: skip
         # Pull the first event before answering, so a bad request still gets its 4xx status.
         first = await anext(stream)
 

@@ -19,11 +19,12 @@ import msgspec
 
 from parrot.engines.protocol.errors import BadRequestError, EngineUnavailableError, NotFoundError, ParrotError
 from parrot.platform.serve.calls import graph, transforms
+from parrot.platform.serve.calls.accept import CallAcceptor, PreparedCall, in_batch
 from parrot.platform.serve.calls.drive import CallDriver
 from parrot.platform.serve.calls.graph import RequestChain
 from parrot.platform.serve.calls.recovery import rebuild_call
 from parrot.platform.serve.calls.typed_outputs import check_formats, check_paths, type_outputs
-from parrot.platform.serve.errors import NoEngineError, SessionClosedError, UnknownModelError
+from parrot.platform.serve.errors import NoEngineError, UnknownModelError
 from parrot.platform.serve.journal import Journal
 from parrot.platform.serve.limits.admission import Admission
 from parrot.platform.serve.scheduler.global_scheduler import GlobalScheduler
@@ -65,23 +66,6 @@ class CallRequest:
     output_criteria: str | None
 
 
-@dataclass(frozen=True)
-class PreparedCall:
-    """A call checked and built, with what accepting it stores: the variables it binds by
-    name (``fresh``: the new ones), its parameters as stored, and the formats it gives
-    existing variables."""
-
-    session: Session
-    call: RequestChain
-    bound: dict[str, SemanticVariable]
-    fresh: list[SemanticVariable]
-    stored: list[dict]
-    template: str
-    models: list[str]
-    output_criteria: str | None
-    retyped: Sequence[tuple[SemanticVariable, OutputFormat]] = ()
-
-
 def _output_of(prepared: list[PreparedCall], ref: tuple[int, str]) -> SemanticVariable:
     """The variable of output ``ref`` (call, name) of an earlier call of the batch."""
     n, name = ref
@@ -91,11 +75,6 @@ def _output_of(prepared: list[PreparedCall], ref: tuple[int, str]) -> SemanticVa
     if var is None or name not in prepared[n].call.outputs():
         raise BadRequestError(f"output_of call {n}: it has no output {name!r}")
     return var
-
-
-def _in_batch(error: ParrotError, message: str) -> ParrotError:
-    """``error`` of a call of a batch, its message saying which."""
-    return type(error)(message, status=error.status)
 
 
 class CallService:
@@ -112,6 +91,7 @@ class CallService:
         self.vars = variables
         self.scheduler = scheduler  # asked which engines serve a model
         self.driver = driver
+        self.acceptor = CallAcceptor(journal, admission, variables, driver)
 
     async def submit(
         self,
@@ -122,14 +102,17 @@ class CallService:
         output_criteria: str | None,
     ) -> tuple[RequestChain, dict[str, str]]:
         """A templated call; its outputs' variable ids by name."""
-        return await self._accept(self._prepare(session, template, bindings, models, output_criteria))
+        prepared = self._prepare(session, template, bindings, models, output_criteria)
+        (accepted,) = await self.acceptor.accept([prepared])
+        return accepted
 
     async def submit_batch(
         self, session: Session, calls: Sequence[CallRequest]
     ) -> list[tuple[RequestChain, dict[str, str]]]:
         """Templated calls submitted together, in order; an input may be ``output_of`` an
         earlier call of the batch. Every call is checked (and the session's room for all of
-        them) before any is accepted, so a refused batch leaves nothing behind."""
+        them) before any is accepted, so a refused batch leaves nothing behind; they are
+        stored in one transaction."""
         prepared: list[PreparedCall] = []
         for n, request in enumerate(calls):
             try:
@@ -145,7 +128,7 @@ class CallService:
                     )
                 )
             except ParrotError as error:
-                raise _in_batch(error, f"call {n} of the batch: {error}") from None
+                raise in_batch(error, f"call {n} of the batch: {error}") from None
         self.admission.check_session_growth(
             session.session_id,
             len(session.vars),
@@ -153,17 +136,7 @@ class CallService:
             len(session.calls),
             len(prepared),
         )
-        accepted: list[tuple[RequestChain, dict[str, str]]] = []
-        for n, call in enumerate(prepared):
-            try:
-                accepted.append(await self._accept(call))
-            except ParrotError as error:
-                if not accepted:
-                    raise
-                ids = ", ".join(c.call_id for c, _ in accepted)
-                message = f"call {n} of the batch: {error} (calls 0-{n - 1} were accepted: {ids})"
-                raise _in_batch(error, message) from None
-        return accepted
+        return await self.acceptor.accept(prepared)
 
     def _prepare(
         self,
@@ -266,7 +239,9 @@ class CallService:
         bound[output] = out
         stored = [{"name": name, "is_output": False} for name in bound if name != output]
         stored.append({"name": output, "is_output": True, "transform": msgspec.to_builtins(steps)})
-        return await self._accept(PreparedCall(session, call, bound, fresh, stored, "", [], None))
+        prepared = PreparedCall(session, call, bound, fresh, stored, "", [], None)
+        (accepted,) = await self.acceptor.accept([prepared])
+        return accepted
 
     async def submit_prompt(
         self,
@@ -287,69 +262,9 @@ class CallService:
         self._require_engine(models)
         out = SemanticVariable(new_id("var"), "completion")
         call = RequestChain.prompt(new_id("call"), pieces, out, sampling)
-        await self._accept(PreparedCall(session, call, {"completion": out}, [out], [], "", models, LATENCY))
+        prepared = PreparedCall(session, call, {"completion": out}, [out], [], "", models, LATENCY)
+        await self.acceptor.accept([prepared])
         return call
-
-    async def _accept(self, prepared: PreparedCall) -> tuple[RequestChain, dict[str, str]]:
-        """Link a built call into the session's DAG (or raise, changing nothing), store it
-        with its new variables (and the formats it gives existing ones), and only then
-        start it."""
-        session, call, bound, fresh = prepared.session, prepared.call, prepared.bound, prepared.fresh
-        stored, template, models = prepared.stored, prepared.template, prepared.models
-        output_criteria, retyped = prepared.output_criteria, prepared.retyped
-        self.admission.check_session_growth(
-            session.session_id, len(session.vars), len(fresh), len(session.calls), 1
-        )
-        # Inputs given by value: charged to the session's values (429 / 507), all or none.
-        charged = self.admission.budget.take(session.session_id, [(v.var_id, v.value) for v in fresh])
-        try:
-            self.admission.admit_call(call)
-        except BaseException:
-            self.admission.budget.give_back(charged)
-            raise
-        try:
-            graph.add(call)
-        except BaseException:
-            self.admission.call_settled(call.call_id)
-            self.admission.budget.give_back(charged)
-            raise
-        self.driver.number(call)
-        for param in stored:
-            param["var_id"] = bound[param["name"]].var_id
-        session.calls[call.call_id] = call
-        # The call and the variables it made are stored in one transaction.
-        new_vars = [r for var in fresh if (r := self.vars.add(session, var)) is not None]
-        writes = [w for var, fmt in retyped if (w := self.vars.retype(var, fmt)) is not None]
-        if session.stored:
-            writes.append(
-                self.journal.record(
-                    lambda store, t=dict(call.timings), seq=call.seq: store.add_call(
-                        call.call_id,
-                        session.session_id,
-                        seq,
-                        template,
-                        stored,
-                        models,
-                        output_criteria,
-                        timings=t,
-                        new_vars=new_vars,
-                    )
-                )
-            )
-        try:
-            await self.journal.commit(*writes)
-        except ParrotError:
-            self.admission.call_settled(call.call_id)
-            graph.unlink(call)
-            session.calls.pop(call.call_id, None)
-            self.vars.forget(session, fresh)
-            for var, _ in retyped:
-                self.vars.untype(var)
-            raise
-        if session.closed:
-            raise SessionClosedError(f"session {session.session_id!r} was deleted")
-        self.driver.start(session, call, tuple(models), output_criteria or THROUGHPUT)
-        return call, call.outputs()
 
     def _require_engine(self, models: list[str]) -> None:
         """Refuse a call no engine can run now (503), rather than fail it later."""

@@ -86,6 +86,7 @@ class Engine(Protocol):
         priority: int = 0,
         checkpoints: Checkpoints = (),
         parent_timeout_ms: int = 0,
+        stream_interval_ms: int = 0,
     ) -> AsyncIterator[TokenStreamEvent | StreamEnd]: ...
 
     async def free_context(self, context_id: int) -> int: ...
@@ -168,6 +169,7 @@ class HttpEngine:
             text=kw.get("text"),
             priority=kw.get("priority", 0),
             checkpoints=_checkpoints(kw.get("checkpoints", ())),
+            stream_interval_ms=kw.get("stream_interval_ms", 0),
         )
 
     async def generate(self, context_id, sampling, parent_context_id=None, **kw) -> GenerateResponse:

@@ -26,6 +26,11 @@ from parrot.platform.serve.scheduler.prompt import Prompt, PromptBuilder
 from parrot.platform.serve.scheduler.slot import EngineSlot
 from parrot.platform.serve.scheduler.task import CompletionTask, Finished
 
+# How often an engine sends the text of an output that nobody reads along with: its value
+# is all the ServeCore needs (and the first token's time, sent at once). A per-token event
+# costs the engine and the ServeCore CPU on every step, for every stream.
+QUIET_STREAM_MS = 100
+
 
 class Requeue(Exception):
     """The task did not run to its end through no fault of its own: it may run again.
@@ -66,6 +71,7 @@ class TaskRunner:
             # Its parent's own request may still be on its way to the engine.
             "parent_timeout_ms": self.parent_wait_ms if lease.parent_pending else 0,
             "priority": self.policy.priority(task),
+            "stream_interval_ms": 0 if stream.live else QUIET_STREAM_MS,
         }
         events = slot.client.generate_stream(lease.context.context_id, gen.sampling, lease.parent_id, **args)
         try:
@@ -75,7 +81,7 @@ class TaskRunner:
                         break
                     if first_token_at is None:
                         first_token_at, ttft = time.time(), time.monotonic() - started
-                    stream.append(event.text)
+                    stream.append(event.text, event.tokens)
                 else:
                     raise EngineUnavailableError(
                         f"engine {slot.engine_id} ended a stream without its end event"

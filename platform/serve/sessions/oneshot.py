@@ -58,7 +58,9 @@ class OneShot:
         sampling: SamplingParams,
         n: int,
         model: str,
+        stream: bool = False,
     ) -> OneShot:
+        """``stream``: the answer is streamed (its deltas are wanted as they come)."""
         session, _ = await core.sessions.create(stored=False)
         run = cls(core, session)
         try:
@@ -66,7 +68,9 @@ class OneShot:
                 seeded = sampling
                 if sampling.seed is not None and index:  # n choices from one seed must differ
                     seeded = msgspec.structs.replace(sampling, seed=sampling.seed + index)
-                run.calls.append(await core.calls.submit_prompt(session, pieces, seeded, [model]))
+                call = await core.calls.submit_prompt(session, pieces, seeded, [model])
+                call.chains[0].gen.var.stream.live = stream
+                run.calls.append(call)
         except BaseException:
             await run.close()
             raise

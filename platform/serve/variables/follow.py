@@ -34,16 +34,20 @@ class StreamService:
         self.limits = limits
         self._per_session: Counter[str] = Counter()  # followers now, by session
 
-    def follow(self, session: Session, var_id: str, criteria: str = LATENCY) -> AsyncIterator[Event | None]:
+    def follow(
+        self, session: Session, var_id: str, criteria: str = LATENCY, deltas: bool = True
+    ) -> AsyncIterator[Event | None]:
         """The events of ``var_id``'s stream (None: nothing new for a while, a keep-alive).
         Refuses at once (before any event) a variable that does not exist or one more
-        follower than the limits allow."""
+        follower than the limits allow. ``deltas``: the follower reads the text as it is
+        generated (else only the value matters)."""
         var = self.vars.find(session, var_id)
         check_criteria(criteria, "criteria")
         self._admit(session.session_id, var)
         if criteria == LATENCY:
             self.driver.prioritize(session, [var])
         var.stream.readers += 1
+        var.stream.live = var.stream.live or deltas
         self._per_session[session.session_id] += 1
         return self._events(session, var)
 

@@ -32,8 +32,7 @@ from parrot.platform.serve.sessions.session import Session
 from parrot.platform.serve.variables.formats import check_format, mismatch
 from parrot.platform.serve.variables.values import VariableValues
 from parrot.platform.serve.variables.variable import SemanticVariable
-from parrot.platform.store.models import VariableRecord
-from parrot.platform.store.store import var_record
+from parrot.platform.store.models import VariableRecord, var_record
 from parrot.wire.formats import OutputFormat
 
 CRITERIA = (LATENCY, THROUGHPUT)

@@ -23,6 +23,9 @@ class ValueStream:
     first_token_at: float | None = None  # unix seconds of the first delta of this run
     seen: bool = False  # a reader has read text of this run (a rerun would repeat it)
     readers: int = 0  # readers following now
+    # A reader wants each delta as it is generated (a follower, a streamed answer). Else
+    # the engine is asked for fewer, larger deltas (a late follower gets those).
+    live: bool = False
     closed: bool = False  # its variable settled: no more deltas
     _changed: asyncio.Event = field(default_factory=asyncio.Event, repr=False)
     _waiting: int = 0  # readers waiting for a change now (none: an append wakes nobody)

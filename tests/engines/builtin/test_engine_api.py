@@ -60,6 +60,28 @@ def test_generate_stream_matches_generate(client, ids):
         client.post("/free_context", json={"context_id": cid})
 
 
+def test_a_stream_interval_joins_the_tokens_between_its_events(client, ids):
+    """A caller that nobody reads along with asks for fewer events: the first token at
+    once (its time is what it needs), then at most one event per interval with the tokens
+    between joined, the last one always; the same text and tokens as one per token."""
+    a, b = next(ids), next(ids)
+    for cid in (a, b):
+        assert client.post("/fill", json={"context_id": cid, "text": PROMPT}).status_code == 200
+    full = client.post("/generate", json={"context_id": a, "sampling": greedy(20)}).json()
+    body = {"context_id": b, "sampling": greedy(20), "stream_interval_ms": 60_000}
+    with connect_sse(client, "POST", "/generate_stream", json=body) as source:
+        events = [(event.event, event.json()) for event in source.iter_sse()]
+    tokens = [e for k, e in events if k == "token"]
+    assert [t["tokens"] for t in tokens] == [1, 19]
+    assert [t["token_id"] for t in tokens] == [full["token_ids"][0], full["token_ids"][-1]]
+    assert "".join(t["text"] for t in tokens) == full["text"] == events[-1][1]["text"]
+    bad = {"context_id": next(ids), "sampling": greedy(4), "stream_interval_ms": -1}
+    r = client.post("/generate_stream", json=bad)
+    assert r.status_code == 400 and "stream_interval_ms" in r.text
+    for cid in (a, b):
+        client.post("/free_context", json={"context_id": cid})
+
+
 def test_stop_strings_and_stop_token_ids(client, ids):
     cid = next(ids)
     client.post("/fill", json={"context_id": cid, "text": PROMPT})

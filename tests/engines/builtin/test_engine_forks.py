@@ -156,6 +156,37 @@ def test_checkpoints_keep_prefixes_as_contexts_that_share_blocks(client, ids):
     client.post("/free_context", json={"context_id": main})
 
 
+def test_a_checkpoint_is_forked_as_soon_as_its_prefix_is_computed(client, ids, engine_server, engine_config):
+    """A prompt chunked over three steps with a checkpoint inside its first chunk: a fork of
+    the checkpoint sent with it (users behind one long system prompt) runs in the second
+    step, while the rest of the prompt is computed, and answers before the prompt's own
+    request (it used to wait for the whole prompt: a step later, after it)."""
+    budget = engine_config.scheduler.max_batched_tokens
+    tokens = tokenize(client, "A long document about tides. " * 300)[: 3 * budget - 100]
+    cp, main, child = next(ids), next(ids), next(ids)
+    tail = tokenize(client, " So, what is it about?")
+    finished: list[str] = []
+
+    async def scenario() -> None:
+        async with httpx.AsyncClient(base_url=engine_server.url, timeout=120) as c:
+
+            async def post(name: str, body: dict) -> None:
+                r = await c.post("/generate", json=body)
+                assert r.status_code == 200, r.text
+                finished.append(name)
+
+            checkpoints = [{"context_id": cp, "length": budget // 2}]
+            await asyncio.gather(
+                post("prompt", {"context_id": main, "token_ids": tokens, "checkpoints": checkpoints,
+                                "sampling": greedy(1)}),
+                post("fork", {"context_id": child, "parent_context_id": cp, "token_ids": tail,
+                              "parent_timeout_ms": 30_000, "priority": 1, "sampling": greedy(1)}),
+            )  # fmt: skip
+
+    asyncio.run(scenario())
+    assert finished == ["fork", "prompt"]
+
+
 def test_checkpoints_of_a_failed_job_are_never_made(client, ids):
     cp = next(ids)
     r = client.post(

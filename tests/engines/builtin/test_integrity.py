@@ -44,6 +44,20 @@ def test_a_consistent_pool_passes():
     assert pool.blocks.num_used == 0
 
 
+def test_the_shared_block_count_follows_forks_and_frees():
+    """Kept as references change (the engine publishes it every step): two full blocks
+    shared by the fork, none once the fork is the only one left."""
+    pool, parent, _fork = pool_with_a_fork()
+    assert pool.blocks.num_shared == 2
+    grandchild = run_job(pool, Target(3, parent_id=2), [13])
+    # the parent's two blocks (three references now) and the fork's own full third block
+    assert pool.blocks.num_shared == 3
+    pool.free(parent)
+    pool.free(grandchild)
+    assert pool.blocks.num_shared == 0
+    pool.check_integrity()
+
+
 def test_a_corrupted_reference_count_is_found():
     pool, parent, _ = pool_with_a_fork()
     shared = parent.blocks[0]
