@@ -60,7 +60,7 @@ class CallBatchController(Controller):
             client = request.client.host if request.client else "unknown"
             # A one-shot batch (closed with its answer) is not stored, as an OpenAI
             # request is not: no client can come back to it, and it costs no writes.
-            session, auth = await core.sessions.create(stored=not data.close, client=client)
+            session, auth = await core.sessions.create(stored=not data.close, client=client, wait=False)
         else:
             session = sessions(data.session_id)
         try:

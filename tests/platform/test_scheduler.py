@@ -14,7 +14,7 @@ import itertools
 import pytest
 import pytest_asyncio
 
-from parrot.platform.serve.calls.service import Binding
+from parrot.platform.serve.calls.service import Binding, CallRequest
 from parrot.platform.serve.calls.transforms import JsonField
 from parrot.platform.serve.core import ServeCore
 from parrot.platform.serve.errors import ProducerFailedError
@@ -117,6 +117,20 @@ async def test_a_waiting_call_has_its_known_prefix_filled_ahead(core):
     # The second generation forked the context filled ahead, at (nearly) the document's end.
     ahead_id = fills[0]["args"][0]
     assert generations[1]["args"][2] == ahead_id and generations[1]["parent_len"] >= doc_tokens - 2
+
+
+@pytest.mark.parametrize(("prefix", "filled"), [("Short note", False), ("Document: " + DOCUMENT, True)])
+async def test_beside_a_producer_about_to_run_only_a_long_prefix_is_filled_ahead(core, prefix, filled):
+    """Submitted in one request, the producer runs at once: a fill ahead of its consumer
+    would ride in the producer's steps (mixed steps), worth it for a long prefix only."""
+    session, _ = await core.sessions.create()
+    first = CallRequest("Name a harbour town: {{town}}", [out("town", 24)], [], None)
+    bindings = [Binding("t", output_of=(0, "town")), out("answer")]
+    second = CallRequest(prefix + "\nTown: {{t}}\nAnswer: {{answer}}", bindings, [], None)
+    _, (_, outputs) = await core.calls.submit_batch(session, [first, second])
+    await core.vars.get(session, outputs["answer"], "latency", 120)
+    assert spy(core).count("fill") == (1 if filled else 0)
+    assert (core.views.stats().filled_ahead > 0) == filled
 
 
 @pytest.mark.parametrize("engine_url", ["fake", "real"], indirect=True)

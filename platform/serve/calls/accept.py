@@ -75,6 +75,10 @@ class CallAcceptor:
         writes = [
             w for p, _ in linked for var, fmt in p.retyped if (w := self.vars.retype(var, fmt)) is not None
         ]
+        session = batch[0].session
+        if session.unconfirmed is not None:  # opened by this request: stored with its calls
+            writes.insert(0, session.unconfirmed)
+            session.unconfirmed = None
         stored = [(p, new_vars) for p, new_vars in linked if p.session.stored]
         if stored:  # the calls and their variables: one transaction, all or none
             calls = [_record(p) for p, _ in stored]

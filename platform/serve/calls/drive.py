@@ -197,10 +197,14 @@ class CallDriver:
             if not var.settled.is_set():
                 # Ahead of an input whose producer runs already, a fill would land in the
                 # engine steps right before the chain's own: a step on its critical path.
-                # The prompt is then computed with the generation, in one step.
-                if var.producer is None or var.producer.call.state != CallState.RUNNING:
+                # The prompt is then computed with the generation, in one step. Beside a
+                # producer about to run (its inputs are there: a DAG submitted in one
+                # request), only a long prefix is worth the mixed steps it rides in.
+                producer = var.producer
+                if producer is None or producer.call.state != CallState.RUNNING:
                     latency = criteria == LATENCY or chain.latency_depth > 0
-                    self.scheduler.fill_ahead(chain, session.session_id, models, latency)
+                    beside = producer is not None and producer.ready()
+                    self.scheduler.fill_ahead(chain, session.session_id, models, latency, beside)
                 await var.settled.wait()
             if var.error:
                 return f"input {var.name!r} failed: {var.error}"

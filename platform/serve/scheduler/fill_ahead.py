@@ -23,6 +23,11 @@ from parrot.platform.serve.scheduler.task import SchedulerStats
 
 log = logging.getLogger(__name__)
 FILL_AHEAD_MIN = 16  # tokens: shorter known prefixes are not worth a call of their own
+# Beside a producer about to run, the fill rides in the producer's steps (mixed, so eager:
+# on a GPU no CUDA graph; on the tiny proxy the 200-token role prompts of 4 agent apps cost
+# 3-6 steps of 48): only a longer prefix, whose prefill it takes off the chain's critical
+# path, is worth that.
+FILL_BESIDE_MIN = 256
 
 
 class FillAhead:
@@ -35,9 +40,15 @@ class FillAhead:
         self.stats = stats
 
     async def fill(
-        self, chain: CompletionChain, session_id: str, candidates: Sequence[EngineSlot], latency: bool
+        self,
+        chain: CompletionChain,
+        session_id: str,
+        candidates: Sequence[EngineSlot],
+        latency: bool,
+        beside_producer: bool = False,
     ) -> None:
-        """Fill ``chain``'s known prefix on the least loaded of ``candidates`` (engines up)."""
+        """Fill ``chain``'s known prefix on the least loaded of ``candidates`` (engines up);
+        ``beside_producer``: only a long one (its input's producer is about to run)."""
         if not candidates:
             return
         slot = min(candidates, key=lambda s: s.load)
@@ -46,9 +57,10 @@ class FillAhead:
             prompt = await self.prompts.known_prefix(chain, slot.model, fetch, slot.text)
         except ParrotError:
             return
-        if prompt is None or len(prompt) < FILL_AHEAD_MIN or chain.settled or not slot.up:
+        least = FILL_BESIDE_MIN if beside_producer else FILL_AHEAD_MIN
+        if prompt is None or len(prompt) < least or chain.settled or not slot.up:
             return
-        lease = self.contexts.hold(chain.key, session_id, slot, prompt, FILL_AHEAD_MIN)
+        lease = self.contexts.hold(chain.key, session_id, slot, prompt, least)
         if lease is None:
             return
         try:

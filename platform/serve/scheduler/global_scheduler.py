@@ -197,10 +197,13 @@ class GlobalScheduler:
         for slot in slots.values():
             await self.runner.prompt(task, slot)
 
-    def fill_ahead(self, chain, session_id: str, models: tuple[str, ...], latency: bool) -> None:
-        """Fill a waiting chain's known prefix in the background (see :mod:`.fill_ahead`)."""
+    def fill_ahead(
+        self, chain, session_id: str, models: tuple[str, ...], latency: bool, beside_producer: bool = False
+    ) -> None:
+        """Fill a waiting chain's known prefix in the background (see :mod:`.fill_ahead`);
+        ``beside_producer``: its input's producer is about to run."""
         candidates = [s for s in self.serving(models) if s.up]
-        self.background(self.ahead.fill(chain, session_id, candidates, latency))
+        self.background(self.ahead.fill(chain, session_id, candidates, latency, beside_producer))
 
     async def drop_session(self, session_id: str, batch_frees: bool = False) -> None:
         """Stop everything of a session: its queued tasks leave, its running generations are

@@ -82,19 +82,24 @@ class SessionService:
     def live(self) -> list[Session]:
         return list(self._live.values())
 
-    async def create(self, stored: bool = True, client: str | None = None) -> tuple[Session, str]:
+    async def create(
+        self, stored: bool = True, client: str | None = None, wait: bool = True
+    ) -> tuple[Session, str]:
         """A new session and its ``session_auth``; ``client`` (its address) counts it
-        towards that client's limit."""
+        towards that client's limit. ``wait=False``: its record's write is left to the
+        calls submitted next (``Session.unconfirmed``), whose commit it joins."""
         session_id = secrets.token_hex(8)
         auth = secrets.token_urlsafe(24)
         self.admission.open_session(session_id, client)
         session = self._add(session_id, hash_auth(auth))
         session.stored = stored
         if stored:
+            write = self.journal.record(lambda store: store.add_session(session_id, session.auth_hash))
+            if not wait:
+                session.unconfirmed = write
+                return session, auth
             try:
-                await self.journal.commit(
-                    self.journal.record(lambda store: store.add_session(session_id, session.auth_hash))
-                )
+                await self.journal.commit(write)
             except ParrotError:
                 self._live.pop(session_id, None)
                 self.admission.close_session(session_id)

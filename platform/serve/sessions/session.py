@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
 from dataclasses import dataclass, field
 
@@ -19,3 +20,6 @@ class Session:
     stored: bool = True  # persisted; one-shot sessions of the OpenAI front are not
     stored_active: float = field(default_factory=time.monotonic)  # last_active as stored
     closed: bool = False  # deleted or expired: its work is stopped
+    # The write of its record while nobody waited for it yet (a batch that opens its
+    # session waits for it with its calls': one commit for both).
+    unconfirmed: asyncio.Future | None = None
