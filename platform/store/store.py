@@ -26,7 +26,6 @@ from parrot.platform.store.models import (
     ServeCoreStateRecord,
     SessionRecord,
     VariableRecord,
-    call_record,
     now,
 )
 from parrot.platform.store.secret_box import SecretBox
@@ -191,26 +190,9 @@ class Store:
             return (await db.scalars(query)).first()
 
     # -- semantic calls -------------------------------------------------------------------
-    async def add_call(
-        self,
-        call_id: str,
-        session_id: str,
-        seq: int,
-        template: str,
-        parameters: list[dict],
-        models: list[str] | None = None,
-        output_criteria: str | None = None,
-        timings: dict | None = None,
-        new_vars: Sequence[VariableRecord] = (),
-    ) -> CallRecord:
-        """A call, stored in one transaction with the variables it made (``new_vars``:
-        from :func:`var_record`)."""
-        record = call_record(call_id, session_id, seq, template, parameters, models, output_criteria, timings)
-        await self.add_calls([record], new_vars)
-        return record
-
     async def add_calls(self, calls: Sequence[CallRecord], new_vars: Sequence[VariableRecord] = ()) -> None:
-        """Calls (from :func:`call_record`) and the variables they made, in one transaction."""
+        """Calls (from :func:`call_record`) and the variables they made (from
+        :func:`var_record`), in one transaction."""
         async with self._begin() as db:
             db.add_all([*new_vars, *calls])
 

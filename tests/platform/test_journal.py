@@ -4,6 +4,7 @@ request (503, with the reason) and leaves no trace of it; the server keeps servi
 from __future__ import annotations
 
 import pytest
+import pytest_asyncio
 from sqlalchemy import event
 
 from parrot.platform.serve import journal as journal_module
@@ -35,41 +36,49 @@ class Refusal:
         await self.store.engine.dispose()
 
 
-@pytest.mark.asyncio(loop_scope="function")
-async def test_a_refused_write_fails_the_request_and_changes_nothing(fake_engine, tmp_path):
+@pytest_asyncio.fixture(loop_scope="function")
+async def served(fake_engine, tmp_path):
+    """A ServeCore on a real SQLite store and the fake engine, with a stored session."""
     store = Store(sqlite_url(tmp_path))
     core = ServeCore(store=store)
     await core.start()
     try:
         await core.engines.register_builtin(fake_engine.url)
         session, _ = await core.sessions.create()
-        topic = await core.vars.create(session, "topic", "tides")
-        waiting = await core.vars.create(session, "later")
-        generated = (await core.engines.slots()[0].client.ping())["tokens_generated"]
-        params = [Binding(name="t", var_id=topic.var_id), Binding(name="a", is_output=True)]
-        async with Refusal(store):
-            with pytest.raises(StoreError, match="did not take the write"):
-                await core.sessions.create()
-            with pytest.raises(StoreError):
-                await core.vars.create(session, "x", "y")
-            with pytest.raises(StoreError):
-                await core.calls.submit(session, "About {{t}}: {{a}}", params, [], None)
-            with pytest.raises(StoreError):
-                await core.vars.set(session, waiting.var_id, "now")
-        # Nothing of the refused requests exists, nothing ran on the engine.
-        assert list(core.sessions) == [session.session_id]
-        assert set(session.vars) == {topic.var_id, waiting.var_id} and not session.calls
-        assert not waiting.ready and not topic.consumers
-        assert (await core.engines.slots()[0].client.ping())["tokens_generated"] == generated
-        # Writes are taken again: the same requests now work, and what was told is stored.
-        request, out = await core.calls.submit(session, "About {{t}}: {{a}}", params, [], None)
-        await core.vars.set(session, waiting.var_id, "now")
-        await core.vars.get(session, out["a"], "latency", 120)
-        stored = await store.snapshot()
-        assert request.call_id in {c.call_id for c in stored.calls}
-        assert {v.var_id: v.value for v in stored.vars}[waiting.var_id] == "now"
+        yield core, store, session
     finally:
+        fake_engine.engine.hang = False
         await core.stop()
+
+
+@pytest.mark.asyncio(loop_scope="function")
+async def test_a_refused_write_fails_the_request_and_changes_nothing(served):
+    core, store, session = served
+    topic = await core.vars.create(session, "topic", "tides")
+    waiting = await core.vars.create(session, "later")
+    generated = (await core.engines.slots()[0].client.ping())["tokens_generated"]
+    params = [Binding(name="t", var_id=topic.var_id), Binding(name="a", is_output=True)]
+    async with Refusal(store):
+        with pytest.raises(StoreError, match="did not take the write"):
+            await core.sessions.create()
+        with pytest.raises(StoreError):
+            await core.vars.create(session, "x", "y")
+        with pytest.raises(StoreError):
+            await core.calls.submit(session, "About {{t}}: {{a}}", params, [], None)
+        with pytest.raises(StoreError):
+            await core.vars.set(session, waiting.var_id, "now")
+    # Nothing of the refused requests exists, nothing ran on the engine.
+    assert list(core.sessions) == [session.session_id]
+    assert set(session.vars) == {topic.var_id, waiting.var_id} and not session.calls
+    assert not waiting.ready and not topic.consumers
+    assert (await core.engines.slots()[0].client.ping())["tokens_generated"] == generated
+    # Writes are taken again: the same requests now work, and what was told is stored.
+    request, out = await core.calls.submit(session, "About {{t}}: {{a}}", params, [], None)
+    await core.vars.set(session, waiting.var_id, "now")
+    await core.vars.get(session, out["a"], "latency", 120)
+    stored = await store.snapshot()
+    assert request.call_id in {c.call_id for c in stored.calls}
+    assert {v.var_id: v.value for v in stored.vars}[waiting.var_id] == "now"
 
 
 @pytest.mark.asyncio(loop_scope="function")
@@ -120,24 +129,16 @@ async def test_a_bad_write_in_a_batch_fails_alone(tmp_path, monkeypatch):
 
 
 @pytest.mark.asyncio(loop_scope="function")
-async def test_a_batch_of_calls_is_stored_in_one_commit(fake_engine, tmp_path):
+async def test_a_batch_of_calls_is_stored_in_one_commit(served, fake_engine):
     """The calls of one request (a DAG submitted together) are stored together before any
     starts: one commit, not one per call in turn (each call then waited for the one before)."""
-    store = Store(sqlite_url(tmp_path))
-    core = ServeCore(store=store)
-    await core.start()
-    try:
-        await core.engines.register_builtin(fake_engine.url)
-        session, _ = await core.sessions.create()
-        commits = []
-        event.listen(store.engine.sync_engine, "commit", lambda _conn: commits.append(1))
-        fake_engine.engine.hang = True  # nothing runs meanwhile: no state changes to store
-        output = [Binding("a", is_output=True)]
-        calls = [CallRequest(f"Part {n}: {{{{a}}}}", output, [], None) for n in range(9)]
-        accepted = await core.calls.submit_batch(session, calls)
-        assert len(commits) == 1
-        stored = {c.call_id for c in (await store.snapshot()).calls}
-        assert {call.call_id for call, _ in accepted} <= stored
-    finally:
-        fake_engine.engine.hang = False
-        await core.stop()
+    core, store, session = served
+    commits = []
+    event.listen(store.engine.sync_engine, "commit", lambda _conn: commits.append(1))
+    fake_engine.engine.hang = True  # nothing runs meanwhile: no state changes to store
+    output = [Binding("a", is_output=True)]
+    calls = [CallRequest(f"Part {n}: {{{{a}}}}", output, [], None) for n in range(9)]
+    accepted = await core.calls.submit_batch(session, calls)
+    assert len(commits) == 1
+    stored = {c.call_id for c in (await store.snapshot()).calls}
+    assert {call.call_id for call, _ in accepted} <= stored

@@ -8,7 +8,7 @@ import pytest_asyncio
 from sqlalchemy import inspect, text
 from sqlalchemy.exc import IntegrityError
 
-from parrot.platform.store.models import var_record
+from parrot.platform.store.models import call_record, var_record
 from parrot.platform.store.store import Store
 
 pytestmark = pytest.mark.asyncio(loop_scope="function")
@@ -36,14 +36,9 @@ async def test_records_survive_a_restart(store):
     await store.add_session("s1", "hash")
     await store.add_vars([var_record("v1", "s1", "question", "What is a tide?")])
     await store.add_vars([var_record("v2", "s1", "answer")])
-    await store.add_call(
-        "c1",
-        "s1",
-        1,
-        "Q: {{question}} A: {{answer}}",
-        [{"name": "question", "var_id": "v1"}, {"name": "answer", "is_output": True}],
-    )
-    await store.add_call("c2", "s1", 2, "done: {{answer}} {{x}}", [])
+    params = [{"name": "question", "var_id": "v1"}, {"name": "answer", "is_output": True}]
+    await store.add_calls([call_record("c1", "s1", 1, "Q: {{question}} A: {{answer}}", params)])
+    await store.add_calls([call_record("c2", "s1", 2, "done: {{answer}} {{x}}", [])])
     await store.update_call("c2", state="done", engine_id="e1", timings={"total_s": 1.5})
     await store.set_var_value("v2", "Water rising.")
     await store.save_engine(
@@ -74,7 +69,7 @@ async def test_deleting_a_session_deletes_its_vars_and_calls(store):
     await store.add_session("s2", "h")
     await store.add_vars([var_record("v1", "s1", "a", "1")])
     await store.add_vars([var_record("v2", "s2", "b", "2")])
-    await store.add_call("c1", "s1", 1, "t", [])
+    await store.add_calls([call_record("c1", "s1", 1, "t", [])])
     assert await store.delete_session("s1")
     assert await store.get_var("v1") is None and await store.get_call("c1") is None
     assert (await store.get_var("v2")).value == "2"
