@@ -14,6 +14,11 @@ budget, sequence slots and KV blocks last:
   (a few prefill tokens ride along a memory-bound decode step almost for free), all of it
   when nothing else runs.
 
+A prompt whose last chunk would be a small tail (at most 1/32 of the step budget) takes it
+in the chunk before, past the budget: a step for a few tokens delays the sequence (and
+whatever forks its checkpoints: users behind a system prompt just over the budget) by a
+whole step.
+
 When blocks run out, the lowest-level, newest running job is preempted: its context's KV is
 released and recomputed when it is resumed (reusing any blocks still cached), so a context
 is never left half-written.
@@ -35,6 +40,8 @@ from parrot.engines.protocol.errors import ParrotError
 
 URGENT, NORMAL, BACKGROUND = 0, 1, 2  # job levels, first served first
 
+
+TAIL_SLACK = 32  # a prompt's last chunk of at most budget / 32 tokens joins the one before
 
 @dataclass(frozen=True)
 class SchedulerConfig:
@@ -135,6 +142,9 @@ class LocalScheduler:
         decode's one token) beside latency-critical work, within the prefill allowance."""
         n = min(pending, budget)
         decode = job.kind is JobKind.GENERATE and pending == 1
+        tail = pending - n
+        if n > 0 and self._prefill_left is None and 0 < tail <= self.config.max_batched_tokens // TAIL_SLACK:
+            return pending  # no step of its own for a small tail
         return n if self._prefill_left is None or decode else min(n, self._prefill_left)
 
     def _spend(self, job: Job, pending: int, n: int, budget: int) -> int:

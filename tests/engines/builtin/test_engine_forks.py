@@ -162,7 +162,7 @@ def test_a_checkpoint_is_forked_as_soon_as_its_prefix_is_computed(client, ids, e
     step, while the rest of the prompt is computed, and answers before the prompt's own
     request (it used to wait for the whole prompt: a step later, after it)."""
     budget = engine_config.scheduler.max_batched_tokens
-    tokens = tokenize(client, "A long document about tides. " * 300)[: 3 * budget - 100]
+    tokens = tokenize(client, "A long report on the harbour lights. " * 300)[: 3 * budget - 100]
     cp, main, child = next(ids), next(ids), next(ids)
     tail = tokenize(client, " So, what is it about?")
     finished: list[str] = []

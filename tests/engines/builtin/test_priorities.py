@@ -1,5 +1,6 @@
 """The local scheduler's priorities: latency-critical jobs are admitted first, run in small
-steps (a cap on the sequences and tokens sharing their step), and are preempted last."""
+steps (a cap on the sequences and tokens sharing their step), and are preempted last; and
+its chunking of prompts."""
 
 from __future__ import annotations
 
@@ -134,3 +135,16 @@ def test_a_background_fill_takes_what_the_step_can_spare():
     assert computed(sched.schedule()) == {1: 0, 2: 6}
     sched.remove(bulk)
     assert computed(sched.schedule()) == {2: 28}  # alone: all it needs
+
+
+def test_a_prompt_s_small_tail_joins_its_last_chunk():
+    """A prompt just over the budget is not cut into a full chunk and a few tokens: the
+    tail (at most budget / 32) costs no step of its own; a longer one does."""
+    config = SchedulerConfig(max_batched_tokens=64, max_running=16)
+    sched = scheduler(config, pool())
+    sched.add(job(1, priority=0, prompt=66))
+    assert computed(sched.schedule()) == {1: 66}
+    sched = scheduler(config, pool())
+    sched.add(job(2, priority=0, prompt=67))
+    assert computed(sched.schedule()) == {2: 64}
+    assert computed(sched.schedule()) == {2: 3}
