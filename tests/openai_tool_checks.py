@@ -129,8 +129,17 @@ def check_streamed_tool_calls(oai: openai.OpenAI) -> None:
     assert chunks[-1].choices[0].finish_reason == "tool_calls"
 
 
+def deep_schema(depth: int) -> dict:
+    """A JSON schema of arrays ``depth`` levels deep."""
+    schema: dict = {"type": "string"}
+    for _ in range(depth):
+        schema = {"type": "array", "items": schema}
+    return schema
+
+
 def bad_inputs() -> list[tuple[dict, int, str]]:
     """(fields added to a chat request, status, a fragment of the message)."""
+    deep = {"name": "a", "schema": deep_schema(400)}
     user = [{"role": "user", "content": "x"}]
     call = {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": "{}"}}
     return [
@@ -151,6 +160,16 @@ def bad_inputs() -> list[tuple[dict, int, str]]:
             {"response_format": {"type": "json_schema", "json_schema": {"name": "a", "schema": {"if": {}}}}},
             400,
             "response_format.json_schema.schema: bad JSON schema",
+        ),
+        (  # issue 37: a schema nested 400 deep was a 500
+            {"response_format": {"type": "json_schema", "json_schema": deep}},
+            400,
+            "response_format.json_schema.schema is nested too deeply",
+        ),
+        (
+            {"tools": [{"type": "function", "function": {"name": "f", "parameters": deep_schema(400)}}]},
+            400,
+            "tools[0].function.parameters is nested too deeply",
         ),
         (
             {"tools": [WEATHER_TOOL], "tool_choice": {"type": "function", "function": {"name": "nope"}}},

@@ -44,6 +44,8 @@ def check_schema(schema: Any, field: str) -> None:
         raise BadRequestError(f"{field} is not a valid JSON schema: {error.message}") from None
     except jsonschema_rs.ReferencingError as error:
         raise BadRequestError(f"{field} has a reference that cannot be resolved: {error}") from None
+    except (ValueError, RecursionError) as error:  # the validator gives up on deep nesting
+        raise BadRequestError(f"{field} is nested too deeply to be checked ({error})") from None
     fmt = OutputFormat(json_schema=schema)
     try:
         check_grammar(fmt, to_grammar(fmt))

@@ -45,6 +45,14 @@ def test_schemas_naming_urls_are_refused_without_a_fetch(listener):
     assert hits == []
 
 
+def nested(depth: int) -> dict:
+    """An array schema ``depth`` levels deep."""
+    schema: dict = {"type": "string"}
+    for _ in range(depth):
+        schema = {"type": "array", "items": schema}
+    return schema
+
+
 @pytest.mark.parametrize(
     ("schema", "error", "message"),
     [
@@ -52,6 +60,9 @@ def test_schemas_naming_urls_are_refused_without_a_fetch(listener):
         ({"type": "wat"}, BadRequestError, "f is not a valid JSON schema"),
         ({"type": "object", "if": {}}, BadFormatError, "f: bad JSON schema"),
         ({"type": "string", "pattern": "["}, BadFormatError, "f: bad JSON schema"),
+        # issue 37: 300-500 deep was a 500 (the validator's ValueError)
+        (nested(400), BadRequestError, "f is nested too deeply to be checked"),
+        (nested(3000), BadRequestError, "f is nested too deeply to be checked"),
     ],
 )
 def test_bad_schemas_name_the_field(schema, error, message):
