@@ -70,7 +70,9 @@ def mismatch(fmt: OutputFormat, value: str) -> str | None:
         return f"{_quote(value)} is not one of the choices {shown}"
     if fmt.regex is not None:
         try:
-            if regex.fullmatch(fmt.regex, value, timeout=REGEX_TIMEOUT_S) is not None:
+            # concurrent: the GIL is released while it matches (a client's value is checked
+            # in a worker thread; a catastrophic pattern must not stall the event loop)
+            if regex.fullmatch(fmt.regex, value, timeout=REGEX_TIMEOUT_S, concurrent=True) is not None:
                 return None
         except TimeoutError:
             return f"the regex did not decide within {REGEX_TIMEOUT_S} s whether {_quote(value)} matches"

@@ -101,7 +101,7 @@ class VariableService:
         self.admission.check_value(value, f"the value of variable {name!r}")
         if fmt is not None:
             self.check_format(fmt)
-            self._check_value(fmt, name, value)
+            await self._check_value(fmt, name, value)
         self.admission.check_session_growth(session.session_id, len(session.vars), 1, len(session.calls), 0)
         var = SemanticVariable(new_id("var"), name, value, format=fmt)
         self.admission.budget.take(session.session_id, [(var.var_id, value)])  # 429 / 507
@@ -133,7 +133,7 @@ class VariableService:
             raise BadRequestError(f"variable {var_id!r} is the output of call {var.producer.call.call_id}")
         if var.ready:
             raise BadRequestError(f"variable {var_id!r} already has a value")
-        self._check_value(var.format, var.name, value)
+        await self._check_value(var.format, var.name, value)
         charged = self.admission.budget.take(session.session_id, [(var_id, value)])  # 429 / 507
         try:
             if var.stored:  # stored first: consumers start the moment the value is set
@@ -145,12 +145,14 @@ class VariableService:
             raise
         if var.ready:  # set by a concurrent request meanwhile
             raise BadRequestError(f"variable {var_id!r} already has a value")
-        self.values.set_value(var, value)
+        self.values.set_value(var, value, checked=True)
         return var
 
     @staticmethod
-    def _check_value(fmt: OutputFormat | None, name: str, value: str | None) -> None:
-        why = None if fmt is None or value is None else mismatch(fmt, value)
+    async def _check_value(fmt: OutputFormat | None, name: str, value: str | None) -> None:
+        """Once, in a worker thread: a regex or a schema may take seconds on a hostile
+        value (the regex's time is bounded, ``formats.REGEX_TIMEOUT_S``)."""
+        why = None if fmt is None or value is None else await asyncio.to_thread(mismatch, fmt, value)
         if why is not None:
             raise FormatMismatchError(
                 f"the value of variable {name!r} does not match its {fmt.kind} format: {why}"

@@ -29,15 +29,18 @@ class VariableValues:
     def __init__(self, budget: ValueBudget) -> None:
         self.budget = budget  # charged every value kept
 
-    def set_value(self, var: SemanticVariable, value: str, finish_reason: str | None = None) -> None:
-        """``finish_reason``: its producer's, for those who stream it."""
+    def set_value(
+        self, var: SemanticVariable, value: str, finish_reason: str | None = None, checked: bool = False
+    ) -> None:
+        """``finish_reason``: its producer's, for those who stream it; ``checked``: the value
+        was checked against the variable's format already (a client's, off the loop)."""
         if var.ready or var.error is not None:
             return  # settled once: a late result (a task that ran twice) changes nothing
         why = text.problem(value)
         if why is not None:
             self.fail(var, f"the value produced is not valid text: {why}")
             return
-        why = None if var.format is None else mismatch(var.format, value)
+        why = None if var.format is None or checked else mismatch(var.format, value)
         if why is not None:
             self.fail(
                 var, f"the value produced does not match the {var.format.kind} format of {var.name!r}: {why}"
