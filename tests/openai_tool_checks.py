@@ -196,6 +196,11 @@ def bad_inputs() -> list[tuple[dict, int, str]]:
         ({"tool_choice": "auto"}, 400, "tool_choice needs tools"),
         ({"tool_choice": "sometimes"}, 400, "tool_choice"),
         ({"messages": [*user, {"role": "tool", "content": "18C"}]}, 400, "messages[1]"),
+        (  # issue 37 (9): a result of no call was a 200
+            {"messages": [*user, {"role": "tool", "tool_call_id": "call_9", "content": "18C"}]},
+            400,
+            "messages[1]: tool_call_id 'call_9' answers no tool call",
+        ),
         ({"messages": [*user, {"role": "user", "content": "x", "tool_calls": [call]}]}, 400, "messages[1]"),
         ({"structured_outputs": {}}, 400, "structured_outputs: a format sets exactly one"),
         ({"structured_outputs": {"regex": "(?<=a)b"}}, 400, "structured_outputs.regex: bad regex"),

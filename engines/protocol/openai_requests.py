@@ -145,11 +145,18 @@ class Chat:
 def read_chat(req: ChatCompletionRequest) -> Chat:
     """The turns of a chat request (tools and tool turns in the generic format) and its plan."""
     turns = []
+    called: set[str] = set()  # ids of the tool calls of earlier assistant messages
     for index, message in enumerate(req.messages):
         if message.role == "tool" and not message.tool_call_id:
             raise BadRequestError(f'messages[{index}]: a message with role "tool" needs a tool_call_id')
+        if message.role == "tool" and message.tool_call_id not in called:
+            raise BadRequestError(  # as OpenAI answers: a result must follow its call
+                f"messages[{index}]: tool_call_id {message.tool_call_id!r} answers no tool call "
+                "of an earlier assistant message"
+            )
         if message.tool_calls and message.role != "assistant":
             raise BadRequestError(f"messages[{index}]: only an assistant message has tool_calls")
+        called.update(call.id for call in message.tool_calls or ())
         turns.append(
             ChatTurn(
                 role=message.role,
