@@ -191,8 +191,9 @@ class Postprocessor:
         per the sink's interval (the tokens between joined); the last one always."""
         state: GenerationState = job.state
         state.unsent += 1
-        now = time.monotonic()
-        if not last and state.sent_at is not None and now - state.sent_at < job.sink.interval_s:
+        interval = job.sink.interval_s
+        now = time.monotonic() if interval else 0.0  # no clock read per token without one
+        if not last and state.sent_at is not None and now - state.sent_at < interval:
             return
         delta = state.text[state.emitted : upto] if upto > state.emitted else ""
         state.emitted = max(state.emitted, upto)

@@ -10,7 +10,7 @@ started on the first alone).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -122,7 +122,7 @@ class CallAcceptor:
         session.calls[call.call_id] = call
         return [r for var in fresh if (r := self.vars.add(session, var)) is not None]
 
-    def _unlink(self, calls) -> None:
+    def _unlink(self, calls: Iterable[PreparedCall]) -> None:
         """Undo :meth:`_link` (and the formats given): the calls never existed."""
         for prepared in calls:
             session, call = prepared.session, prepared.call
