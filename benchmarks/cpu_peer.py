@@ -12,23 +12,83 @@ the script says so and stops.
 
     python benchmarks/cpu_peer.py [--rounds 3] [--batches 1 4 16] [--modes gguf gguf/eager exact]
 
-A mode is a ``--weights`` value; ``/eager`` runs it with ``--no-fused-decode`` (every decode
-step op by op, as before the fused CPU step).
+A mode is a ``--weights`` value with a variant (``VARIANTS``): ``/eager`` runs it with
+``--no-fused-decode`` (every decode step op by op, as before the fused CPU step);
+``/bfloat16`` and ``/float32`` force the dtype of the dense copies that large steps run on
+(``--dense-dtype``; by default the engine times both at start), ``/packed`` keeps none.
+
+``--sections prefill`` measures prompt processing instead: fresh prompts of 500, 1,500 and
+4,000 tokens (``--lengths``; passages of the benchmark book behind a tag of their own, so no
+cache on either side holds them), ``max_tokens`` 1, one request at a time, the servers
+alternating; the time to the (first and only) token, median and spread.
+
+``--cpu avx2`` measures what an AVX2-only CPU (no AVX-512, no native bfloat16) runs, on a
+newer one: Parrot's engine starts with torch's and oneDNN's instruction sets lowered to AVX2
+and its C++ step compiled for Haswell (``CPU_TARGETS``), llama.cpp is the build of ``make
+bench-peers-avx2`` (``GGML_NATIVE=OFF``, AVX2 and FMA on, AVX-512 off). The machine line
+says which CPU it was and what it emulated.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import os
+import random
 import sys
+import time
+from dataclasses import dataclass
 from pathlib import Path
+
+import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _report import machine, write_section
-from _servers import LLAMA_SERVER, completions_throughput, llama_server, parrot_server
+from _servers import LLAMA_SERVER, ROOT, completions_throughput, llama_server, parrot_server
+from apps.text import Document, new_tag
 from spread import Spread
 
+from parrot.engines.builtin.model.cpu_paths import cpu_features
 from parrot.engines.builtin.model.loader import default_model_path
+
+
+@dataclass(frozen=True)
+class CpuTarget:
+    """The CPU the two servers run as: this one, or an older one emulated on it."""
+
+    name: str
+    env: dict[str, str]  # Parrot's engine's environment on top of this one's
+    llama_server: Path
+
+    def describe(self) -> str:
+        real = f"{machine()}; CPU flags {', '.join(cpu_features().flags)}"
+        if not self.env:
+            return real
+        lowered = " ".join(f"{k}={v}" for k, v in self.env.items())
+        return f"{real}; emulating {self.name}: Parrot with {lowered}, llama.cpp built for {self.name} only"
+
+
+VARIANTS = {  # a mode's variant -> its engine flags
+    "": [],
+    "eager": ["--no-fused-decode"],
+    "bfloat16": ["--dense-dtype", "bfloat16"],
+    "float32": ["--dense-dtype", "float32"],
+    "packed": ["--dense-rows", "0"],
+}
+
+CPU_TARGETS = {
+    "native": CpuTarget("native", {}, LLAMA_SERVER),
+    "avx2": CpuTarget(
+        "AVX2",
+        {
+            "ATEN_CPU_CAPABILITY": "avx2",  # torch's own vectorized kernels
+            "ONEDNN_MAX_CPU_ISA": "AVX2",  # oneDNN's GEMMs (its bfloat16 ones need more)
+            "MKL_ENABLE_INSTRUCTIONS": "AVX2",
+            "PARROT_NATIVE_ARCH": "haswell",  # the fused C++ decode step
+        },
+        ROOT / ".peers" / "bin" / "llama-server-avx2",
+    ),
+}
 
 PROMPT = (
     "<|im_start|>user\nTell me a long story about a lighthouse keeper number {i}.<|im_end|>\n"
@@ -37,17 +97,20 @@ PROMPT = (
 
 
 def measure(args) -> dict[str, dict[int, Spread]]:
+    target = CPU_TARGETS[args.cpu]
     gguf = str(default_model_path())
     prompts = [PROMPT.format(i=i) for i in range(max(args.batches))]
     runs: dict[str, dict[int, list[float]]] = {}
     with contextlib.ExitStack() as stack:
         servers: dict[str, tuple[str, str | None]] = {}
         for mode in args.modes:
-            weights, _, eager = mode.partition("/")  # gguf/eager: the fused decode step off
-            flags = ["--no-fused-decode"] if eager else []
-            url = stack.enter_context(parrot_server("float32", weights, args.threads, *flags))
+            weights, _, variant = mode.partition("/")
+            flags = VARIANTS[variant]
+            url = stack.enter_context(parrot_server("float32", weights, args.threads, *flags, env=args.env))
             servers[f"Parrot {mode}"] = (url, None)
-        url = stack.enter_context(llama_server(gguf, args.threads, slots=max(args.batches)))
+            args.paths = paths_of(url)
+        binary = target.llama_server
+        url = stack.enter_context(llama_server(gguf, args.threads, slots=max(args.batches), binary=binary))
         servers["llama.cpp"] = (url, gguf)
         runs = {name: {b: [] for b in args.batches} for name in servers}
         order = list(servers)
@@ -65,9 +128,10 @@ def measure(args) -> dict[str, dict[int, Spread]]:
 def table(args, results: dict[str, dict[int, Spread]]) -> str:
     ours = [name for name in results if name != "llama.cpp"]
     lines = [
-        "## Parrot's engine against llama-server on the CPU (`benchmarks/cpu_peer.py`)",
+        f"## Parrot's engine against llama-server on the CPU (`benchmarks/cpu_peer.py{args.flags}`)",
         "",
-        f"Machine: {machine()}. The bundled model's GGUF on both sides, {args.threads} threads each, "
+        f"Machine: {CPU_TARGETS[args.cpu].describe()}. Parrot's CPU paths: {args.paths}. "
+        f"The bundled model's GGUF on both sides, {args.threads} threads each, "
         f"{args.new_tokens} tokens per request, greedy, the batch's requests sent at once; "
         "aggregate completion tokens/s over the wall time (prefill included), median (min-max) of "
         f"{args.rounds} rounds, the servers' order reversed each round. llama.cpp: `llama-server` "
@@ -89,6 +153,88 @@ def table(args, results: dict[str, dict[int, Spread]]) -> str:
     return "\n".join(lines)
 
 
+def measure_prefill(args) -> dict[str, dict[int, Spread]]:
+    """Seconds to the first token of a fresh prompt of each length, per server."""
+    target = CPU_TARGETS[args.cpu]
+    gguf = str(default_model_path())
+    with contextlib.ExitStack() as stack:
+        servers: dict[str, tuple[str, str | None]] = {}
+        for mode in args.prefill_modes:
+            weights, _, variant = mode.partition("/")
+            flags = VARIANTS[variant]
+            url = stack.enter_context(parrot_server("float32", weights, args.threads, *flags, env=args.env))
+            servers[f"Parrot {mode}"] = (url, None)
+            args.paths = args.paths if variant else paths_of(url)
+        slot_ctx = max(args.lengths) + 512
+        llama = stack.enter_context(llama_server(gguf, args.threads, 1, slot_ctx, target.llama_server))
+        servers["llama.cpp"] = (llama, gguf)
+        runs: dict[str, dict[int, list[float]]] = {name: {} for name in servers}
+        book = Document.load(url)
+        rng = random.Random("cpu-peer-prefill")
+        for url, model in servers.values():  # warm-up: the first request sets kernels up
+            time_to_first_token(url, model, f"{new_tag()} Warm up.")
+        order = list(servers)
+        for n in range(args.rounds):
+            for length in args.lengths:
+                (text,) = book.passages(rng, 1, length - 16)  # room for the tag and the frame
+                for name in order if n % 2 == 0 else order[::-1]:
+                    url, model = servers[name]
+                    prompt = f"Note {new_tag()}:\n{text}\nSummary:"
+                    seconds = time_to_first_token(url, model, prompt)
+                    runs[name].setdefault(length, []).append(seconds)
+                    print(f"round {n + 1}: {name} {length} tokens: {seconds:.2f} s", flush=True)
+    return {name: {k: Spread(v) for k, v in per.items()} for name, per in runs.items()}
+
+
+def time_to_first_token(url: str, model: str | None, prompt: str) -> float:
+    body = {"prompt": prompt, "max_tokens": 1, "temperature": 0, **({"model": model} if model else {})}
+    start = time.perf_counter()
+    r = httpx.post(f"{url}/v1/completions", json=body, timeout=3600)
+    r.raise_for_status()
+    return time.perf_counter() - start
+
+
+def paths_of(url: str) -> str:
+    """What a Parrot engine's ``/ping`` says of its CPU and the product its prompts run on."""
+    cpu = httpx.get(f"{url}/ping", timeout=10).json()["cpu"]
+    dense = cpu["dense_copy"]
+    times = ", ".join(f"{k} {v} ms" for k, v in dense["ms"].items())
+    bf16 = "native bfloat16" if cpu["onednn_bf16"] else "no native bfloat16"
+    return f"torch at {cpu['isa']}, {bf16}; prompts on {dense['dtype']} copies ({dense['reason']}: {times})"
+
+
+def prefill_table(args, results: dict[str, dict[int, Spread]]) -> str:
+    ours = [name for name in results if name != "llama.cpp"]
+    lines = [
+        f"## Prompt processing against llama-server on the CPU (`benchmarks/cpu_peer.py{args.flags}`)",
+        "",
+        f"Machine: {CPU_TARGETS[args.cpu].describe()}. Parrot's CPU paths: {args.paths}. The bundled "
+        f"model's GGUF on both sides, {args.threads} threads each, all servers "
+        "up together; a fresh prompt of each length (a passage of the benchmark book behind a tag of "
+        "its own), `max_tokens` 1, one request at a time, the servers' order reversed each round; "
+        f"seconds to the token, median (min-max) of {args.rounds} rounds. llama.cpp: one slot. Parrot "
+        "modes as in the decode table (`gguf`: the default; `/bfloat16`, `/float32`: the dense copies' "
+        "dtype forced; `/packed`: no copies, every row on the int4 kernel).",
+        "",
+        "| prompt tokens | "
+        + " | ".join([*(f"{n} s" for n in results), *(f"{n} tok/s" for n in results)])
+        + " | "
+        + " | ".join(f"{n} / llama.cpp" for n in ours)
+        + " |",
+        "| ---: | " + " | ".join("---:" for _ in [*results, *results, *ours]) + " |",
+    ]
+    for length in args.lengths:
+        theirs = results["llama.cpp"][length]
+        cells = [results[n][length].show() for n in results]
+        cells += [f"{length / results[n][length].median:.0f}" for n in results]
+        for name in ours:
+            mine = results[name][length]
+            overlap = " (ranges overlap)" if mine.overlaps(theirs) else ""
+            cells.append(f"{theirs.median / mine.median:.2f}x{overlap}")
+        lines.append(f"| {length} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=3)
@@ -97,13 +243,29 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--new-tokens", type=int, default=96)
     parser.add_argument("--no-docs", action="store_true", help="print the table only")
+    parser.add_argument("--sections", nargs="+", choices=["decode", "prefill"], default=["decode", "prefill"])
+    parser.add_argument("--lengths", type=int, nargs="+", default=[500, 1500, 4000], help="prefill prompts")
+    parser.add_argument("--prefill-modes", nargs="+", default=["gguf"], help="e.g. gguf gguf/bfloat16")
+    parser.add_argument("--cpu", choices=sorted(CPU_TARGETS), default="native", help="the CPU to run as")
     args = parser.parse_args()
-    if not LLAMA_SERVER.exists():
-        sys.exit(f"{LLAMA_SERVER} is not built: run `make bench-peers` first")
-    body = table(args, measure(args))
-    print(body)
-    if not args.no_docs:
-        write_section("cpu-peer", body)
+    target = CPU_TARGETS[args.cpu]
+    if not target.llama_server.exists():
+        make = "make bench-peers" + ("" if args.cpu == "native" else f"-{args.cpu}")
+        sys.exit(f"{target.llama_server} is not built: run `{make}` first")
+    args.paths = ""
+    args.env = {**os.environ, **target.env} if target.env else None
+    args.flags = "" if args.cpu == "native" else f" --cpu {args.cpu}"
+    suffix = "" if args.cpu == "native" else f"-{args.cpu}"
+    if "prefill" in args.sections:
+        body = prefill_table(args, measure_prefill(args))
+        print(body)
+        if not args.no_docs:
+            write_section(f"cpu-peer-prefill{suffix}", body)
+    if "decode" in args.sections:
+        body = table(args, measure(args))
+        print(body)
+        if not args.no_docs:
+            write_section(f"cpu-peer{suffix}", body)
 
 
 if __name__ == "__main__":

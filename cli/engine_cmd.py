@@ -10,6 +10,7 @@ from parrot.engines.builtin.batch import SharedPrefixPolicy
 from parrot.engines.builtin.engine_config import CPU_MATMULS, DTYPES, KV_DTYPES, EngineConfig, parse_size
 from parrot.engines.builtin.grammars import GrammarLimits
 from parrot.engines.builtin.local_scheduler import SchedulerConfig
+from parrot.engines.builtin.model.cpu_paths import DENSE_DTYPES
 
 
 def add_parser(commands) -> None:
@@ -35,7 +36,14 @@ def add_parser(commands) -> None:
         "--dense-rows",
         type=int,
         default=None,
-        help="quantized weights: steps of this many rows or more use a bfloat16 copy (0: never)",
+        help="quantized weights: steps of this many rows or more use a dense copy (0: never)",
+    )
+    p.add_argument(
+        "--dense-dtype",
+        default=None,
+        choices=DENSE_DTYPES,
+        help="the dense copy's dtype (default auto: bfloat16 where the CPU multiplies it natively, "
+        "else float32; timed at start)",
     )
     p.add_argument("--block-size", type=int, default=16)
     p.add_argument("--kv-cache-memory", type=parse_size, default=None, help="KV cache budget, e.g. 2GiB")
@@ -137,6 +145,7 @@ def config_from_args(args: argparse.Namespace) -> EngineConfig:
         dtype=args.dtype,
         weights=args.weights,
         dense_rows=args.dense_rows,
+        dense_dtype=args.dense_dtype,
         block_size=args.block_size,
         kv_cache_bytes=args.kv_cache_memory,
         kv_dtype=args.kv_dtype,

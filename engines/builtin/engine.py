@@ -30,6 +30,7 @@ from parrot.engines.builtin.grammars import GrammarCompiler
 from parrot.engines.builtin.jobs import Final, GenerateResult, JobSink, Outbox
 from parrot.engines.builtin.kv_cache import allocate_kv_cache, num_blocks_for_budget
 from parrot.engines.builtin.metrics import EngineMetrics
+from parrot.engines.builtin.model import cpu_paths
 from parrot.engines.builtin.model.build import build_model
 from parrot.engines.builtin.model.loader import default_cache_dir, resolve_model_folder
 from parrot.engines.builtin.model.model_config import ModelConfig
@@ -375,10 +376,12 @@ class BuiltinEngine:
         return {**self._served(), **snapshot, "heartbeat_age_s": round(time.monotonic() - at, 3)}
 
     def _served(self) -> dict:
-        """The model it serves, the weight format and dtype it runs in, and its KV cache's dtype."""
+        """The model it serves, the weight format and dtype it runs in, its KV cache's dtype,
+        and on the CPU what the CPU offers and which product large steps run on."""
         dtype, kv_dtype = (str(t).removeprefix("torch.") for t in (self.dtype, self.kv_dtype))
         served = {"model": self.model_name, "weights": self.config.weights, "dtype": dtype}
-        return {**served, "kv_dtype": kv_dtype}
+        cpu = {"cpu": cpu_paths.report(self.model.dense_choice)} if self.device.type == "cpu" else {}
+        return {**served, "kv_dtype": kv_dtype, **cpu}
 
 
 def _reply(result: GenerateResult, kind: type[Reply]) -> Reply:

@@ -11,6 +11,7 @@ import torch
 from parrot.engines.builtin.batch import SharedPrefixPolicy
 from parrot.engines.builtin.grammars import GrammarLimits
 from parrot.engines.builtin.local_scheduler import SchedulerConfig
+from parrot.engines.builtin.model.cpu_paths import DENSE_DTYPES
 
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?i?b?)?\s*$", re.IGNORECASE)
 _UNITS = {
@@ -54,6 +55,7 @@ ENV_FIELDS = {
     "PARROT_KV_CACHE_MEMORY": "kv_cache_bytes",  # a size: "2GiB", "512m"
     "PARROT_ATTENTION_BACKEND": "attention_backend",
     "PARROT_CPU_MATMUL": "cpu_matmul",
+    "PARROT_DENSE_DTYPE": "dense_dtype",
     "PARROT_CACHE_DIR": "cache_dir",
 }
 
@@ -67,10 +69,13 @@ class EngineConfig:
     # weights): packed weights for torch's CPU kernels; activations stay in dtype. auto (the
     # default) is resolved when the config is made (see ``_default_weights``) and never stays.
     weights: str = "auto"
-    # quantized weights: from this many rows in a step on, multiply by a bfloat16 copy of the
+    # quantized weights: from this many rows in a step on, multiply by a dense copy of the
     # de-quantized weights (0 = never, saving the copy's memory). Measured on the default model
     # (gguf, 1 thread, whole decode steps): no difference at 16 rows, 1.7x faster at 64.
     dense_rows: int = 32
+    # the copy's dtype: auto (bfloat16 where the CPU multiplies it natively, else float32,
+    # timed at load: model/cpu_paths.py) | bfloat16 | float32
+    dense_dtype: str = "auto"
     block_size: int = 16
     kv_cache_bytes: int = 2 * 2**30
     # The KV cache's element type: auto | float32 | bfloat16. auto: bfloat16 for packed weights
@@ -130,6 +135,9 @@ class EngineConfig:
             raise ValueError(f"blas_rows and blas_keys must be positive, got {got}")
         if self.dense_rows < 0:
             raise ValueError(f"dense_rows must be 0 (never) or positive, got {self.dense_rows}")
+        if self.dense_dtype not in DENSE_DTYPES:
+            choices = ", ".join(DENSE_DTYPES)
+            raise ValueError(f"dense_dtype must be one of {choices}, got {self.dense_dtype!r}")
         if self.weights != "exact":
             if self.torch_device().type != "cpu":
                 raise ValueError(f"--weights {self.weights} runs on the CPU only (use exact on GPUs)")

@@ -13,6 +13,7 @@ from __future__ import annotations
 import hashlib
 import importlib.util
 import logging
+import os
 import platform
 import sys
 from functools import cache
@@ -28,10 +29,12 @@ log = logging.getLogger(__name__)
 CSRC = Path(__file__).parent / "csrc"
 SOURCES = (CSRC / "decode_step.cpp",)
 # -march=native: the extension is compiled on the machine that runs it (its name hashes the
-# CPU's flags). -ffast-math lets exp and the reductions vectorize; it only reorders float sums.
+# CPU's flags). PARROT_NATIVE_ARCH names another target (haswell: AVX2 only), to measure an
+# older CPU's code on a newer one (model/cpu_paths.py). -ffast-math lets exp and the
+# reductions vectorize; it only reorders float sums.
 # -fopenmp: at::parallel_for is OpenMP in torch's headers, serial without it; the library it
 # needs (libgomp.so.1) is the one torch has already loaded, so both share one thread pool.
-CFLAGS = ["-O3", "-march=native", "-ffast-math", "-fopenmp"]
+CFLAGS = ["-O3", f"-march={os.environ.get('PARROT_NATIVE_ARCH', 'native')}", "-ffast-math", "-fopenmp"]
 
 
 def _build_name() -> str:

@@ -68,7 +68,7 @@ struct Linear {
   at::Tensor weight;      // int4: packed [out, in / 2] uint8; int8: [out, in] int8
   at::Tensor scales;      // int4: scale_zero [in / group, out, 2] bf16; int8: [out] bf16
   int64_t group_size;
-  at::Tensor dense;       // [out, in] bf16, used from dense_rows rows on (undefined: never)
+  at::Tensor dense;       // [out, in] bf16 or float32, used from dense_rows rows on (undefined: never)
   int64_t dense_rows;
   at::Tensor bias;        // [out] float32, zeros where the layer has none
 
@@ -79,7 +79,12 @@ struct Linear {
         bias(bias.has_value() ? bias->contiguous() : at::zeros({this->weight.size(0)})) {}
 
   at::Tensor mm(const at::Tensor& x) const {  // [rows, in] bf16 -> [rows, out] bf16
-    if (dense.defined() && x.size(0) >= dense_rows) return at::linear(x, dense);
+    if (dense.defined() && x.size(0) >= dense_rows) {
+      // a float32 copy (CPUs without native bfloat16) multiplies float32 rows; the product
+      // goes back to bfloat16, what the packed kernels return
+      if (dense.scalar_type() == at::kBFloat16) return at::linear(x, dense);
+      return at::linear(x.to(dense.scalar_type()), dense).to(at::kBFloat16);
+    }
     if (kind == kInt4) return at::_weight_int4pack_mm_for_cpu(x, weight, group_size, scales);
     return at::_weight_int8pack_mm(x, weight, scales);
   }

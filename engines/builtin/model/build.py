@@ -3,13 +3,15 @@
 ``exact`` loads the checkpoint's weights in the model dtype. The quantized formats start
 from the same model and swap its linear layers (q/k/v, o, gate/up, down and the LM head)
 for packed ones; norms and the embedding table stay as they were. With ``dense_rows``, each
-packed layer also keeps a bfloat16 copy of its de-quantized weights for steps of that many
-rows or more (large batches, prefill), where the packed kernels are slower.
+packed layer also keeps a dense copy of its de-quantized weights for steps of that many
+rows or more (large batches, prefill), where the packed kernels are slower; its dtype is
+the one this CPU multiplies faster (``cpu_paths.choose_dense_dtype``).
 """
 
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -19,6 +21,7 @@ from torch import nn
 from parrot.engines.builtin.attention.base import AttentionBackend
 from parrot.engines.builtin.engine_config import EngineConfig
 from parrot.engines.builtin.model.blas_linear import AUTO_MIN_SPEEDUP, BlasLinear, MatmulRoute, blas_speedup
+from parrot.engines.builtin.model.cpu_paths import DenseChoice, choose_dense_dtype, cpu_features
 from parrot.engines.builtin.model.gguf_weights import GGUFWeights
 from parrot.engines.builtin.model.llama import LlamaForCausalLM
 from parrot.engines.builtin.model.loader import default_model_path, load_state_dict
@@ -36,24 +39,48 @@ from parrot.engines.builtin.model.quant import (
 log = logging.getLogger(__name__)
 
 
+@dataclass(frozen=True)
+class DenseCopy:
+    """Packed layers keep their weights in ``dtype`` for steps of ``from_rows`` rows or more
+    (0: no copy)."""
+
+    from_rows: int
+    dtype: torch.dtype = torch.bfloat16
+
+
 def build_model(
     config: EngineConfig, model_config: ModelConfig, folder: Path, backend: AttentionBackend
 ) -> LlamaForCausalLM:
     device, dtype = config.torch_device(), config.torch_dtype()
+    if device.type == "cpu":
+        log.info("CPU: %s", cpu_features().describe())
     with torch.device(device):
         model = LlamaForCausalLM(model_config, backend).to(dtype)
     model.load_hf_state_dict(load_state_dict(folder, device, dtype))
+    if config.weights != "exact":
+        model.dense_choice = choice = dense_choice(config, model_config)
+        dense = DenseCopy(config.dense_rows, choice.dtype if choice else torch.bfloat16)
     if config.weights in ("int8", "int4"):
-        quantize_linears(model, config.weights, config.dense_rows)
+        quantize_linears(model, config.weights, dense)
     elif config.weights == "gguf":
         gguf_path = Path(config.model).expanduser() if config.model else default_model_path()
         gguf = GGUFWeights(gguf_path, model_config.num_heads, model_config.num_kv_heads, folder)
-        load_gguf_linears(model, gguf, config.dense_rows)
+        load_gguf_linears(model, gguf, dense)
     if config.uses_cpu_matmul_choice():
         threads = config.num_threads or torch.get_num_threads()
         route = MatmulRoute(config.blas_rows, config.blas_keys, threads)
         route_linears_to_blas(model, config.cpu_matmul, route)
     return model.eval()
+
+
+def dense_choice(config: EngineConfig, model_config: ModelConfig) -> DenseChoice | None:
+    """The dense copies' dtype (None: no copies), timed on the model's largest layer."""
+    if config.dense_rows == 0:
+        return None
+    out_features = 2 * model_config.intermediate_size  # gate and up, one product
+    choice = choose_dense_dtype(config.dense_dtype, out_features, model_config.hidden_size)
+    log.info("dense copies for steps of %d rows or more: %s", config.dense_rows, choice.describe())
+    return choice
 
 
 def linear_slots(model: LlamaForCausalLM) -> list[tuple[nn.Module, str]]:
@@ -70,39 +97,39 @@ def int4_group_size(in_features: int) -> int | None:
     return next((g for g in INT4_GROUP_SIZES if in_features % g == 0), None)
 
 
-def packed_int4(codes: Int4Codes, bias: torch.Tensor | None, dense_rows: int) -> PackedLinear:
+def packed_int4(codes: Int4Codes, bias: torch.Tensor | None, dense: DenseCopy) -> PackedLinear:
     layer = Int4Linear(codes, bias)
-    if dense_rows:
-        layer.keep_dense_copy(codes.dequantize(), dense_rows)
+    if dense.from_rows:
+        layer.keep_dense_copy(codes.dequantize(), dense.from_rows, dense.dtype)
     return layer
 
 
-def packed_int8(weight: torch.Tensor, bias: torch.Tensor | None, dense_rows: int) -> PackedLinear:
+def packed_int8(weight: torch.Tensor, bias: torch.Tensor | None, dense: DenseCopy) -> PackedLinear:
     layer = Int8Linear.from_float(weight, bias)
-    if dense_rows:
-        layer.keep_dense_copy(layer.dequantized(), dense_rows)
+    if dense.from_rows:
+        layer.keep_dense_copy(layer.dequantized(), dense.from_rows, dense.dtype)
     return layer
 
 
-def quantized(weight: torch.Tensor, bias: torch.Tensor | None, fmt: str, dense_rows: int) -> PackedLinear:
+def quantized(weight: torch.Tensor, bias: torch.Tensor | None, fmt: str, dense: DenseCopy) -> PackedLinear:
     """``weight`` [out, in] as an int4 linear where the kernel's shape rules allow, else int8."""
     if fmt == "int4":
         group = int4_group_size(weight.shape[1])
         if group is not None and int4_fits(weight.shape[0], weight.shape[1], group):
-            return packed_int4(quantize_int4(weight, group), bias, dense_rows)
-    return packed_int8(weight, bias, dense_rows)
+            return packed_int4(quantize_int4(weight, group), bias, dense)
+    return packed_int8(weight, bias, dense)
 
 
-def quantize_linears(model: LlamaForCausalLM, fmt: str, dense_rows: int) -> None:
+def quantize_linears(model: LlamaForCausalLM, fmt: str, dense: DenseCopy) -> None:
     """Replace the linears (and the LM head) by int8 or int4 ones quantized from their weights."""
     with torch.no_grad():
         for parent, name in linear_slots(model):
             old: nn.Linear = getattr(parent, name)
-            setattr(parent, name, quantized(old.weight, old.bias, fmt, dense_rows))
-        model.set_head(quantized(model.head_weight(), None, fmt, dense_rows))
+            setattr(parent, name, quantized(old.weight, old.bias, fmt, dense))
+        model.set_head(quantized(model.head_weight(), None, fmt, dense))
 
 
-def load_gguf_linears(model: LlamaForCausalLM, gguf: GGUFWeights, dense_rows: int) -> None:
+def load_gguf_linears(model: LlamaForCausalLM, gguf: GGUFWeights, dense: DenseCopy) -> None:
     """Linears from the GGUF's own Q4_0/Q4_1 blocks; tensors of other types as int8."""
 
     def linear(names: list[str], old: nn.Module | None) -> nn.Module:
@@ -111,9 +138,9 @@ def load_gguf_linears(model: LlamaForCausalLM, gguf: GGUFWeights, dense_rows: in
         if all(p is not None for p in parts):
             codes = Int4Codes.cat(parts)
             if int4_fits(codes.codes.shape[0], codes.codes.shape[1], codes.group_size):
-                return packed_int4(codes, bias, dense_rows)
+                return packed_int4(codes, bias, dense)
         weight = torch.cat([gguf.dequantized(n) for n in names])
-        return packed_int8(weight, bias, dense_rows)
+        return packed_int8(weight, bias, dense)
 
     fused = model.config.architecture == "phi3"  # attn_qkv; ffn_up holds gate and up
     with torch.no_grad():

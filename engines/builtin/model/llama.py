@@ -17,6 +17,7 @@ from torch import nn
 from parrot.engines.builtin.attention.base import AttentionBackend, AttentionBatch, LayerAttention
 from parrot.engines.builtin.attention.window import windowed
 from parrot.engines.builtin.model.blas_linear import MatmulRoute
+from parrot.engines.builtin.model.cpu_paths import DenseChoice
 from parrot.engines.builtin.model.hf_weights import load_hf_weights
 from parrot.engines.builtin.model.layers import MLP, RMSNorm
 from parrot.engines.builtin.model.model_config import ModelConfig
@@ -129,6 +130,7 @@ class LlamaForCausalLM(nn.Module):
         self.packed_head: nn.Module | None = None
         # Set when float32 linears run on numpy's BLAS: the runner routes each step by its rows.
         self.matmul_route: MatmulRoute | None = None
+        self.dense_choice: DenseChoice | None = None  # packed weights' dense copies (build.py)
         self._cache_views: tuple[torch.Tensor, list[tuple[torch.Tensor, torch.Tensor]]] | None = None
 
     @torch.inference_mode()

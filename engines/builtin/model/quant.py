@@ -84,24 +84,28 @@ def quantize_int8(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 class PackedLinear(nn.Module):
     """A linear whose weights are packed for a weight-only kernel (subclasses: the format).
 
-    From ``dense_rows`` rows on (0: never), it multiplies by a bfloat16 copy of its
+    From ``dense_rows`` rows on (0: never), it multiplies by a dense copy of its
     de-quantized weights instead: the packed kernels' cost grows with the rows (int4 takes
-    2.2x its 1-row time at 4 rows), a bfloat16 matmul's barely does, so past some rows the
-    4x larger bfloat16 weights win (whole decode steps of the default model: even at 16
-    rows, 1.7x faster at 64). Small batches (decode) stay on the packed weights.
+    2.2x its 1-row time at 4 rows), a dense matmul's barely does, so past some rows the
+    larger dense weights win (whole decode steps of the default model: even at 16 rows,
+    1.7x faster at 64). Small batches (decode) stay on the packed weights. The copy is
+    bfloat16 or float32, whichever the CPU multiplies faster (``cpu_paths``).
     """
 
     def __init__(self, out_features: int, in_features: int, bias: torch.Tensor | None) -> None:
         super().__init__()
         self.out_features, self.in_features = out_features, in_features
         self.register_buffer("bias", None if bias is None else bias.clone())
-        self.register_buffer("dense", None)  # [out, in] bfloat16, only with dense_rows
+        self.register_buffer("dense", None)  # [out, in] bfloat16 or float32, only with dense_rows
         self.dense_rows = 0
 
-    def keep_dense_copy(self, weight: torch.Tensor, from_rows: int) -> None:
-        """Use ``weight`` [out, in] (this layer's de-quantized weights) from ``from_rows`` rows on."""
+    def keep_dense_copy(
+        self, weight: torch.Tensor, from_rows: int, dtype: torch.dtype = KERNEL_DTYPE
+    ) -> None:
+        """Use ``weight`` [out, in] (this layer's de-quantized weights) in ``dtype`` from
+        ``from_rows`` rows on."""
         if from_rows > 0:
-            self.dense = weight.to(KERNEL_DTYPE).contiguous()
+            self.dense = weight.to(dtype).contiguous()
             self.dense_rows = from_rows
 
     def packed_mm(self, rows: torch.Tensor) -> torch.Tensor:  # [rows, in] bf16 -> [rows, out] bf16
@@ -109,11 +113,10 @@ class PackedLinear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [..., in] -> [..., out]
         rows = x if x.dim() == 2 else x.reshape(-1, self.in_features)  # [rows, in]
-        inputs = rows.to(KERNEL_DTYPE)
         if self.dense is not None and rows.shape[0] >= self.dense_rows:
-            out = F.linear(inputs, self.dense)
+            out = F.linear(rows.to(self.dense.dtype), self.dense)
         else:
-            out = self.packed_mm(inputs)
+            out = self.packed_mm(rows.to(KERNEL_DTYPE))
         out = out.to(x.dtype)  # [rows, out]
         if self.bias is not None:
             out = out + self.bias

@@ -7,6 +7,7 @@ import torch
 import torch.nn.functional as F
 
 from parrot.engines.builtin.attention import create_backend
+from parrot.engines.builtin.attention.base import PLAIN
 from parrot.engines.builtin.attention.window import windowed
 from parrot.engines.builtin.batch import SharedPrefixPolicy, StepItem, build_step
 from parrot.engines.builtin.block_manager import BlockManager
@@ -215,3 +216,24 @@ def test_the_shared_prefix_break_even_is_the_devices_unless_set():
     assert SharedPrefixPolicy().for_device(cpu).min_saved_tokens == 3072
     assert SharedPrefixPolicy().for_device(cuda).min_saved_tokens == 98304
     assert SharedPrefixPolicy(min_saved_tokens=10).for_device(cuda).min_saved_tokens == 10
+
+
+@pytest.mark.parametrize("window", [None, 5])
+@pytest.mark.parametrize("kv_heads", [1, 2, 4])
+def test_a_prompt_chunk_on_the_fused_kernel_equals_the_products_that_give_the_lse(kv_heads, window):
+    """A chunk after earlier keys (and a window that narrows the mask): torch's fused kernel,
+    used where no merge needs the log-sum-exp, computes what the explicit products compute."""
+    torch.manual_seed(0)
+    backend = create_backend("torch", 4, kv_heads, HEAD_DIM)
+    n, earlier = 7, 12
+    q = torch.randn(n, 4, HEAD_DIM)
+    k_cache, v_cache = torch.randn(64, kv_heads, HEAD_DIM), torch.randn(64, kv_heads, HEAD_DIM)
+    slots = torch.randperm(64)[: earlier + n]  # paged: the keys are not in order in the cache
+    qpos, kpos = torch.arange(earlier, earlier + n), torch.arange(earlier + n)
+    mask = kpos[None, :] <= qpos[:, None]
+    if window is not None:
+        mask &= kpos[None, :] > qpos[:, None] - window
+    fused, none = backend._prefill(q, k_cache, v_cache, slots, mask, False, PLAIN)
+    explicit, lse = backend._prefill(q, k_cache, v_cache, slots, mask, True, PLAIN)
+    assert none is None and lse.shape == (n, 4)
+    torch.testing.assert_close(fused, explicit, atol=1e-5, rtol=1e-5)

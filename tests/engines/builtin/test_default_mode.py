@@ -151,6 +151,16 @@ def test_ping_says_what_it_serves(default_client, client):
         "kv_dtype": "bfloat16",
     }
     assert client.get("/ping").json()["weights"] == "exact"  # the tests' shared engine
+    cpu = default_client.get("/ping").json()["cpu"]  # what the CPU offers, what prompts run on
+    assert cpu["isa"] and cpu["dense_copy"]["reason"] == "timed"
+    assert cpu["dense_copy"]["dtype"] in ("bfloat16", "float32")
+    assert client.get("/ping").json()["cpu"]["dense_copy"] is None  # exact weights keep no copy
+
+
+def test_its_dense_copies_have_the_dtype_it_chose(default_engine):
+    chosen = default_engine.model.dense_choice.dtype
+    layers = [m for m in default_engine.model.modules() if isinstance(m, (Int4Linear, Int8Linear))]
+    assert layers and {m.dense.dtype for m in layers} == {chosen}
 
 
 def test_the_openai_routes(default_client):

@@ -38,8 +38,11 @@ def build(
     block_size: int = 4,
     dense_rows: int = 32,
     kv_dtype: str = "auto",
+    dense_dtype: str = "auto",
 ):
-    config = EngineConfig(dtype=dtype, weights=weights, dense_rows=dense_rows, kv_dtype=kv_dtype)
+    config = EngineConfig(
+        dtype=dtype, weights=weights, dense_rows=dense_rows, kv_dtype=kv_dtype, dense_dtype=dense_dtype
+    )
     mc = ModelConfig.from_folder(folder)
     backend = create_backend("torch", mc.num_heads, mc.num_kv_heads, mc.head_dim)
     model = build_model(config, mc, folder, backend)
@@ -55,9 +58,10 @@ def logits_of(
     chunks: list[int],
     dense_rows: int = 32,
     kv_dtype: str = "auto",
+    dense_dtype: str = "auto",
 ) -> torch.Tensor:
     """Logits [len(tokens), vocab] of a chunked prefill and then single-token decode steps."""
-    model, pool = build(folder, dtype, weights, 256, 16, dense_rows, kv_dtype)
+    model, pool = build(folder, dtype, weights, 256, 16, dense_rows, kv_dtype, dense_dtype)
     ctx = Context(context_id=1, token_ids=list(tokens), materialized=True)
     pool.contexts[1] = ctx
     return run_chunks(model, pool, ctx, chunks)
@@ -87,13 +91,15 @@ def test_fast_modes_stay_close_on_random_configs(mode, random_model):
     assert 0 < error < RANDOM_BOUNDS[mode], f"{mode}: relative logit error {error:.4f}"
 
 
+@pytest.mark.parametrize("dense_dtype", ["bfloat16", "float32"])
 @pytest.mark.parametrize("weights", ["int8", "int4"])
-def test_dense_copies_stay_close_on_random_configs(weights, random_model):
-    """Every step on the bfloat16 copies (dense_rows=1): within the packed mode's bound."""
+def test_dense_copies_stay_close_on_random_configs(weights, dense_dtype, random_model):
+    """Every step on the dense copies (dense_rows=1), bfloat16 (CPUs that multiply it
+    natively) or float32 (the others): within the packed mode's bound."""
     folder, tokens, chunks, exact = random_model
-    got = logits_of(folder, "float32", weights, tokens, chunks, dense_rows=1)
+    got = logits_of(folder, "float32", weights, tokens, chunks, dense_rows=1, dense_dtype=dense_dtype)
     error = relative_error(got, exact)
-    assert 0 < error < RANDOM_BOUNDS[("float32", weights)], f"{weights} dense: {error:.4f}"
+    assert 0 < error < RANDOM_BOUNDS[("float32", weights)], f"{weights} dense {dense_dtype}: {error:.4f}"
 
 
 # 16-bit KV caches (--kv-dtype): keys and values rounded once when stored, read in float32.
@@ -224,6 +230,11 @@ def test_cli_passes_the_weight_format():
     assert (config.weights, config.dtype) == ("gguf", "float32")
     exact = config_from_args(build_parser().parse_args(["engine", "--weights", "exact"]))
     assert exact.weights == "exact"
+    assert config.dense_dtype == "auto"
+    args = build_parser().parse_args(["engine", "--dense-dtype", "float32"])
+    assert config_from_args(args).dense_dtype == "float32"
+    with pytest.raises(ValueError, match="dense_dtype must be one of auto, bfloat16, float32, got 'int8'"):
+        EngineConfig(dense_dtype="int8")
 
 
 def test_the_kv_dtype_comes_from_the_flag_or_the_variable_and_bad_ones_are_refused(monkeypatch):
