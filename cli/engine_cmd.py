@@ -11,6 +11,7 @@ from parrot.engines.builtin.engine_config import CPU_MATMULS, DTYPES, KV_DTYPES,
 from parrot.engines.builtin.grammars import GrammarLimits
 from parrot.engines.builtin.local_scheduler import SchedulerConfig
 from parrot.engines.builtin.model.cpu_paths import DENSE_DTYPES
+from parrot.engines.builtin.model.int_dot import INT_DOT_CHOICES
 
 
 def add_parser(commands) -> None:
@@ -44,6 +45,13 @@ def add_parser(commands) -> None:
         choices=DENSE_DTYPES,
         help="the dense copy's dtype (default auto: bfloat16 where the CPU multiplies it natively, "
         "else float32; timed at start)",
+    )
+    p.add_argument(
+        "--int8-activations",
+        default=None,
+        choices=INT_DOT_CHOICES,
+        help="quantized weights, small steps: int8 activations and integer products, as llama.cpp "
+        "(default auto: where faster at start, as on AVX2-only CPUs)",
     )
     p.add_argument("--block-size", type=int, default=16)
     p.add_argument("--kv-cache-memory", type=parse_size, default=None, help="KV cache budget, e.g. 2GiB")
@@ -146,6 +154,7 @@ def config_from_args(args: argparse.Namespace) -> EngineConfig:
         weights=args.weights,
         dense_rows=args.dense_rows,
         dense_dtype=args.dense_dtype,
+        int8_activations=args.int8_activations,
         block_size=args.block_size,
         kv_cache_bytes=args.kv_cache_memory,
         kv_dtype=args.kv_dtype,

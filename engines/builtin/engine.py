@@ -380,7 +380,8 @@ class BuiltinEngine:
         and on the CPU what the CPU offers and which product large steps run on."""
         dtype, kv_dtype = (str(t).removeprefix("torch.") for t in (self.dtype, self.kv_dtype))
         served = {"model": self.model_name, "weights": self.config.weights, "dtype": dtype}
-        cpu = {"cpu": cpu_paths.report(self.model.dense_choice)} if self.device.type == "cpu" else {}
+        paths = cpu_paths.report(self.model.dense_choice, self.model.int_dot_choice)
+        cpu = {"cpu": paths} if self.device.type == "cpu" else {}
         return {**served, "kv_dtype": kv_dtype, **cpu}
 
 

@@ -12,6 +12,7 @@ from parrot.engines.builtin.batch import SharedPrefixPolicy
 from parrot.engines.builtin.grammars import GrammarLimits
 from parrot.engines.builtin.local_scheduler import SchedulerConfig
 from parrot.engines.builtin.model.cpu_paths import DENSE_DTYPES
+from parrot.engines.builtin.model.int_dot import INT_DOT_CHOICES
 
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?i?b?)?\s*$", re.IGNORECASE)
 _UNITS = {
@@ -56,6 +57,7 @@ ENV_FIELDS = {
     "PARROT_ATTENTION_BACKEND": "attention_backend",
     "PARROT_CPU_MATMUL": "cpu_matmul",
     "PARROT_DENSE_DTYPE": "dense_dtype",
+    "PARROT_INT8_ACTIVATIONS": "int8_activations",
     "PARROT_CACHE_DIR": "cache_dir",
 }
 
@@ -76,6 +78,10 @@ class EngineConfig:
     # the copy's dtype: auto (bfloat16 where the CPU multiplies it natively, else float32,
     # timed at load: model/cpu_paths.py) | bfloat16 | float32
     dense_dtype: str = "auto"
+    # quantized weights, steps of fewer rows than dense_rows: quantize the activations to int8
+    # and multiply in integers, as llama.cpp (model/int_dot.py): auto (where it times faster
+    # at load: AVX2-only CPUs) | on | off
+    int8_activations: str = "auto"
     block_size: int = 16
     kv_cache_bytes: int = 2 * 2**30
     # The KV cache's element type: auto | float32 | bfloat16. auto: bfloat16 for packed weights
@@ -135,6 +141,9 @@ class EngineConfig:
             raise ValueError(f"blas_rows and blas_keys must be positive, got {got}")
         if self.dense_rows < 0:
             raise ValueError(f"dense_rows must be 0 (never) or positive, got {self.dense_rows}")
+        if self.int8_activations not in INT_DOT_CHOICES:
+            choices = ", ".join(INT_DOT_CHOICES)
+            raise ValueError(f"int8_activations must be one of {choices}, got {self.int8_activations!r}")
         if self.dense_dtype not in DENSE_DTYPES:
             choices = ", ".join(DENSE_DTYPES)
             raise ValueError(f"dense_dtype must be one of {choices}, got {self.dense_dtype!r}")

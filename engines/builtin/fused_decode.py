@@ -114,7 +114,11 @@ def _linear(extension, linear: PackedLinear):
         weights = (INT8, linear.weight_int8, linear.scales, 0)
     else:
         raise TypeError(f"no fused product for {type(linear).__name__}")
-    return extension.Linear(*weights, linear.dense, linear.dense_rows, linear.bias)
+    fused = extension.Linear(*weights, linear.dense, linear.dense_rows, linear.bias)
+    if linear.int_rows:  # (int4: codes, d, m; int8: codes, scales)
+        codes, scales, *offsets = linear.int_weights
+        fused.use_int8_activations(linear.int_rows, codes, scales, offsets[0] if offsets else None)
+    return fused
 
 
 def fused_decode_step(

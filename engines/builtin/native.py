@@ -45,7 +45,7 @@ def _build_name() -> str:
         cpu = [line for line in cpuinfo.splitlines() if line.startswith(("flags", "model name"))][:2]
     except OSError:
         cpu = [platform.processor()]
-    texts = [path.read_text() for path in SOURCES]
+    texts = [path.read_text() for path in sorted(CSRC.glob("*.[ch]*"))]  # the headers too
     key = [*texts, *CFLAGS, torch.__version__, sys.version, *cpu]
     return "parrot_native_" + hashlib.sha1("\n".join(key).encode()).hexdigest()[:12]
 

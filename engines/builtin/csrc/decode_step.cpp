@@ -20,6 +20,8 @@
 #include <cstring>
 #include <vector>
 
+#include "int_dot.h"
+
 namespace {
 
 using bf16 = c10::BFloat16;
@@ -78,7 +80,20 @@ struct Linear {
         dense(dense.value_or(at::Tensor())), dense_rows(dense_rows),
         bias(bias.has_value() ? bias->contiguous() : at::zeros({this->weight.size(0)})) {}
 
+  // int8 activations (int_dot.h) for steps of at most int_rows rows (0: never)
+  int64_t int_rows = 0;
+  at::Tensor int_codes, int_scales, int_offsets;  // int4: codes, d, m; int8: codes, scales
+
+  void use_int8_activations(int64_t rows, at::Tensor codes, at::Tensor scales, c10::optional<at::Tensor> offsets) {
+    int_rows = rows, int_codes = std::move(codes), int_scales = std::move(scales);
+    int_offsets = offsets.value_or(at::Tensor());
+  }
+
   at::Tensor mm(const at::Tensor& x) const {  // [rows, in] bf16 -> [rows, out] bf16
+    if (x.size(0) <= int_rows) {
+      if (kind == kInt4) return intdot::int4_rows(x, int_codes, int_scales, int_offsets);
+      return intdot::int8_rows(x, int_codes, int_scales);
+    }
     if (dense.defined() && x.size(0) >= dense_rows) {
       // a float32 copy (CPUs without native bfloat16) multiplies float32 rows; the product
       // goes back to bfloat16, what the packed kernels return
@@ -383,7 +398,10 @@ class DecodeModel {
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   py::class_<Linear>(m, "Linear")
       .def(py::init<int64_t, at::Tensor, at::Tensor, int64_t, c10::optional<at::Tensor>, int64_t,
-                    c10::optional<at::Tensor>>());
+                    c10::optional<at::Tensor>>())
+      .def("use_int8_activations", &Linear::use_int8_activations);
+  m.def("int4_rows", &intdot::int4_rows, py::call_guard<py::gil_scoped_release>());
+  m.def("int8_rows", &intdot::int8_rows, py::call_guard<py::gil_scoped_release>());
   py::class_<DecodeModel>(m, "DecodeModel")
       .def(py::init<int64_t, int64_t, int64_t, int64_t, int64_t, double, double, at::Tensor, at::Tensor,
                     at::Tensor, at::Tensor>())

@@ -20,6 +20,7 @@ from torch import nn
 
 from parrot.engines.builtin.attention.base import AttentionBackend
 from parrot.engines.builtin.engine_config import EngineConfig
+from parrot.engines.builtin.model import int_dot
 from parrot.engines.builtin.model.blas_linear import AUTO_MIN_SPEEDUP, BlasLinear, MatmulRoute, blas_speedup
 from parrot.engines.builtin.model.cpu_paths import DenseChoice, choose_dense_dtype, cpu_features
 from parrot.engines.builtin.model.gguf_weights import GGUFWeights
@@ -35,17 +36,31 @@ from parrot.engines.builtin.model.quant import (
     int4_fits,
     quantize_int4,
 )
+from parrot.engines.builtin.native import load_extension
 
 log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
-class DenseCopy:
-    """Packed layers keep their weights in ``dtype`` for steps of ``from_rows`` rows or more
-    (0: no copy)."""
+class LinearPaths:
+    """Besides its packed weights, a packed layer keeps them in ``dtype`` for steps of
+    ``from_rows`` rows or more (0: no copy), and multiplies steps of at most ``int_rows`` rows
+    with int8 activations on ``extension`` (0: never)."""
 
     from_rows: int
     dtype: torch.dtype = torch.bfloat16
+    int_rows: int = 0
+    extension: object = None
+
+    def apply(
+        self, layer: PackedLinear, weight: torch.Tensor, codes: Int4Codes | None = None
+    ) -> PackedLinear:
+        """``layer`` with its paths (``weight``: its de-quantized weights; ``codes``: int4's)."""
+        if self.from_rows:
+            layer.keep_dense_copy(weight, self.from_rows, self.dtype)
+        if self.int_rows and int_dot.fits(layer):
+            layer.use_int8_activations(self.int_rows, int_dot.int_weights(layer, codes), self.extension)
+        return layer
 
 
 def build_model(
@@ -59,13 +74,16 @@ def build_model(
     model.load_hf_state_dict(load_state_dict(folder, device, dtype))
     if config.weights != "exact":
         model.dense_choice = choice = dense_choice(config, model_config)
-        dense = DenseCopy(config.dense_rows, choice.dtype if choice else torch.bfloat16)
+        model.int_dot_choice = small = int_dot_choice(config, model_config)
+        extension = load_extension() if small.rows else None
+        dtype = choice.dtype if choice else torch.bfloat16
+        paths = LinearPaths(config.dense_rows, dtype, small.rows, extension)
     if config.weights in ("int8", "int4"):
-        quantize_linears(model, config.weights, dense)
+        quantize_linears(model, config.weights, paths)
     elif config.weights == "gguf":
         gguf_path = Path(config.model).expanduser() if config.model else default_model_path()
         gguf = GGUFWeights(gguf_path, model_config.num_heads, model_config.num_kv_heads, folder)
-        load_gguf_linears(model, gguf, dense)
+        load_gguf_linears(model, gguf, paths)
     if config.uses_cpu_matmul_choice():
         threads = config.num_threads or torch.get_num_threads()
         route = MatmulRoute(config.blas_rows, config.blas_keys, threads)
@@ -83,6 +101,16 @@ def dense_choice(config: EngineConfig, model_config: ModelConfig) -> DenseChoice
     return choice
 
 
+def int_dot_choice(config: EngineConfig, model_config: ModelConfig) -> int_dot.IntDotChoice:
+    """Up to how many rows the packed products take int8 activations, timed on gate and up."""
+    extension = None if config.int8_activations == "off" else load_extension()
+    max_rows = config.dense_rows - 1 if config.dense_rows else max(int_dot.PROBE_ROWS)
+    hidden, out_features = model_config.hidden_size, 2 * model_config.intermediate_size
+    choice = int_dot.choose_int_rows(config.int8_activations, extension, hidden, out_features, max_rows)
+    log.info("int8 activations for steps of %s", choice.describe())
+    return choice
+
+
 def linear_slots(model: LlamaForCausalLM) -> list[tuple[nn.Module, str]]:
     """(parent module, attribute) of every linear layer that a weight format replaces."""
     slots: list[tuple[nn.Module, str]] = []
@@ -97,39 +125,34 @@ def int4_group_size(in_features: int) -> int | None:
     return next((g for g in INT4_GROUP_SIZES if in_features % g == 0), None)
 
 
-def packed_int4(codes: Int4Codes, bias: torch.Tensor | None, dense: DenseCopy) -> PackedLinear:
-    layer = Int4Linear(codes, bias)
-    if dense.from_rows:
-        layer.keep_dense_copy(codes.dequantize(), dense.from_rows, dense.dtype)
-    return layer
+def packed_int4(codes: Int4Codes, bias: torch.Tensor | None, paths: LinearPaths) -> PackedLinear:
+    return paths.apply(Int4Linear(codes, bias), codes.dequantize(), codes)
 
 
-def packed_int8(weight: torch.Tensor, bias: torch.Tensor | None, dense: DenseCopy) -> PackedLinear:
+def packed_int8(weight: torch.Tensor, bias: torch.Tensor | None, paths: LinearPaths) -> PackedLinear:
     layer = Int8Linear.from_float(weight, bias)
-    if dense.from_rows:
-        layer.keep_dense_copy(layer.dequantized(), dense.from_rows, dense.dtype)
-    return layer
+    return paths.apply(layer, layer.dequantized())
 
 
-def quantized(weight: torch.Tensor, bias: torch.Tensor | None, fmt: str, dense: DenseCopy) -> PackedLinear:
+def quantized(weight: torch.Tensor, bias: torch.Tensor | None, fmt: str, paths: LinearPaths) -> PackedLinear:
     """``weight`` [out, in] as an int4 linear where the kernel's shape rules allow, else int8."""
     if fmt == "int4":
         group = int4_group_size(weight.shape[1])
         if group is not None and int4_fits(weight.shape[0], weight.shape[1], group):
-            return packed_int4(quantize_int4(weight, group), bias, dense)
-    return packed_int8(weight, bias, dense)
+            return packed_int4(quantize_int4(weight, group), bias, paths)
+    return packed_int8(weight, bias, paths)
 
 
-def quantize_linears(model: LlamaForCausalLM, fmt: str, dense: DenseCopy) -> None:
+def quantize_linears(model: LlamaForCausalLM, fmt: str, paths: LinearPaths) -> None:
     """Replace the linears (and the LM head) by int8 or int4 ones quantized from their weights."""
     with torch.no_grad():
         for parent, name in linear_slots(model):
             old: nn.Linear = getattr(parent, name)
-            setattr(parent, name, quantized(old.weight, old.bias, fmt, dense))
-        model.set_head(quantized(model.head_weight(), None, fmt, dense))
+            setattr(parent, name, quantized(old.weight, old.bias, fmt, paths))
+        model.set_head(quantized(model.head_weight(), None, fmt, paths))
 
 
-def load_gguf_linears(model: LlamaForCausalLM, gguf: GGUFWeights, dense: DenseCopy) -> None:
+def load_gguf_linears(model: LlamaForCausalLM, gguf: GGUFWeights, paths: LinearPaths) -> None:
     """Linears from the GGUF's own Q4_0/Q4_1 blocks; tensors of other types as int8."""
 
     def linear(names: list[str], old: nn.Module | None) -> nn.Module:
@@ -138,9 +161,9 @@ def load_gguf_linears(model: LlamaForCausalLM, gguf: GGUFWeights, dense: DenseCo
         if all(p is not None for p in parts):
             codes = Int4Codes.cat(parts)
             if int4_fits(codes.codes.shape[0], codes.codes.shape[1], codes.group_size):
-                return packed_int4(codes, bias, dense)
+                return packed_int4(codes, bias, paths)
         weight = torch.cat([gguf.dequantized(n) for n in names])
-        return packed_int8(weight, bias, dense)
+        return packed_int8(weight, bias, paths)
 
     fused = model.config.architecture == "phi3"  # attn_qkv; ffn_up holds gate and up
     with torch.no_grad():

@@ -105,6 +105,11 @@ def _product_ms(dtype: torch.dtype, out_features: int, in_features: int, repeats
     return round(best * 1e3, 3)
 
 
-def report(dense: DenseChoice | None) -> dict:
-    """What ``/ping`` says of the CPU and its paths (``dense``: None where no layer keeps a copy)."""
-    return {**asdict(cpu_features()), "dense_copy": None if dense is None else dense.as_dict()}
+def report(dense: DenseChoice | None, small=None) -> dict:
+    """What ``/ping`` says of the CPU and its paths (``dense``: None where no layer keeps a
+    copy; ``small``: the int8-activation choice of int_dot.py, None with exact weights)."""
+    return {
+        **asdict(cpu_features()),
+        "dense_copy": None if dense is None else dense.as_dict(),
+        "int8_activations": None if small is None else small.as_dict(),
+    }

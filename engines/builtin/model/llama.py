@@ -19,6 +19,7 @@ from parrot.engines.builtin.attention.window import windowed
 from parrot.engines.builtin.model.blas_linear import MatmulRoute
 from parrot.engines.builtin.model.cpu_paths import DenseChoice
 from parrot.engines.builtin.model.hf_weights import load_hf_weights
+from parrot.engines.builtin.model.int_dot import IntDotChoice
 from parrot.engines.builtin.model.layers import MLP, RMSNorm
 from parrot.engines.builtin.model.model_config import ModelConfig
 from parrot.engines.builtin.model.rope import RotaryEmbedding
@@ -131,6 +132,7 @@ class LlamaForCausalLM(nn.Module):
         # Set when float32 linears run on numpy's BLAS: the runner routes each step by its rows.
         self.matmul_route: MatmulRoute | None = None
         self.dense_choice: DenseChoice | None = None  # packed weights' dense copies (build.py)
+        self.int_dot_choice: IntDotChoice | None = None  # ... and int8 activations
         self._cache_views: tuple[torch.Tensor, list[tuple[torch.Tensor, torch.Tensor]]] | None = None
 
     @torch.inference_mode()

@@ -98,6 +98,9 @@ class PackedLinear(nn.Module):
         self.register_buffer("bias", None if bias is None else bias.clone())
         self.register_buffer("dense", None)  # [out, in] bfloat16 or float32, only with dense_rows
         self.dense_rows = 0
+        self.int_rows = 0  # steps of at most this many rows: int8 activations (int_dot.py)
+        self.int_weights: tuple = ()  # what the extension's product takes (int_dot.int_weights)
+        self.int_product = None  # the extension's int4_rows or int8_rows
 
     def keep_dense_copy(
         self, weight: torch.Tensor, from_rows: int, dtype: torch.dtype = KERNEL_DTYPE
@@ -108,12 +111,19 @@ class PackedLinear(nn.Module):
             self.dense = weight.to(dtype).contiguous()
             self.dense_rows = from_rows
 
+    def use_int8_activations(self, rows: int, weights: tuple, extension) -> None:
+        """Steps of at most ``rows`` rows multiply on ``extension`` with int8 activations."""
+        self.int_rows, self.int_weights = rows, weights
+        self.int_product = extension.int4_rows if isinstance(self, Int4Linear) else extension.int8_rows
+
     def packed_mm(self, rows: torch.Tensor) -> torch.Tensor:  # [rows, in] bf16 -> [rows, out] bf16
         raise NotImplementedError
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [..., in] -> [..., out]
         rows = x if x.dim() == 2 else x.reshape(-1, self.in_features)  # [rows, in]
-        if self.dense is not None and rows.shape[0] >= self.dense_rows:
+        if rows.shape[0] <= self.int_rows:
+            out = self.int_product(rows.to(KERNEL_DTYPE).contiguous(), *self.int_weights)
+        elif self.dense is not None and rows.shape[0] >= self.dense_rows:
             out = F.linear(rows.to(self.dense.dtype), self.dense)
         else:
             out = self.packed_mm(rows.to(KERNEL_DTYPE))

@@ -154,13 +154,16 @@ def test_ping_says_what_it_serves(default_client, client):
     cpu = default_client.get("/ping").json()["cpu"]  # what the CPU offers, what prompts run on
     assert cpu["isa"] and cpu["dense_copy"]["reason"] == "timed"
     assert cpu["dense_copy"]["dtype"] in ("bfloat16", "float32")
-    assert client.get("/ping").json()["cpu"]["dense_copy"] is None  # exact weights keep no copy
+    assert cpu["int8_activations"]["reason"] == "timed" and cpu["int8_activations"]["rows"] >= 0
+    exact = client.get("/ping").json()["cpu"]
+    assert exact["dense_copy"] is None and exact["int8_activations"] is None  # exact weights: neither
 
 
-def test_its_dense_copies_have_the_dtype_it_chose(default_engine):
-    chosen = default_engine.model.dense_choice.dtype
-    layers = [m for m in default_engine.model.modules() if isinstance(m, (Int4Linear, Int8Linear))]
-    assert layers and {m.dense.dtype for m in layers} == {chosen}
+def test_its_packed_layers_take_the_paths_it_chose(default_engine):
+    model = default_engine.model
+    layers = [m for m in model.modules() if isinstance(m, (Int4Linear, Int8Linear))]
+    assert layers and {m.dense.dtype for m in layers} == {model.dense_choice.dtype}
+    assert {m.int_rows for m in layers} == {model.int_dot_choice.rows}  # the bundled model's all fit
 
 
 def test_the_openai_routes(default_client):

@@ -80,23 +80,27 @@ def contexts_with_a_fork(model, pool: ContextPool) -> list[Context]:
 
 
 @pytest.mark.parametrize(
-    ("weights", "dense_rows", "kv_dtype", "bound", "dense_dtype"),
+    ("weights", "dense_rows", "kv_dtype", "bound", "dense_dtype", "int8_activations"),
     [
-        ("int8", 32, "float32", BOUND, "auto"),
-        ("int4", 32, "float32", BOUND, "auto"),
-        ("int4", 1, "float32", BOUND, "bfloat16"),
-        ("int4", 1, "float32", ROUNDED_BOUND, "float32"),
-        ("int8", 32, "bfloat16", HALF_BOUND, "auto"),
-        ("int4", 32, "bfloat16", HALF_BOUND, "auto"),
+        ("int8", 32, "float32", BOUND, "auto", "off"),
+        ("int4", 32, "float32", BOUND, "auto", "off"),
+        ("int4", 1, "float32", BOUND, "bfloat16", "off"),
+        ("int4", 1, "float32", ROUNDED_BOUND, "float32", "off"),
+        ("int8", 32, "bfloat16", HALF_BOUND, "auto", "off"),
+        ("int4", 32, "bfloat16", HALF_BOUND, "auto", "off"),
+        ("int8", 32, "float32", BOUND, "auto", "on"),
+        ("int4", 32, "bfloat16", HALF_BOUND, "auto", "on"),
     ],
 )
 def test_a_fused_step_computes_what_the_eager_step_computes(
-    folder, weights, dense_rows, kv_dtype, bound, dense_dtype
+    folder, weights, dense_rows, kv_dtype, bound, dense_dtype, int8_activations
 ):
     """dense_rows=1: every product on the dense copy of the weights, as in big steps
     (bfloat16, or float32 on CPUs without native bfloat16). bfloat16 caches: the fused
-    step rounds and widens keys and values as the eager step does."""
-    model, pool = build(folder, "float32", weights, 64, 4, dense_rows, kv_dtype, dense_dtype)
+    step rounds and widens keys and values as the eager step does. int8 activations: both
+    steps multiply on the same C++ products (int_dot.h)."""
+    paths = (dense_dtype, int8_activations)
+    model, pool = build(folder, "float32", weights, 64, 4, dense_rows, kv_dtype, *paths)
     fused = fused_decode_step(model, pool, EngineConfig(), CPU)
     assert fused is not None
     eager = ModelRunner(model, pool, SharedPrefixPolicy(), CPU)

@@ -39,9 +39,15 @@ def build(
     dense_rows: int = 32,
     kv_dtype: str = "auto",
     dense_dtype: str = "auto",
+    int8_activations: str = "off",  # (auto would depend on timings; its tests ask for it)
 ):
     config = EngineConfig(
-        dtype=dtype, weights=weights, dense_rows=dense_rows, kv_dtype=kv_dtype, dense_dtype=dense_dtype
+        dtype=dtype,
+        weights=weights,
+        dense_rows=dense_rows,
+        kv_dtype=kv_dtype,
+        dense_dtype=dense_dtype,
+        int8_activations=int8_activations,
     )
     mc = ModelConfig.from_folder(folder)
     backend = create_backend("torch", mc.num_heads, mc.num_kv_heads, mc.head_dim)
@@ -59,9 +65,10 @@ def logits_of(
     dense_rows: int = 32,
     kv_dtype: str = "auto",
     dense_dtype: str = "auto",
+    int8_activations: str = "off",
 ) -> torch.Tensor:
     """Logits [len(tokens), vocab] of a chunked prefill and then single-token decode steps."""
-    model, pool = build(folder, dtype, weights, 256, 16, dense_rows, kv_dtype, dense_dtype)
+    model, pool = build(folder, dtype, weights, 256, 16, dense_rows, kv_dtype, dense_dtype, int8_activations)
     ctx = Context(context_id=1, token_ids=list(tokens), materialized=True)
     pool.contexts[1] = ctx
     return run_chunks(model, pool, ctx, chunks)
@@ -100,6 +107,16 @@ def test_dense_copies_stay_close_on_random_configs(weights, dense_dtype, random_
     got = logits_of(folder, "float32", weights, tokens, chunks, dense_rows=1, dense_dtype=dense_dtype)
     error = relative_error(got, exact)
     assert 0 < error < RANDOM_BOUNDS[("float32", weights)], f"{weights} dense {dense_dtype}: {error:.4f}"
+
+
+@pytest.mark.parametrize("weights", ["int8", "int4"])
+def test_int8_activations_stay_close_on_random_configs(weights, random_model):
+    """Decode steps and short chunks (below dense_rows) with int8 activations, as llama.cpp
+    computes them (int_dot.py): within the packed mode's bound."""
+    folder, tokens, chunks, exact = random_model
+    got = logits_of(folder, "float32", weights, tokens, chunks, int8_activations="on")
+    error = relative_error(got, exact)
+    assert 0 < error < RANDOM_BOUNDS[("float32", weights)], f"{weights} int8 activations: {error:.4f}"
 
 
 # 16-bit KV caches (--kv-dtype): keys and values rounded once when stored, read in float32.

@@ -1,0 +1,125 @@
+"""Packed products with int8 activations (engines/builtin/csrc/int_dot.h, model/int_dot.py):
+llama.cpp's scheme for small steps on CPUs where torch's kernels are slow (AVX2-only)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from parrot.engines.builtin.model import int_dot
+from parrot.engines.builtin.model.quant import Int4Linear, Int8Linear, quantize_int4
+from parrot.engines.builtin.native import load_extension
+
+# llama.cpp's activation rounding (int8 in blocks of 32) and the bfloat16 result: measured
+# 0.55-0.76% of the largest output on the default model's shapes
+BOUND = 0.02
+
+
+@pytest.fixture(scope="module")
+def extension():
+    ext = load_extension()
+    if ext is None:
+        pytest.skip("the C++ extension cannot be built here")
+    return ext
+
+
+def weights(out_features: int = 48, in_features: int = 96) -> torch.Tensor:
+    return torch.randn(out_features, in_features, generator=torch.Generator().manual_seed(1)) * 0.05
+
+
+def relative(got: torch.Tensor, ref: torch.Tensor) -> float:
+    return ((got.float() - ref).abs().max() / ref.abs().max()).item()
+
+
+def test_the_int4_layout_holds_the_same_weights():
+    codes = quantize_int4(weights(), 32)
+    packed, d, m = int_dot.int4_layout(codes)
+    assert packed.dtype == torch.uint8 and packed.shape == (48, 48) and d.shape == m.shape == (48, 3)
+    blocks = packed.view(48, 3, 16).int()
+    unpacked = torch.cat([blocks & 0x0F, blocks >> 4], dim=-1).view(48, 96)  # codes 0..15, then 16..31
+    assert torch.equal(unpacked, codes.codes)
+    again = unpacked.float() * d.repeat_interleave(32, 1) + m.repeat_interleave(32, 1)
+    torch.testing.assert_close(again, codes.dequantize(), atol=1e-6, rtol=1e-6)
+
+
+@pytest.mark.parametrize("rows", [1, 3, 4, 6, 16])  # tiles of four rows and what is left
+def test_the_products_are_the_weights_times_the_activations(extension, rows):
+    w = weights()
+    x = torch.randn(rows, 96, generator=torch.Generator().manual_seed(rows)).to(torch.bfloat16)
+    codes = quantize_int4(w, 32)
+    got4 = extension.int4_rows(x, *int_dot.int4_layout(codes))
+    assert got4.dtype == torch.bfloat16 and got4.shape == (rows, 48)
+    assert relative(got4, x.float() @ codes.dequantize().T) < BOUND
+    int8 = Int8Linear.from_float(w, None)
+    got8 = extension.int8_rows(x, *int_dot.int_weights(int8, None))
+    assert relative(got8, x.float() @ int8.dequantized().T) < BOUND
+    for r in range(rows):  # a row's product does not depend on the rows beside it
+        alone = extension.int4_rows(x[r : r + 1].contiguous(), *int_dot.int4_layout(codes))
+        assert torch.equal(alone[0], got4[r])
+
+
+def test_bad_inputs_are_refused_with_a_reason(extension):
+    packed = int_dot.int4_layout(quantize_int4(weights(), 32))
+    with pytest.raises(RuntimeError, match="bfloat16"):
+        extension.int4_rows(torch.randn(2, 96), *packed)
+    with pytest.raises(RuntimeError, match="width"):
+        extension.int4_rows(torch.randn(2, 64).to(torch.bfloat16), *packed)
+    with pytest.raises(RuntimeError, match="int8 weights"):
+        unsigned = torch.zeros(48, 96, dtype=torch.uint8)
+        extension.int8_rows(torch.randn(2, 96).to(torch.bfloat16), unsigned, packed[1])
+
+
+def test_the_choice_is_asked_or_timed(extension):
+    assert int_dot.choose_int_rows("off", extension, 576, 3072, 31).rows == 0
+    assert int_dot.choose_int_rows("auto", None, 576, 3072, 31).reason == "no C++ extension"
+    asked = int_dot.choose_int_rows("on", extension, 576, 3072, 31)
+    assert (asked.rows, asked.reason) == (31, "asked")
+    timed = int_dot.choose_int_rows("auto", extension, 576, 3072, 31)
+    assert timed.reason == "timed" and timed.ms and set(timed.ms) <= set(int_dot.PROBE_ROWS)
+    rows = 0  # the largest row count up to which every probe was faster on int8 activations
+    for r, (theirs, ours) in timed.ms.items():
+        if theirs < int_dot.AUTO_MIN_SPEEDUP * ours:
+            break
+        rows = r
+    assert timed.rows == rows
+    json.dumps(timed.as_dict())
+    with pytest.raises(ValueError, match="int8_activations must be one of auto, on, off"):
+        int_dot.choose_int_rows("sometimes", extension, 576, 3072, 31)
+
+
+def test_layers_take_the_path_only_where_it_fits(extension):
+    fits = Int4Linear(quantize_int4(weights(), 32), None)
+    coarse = Int4Linear(quantize_int4(weights(), 96), None)  # blocks of 96: not llama.cpp's 32
+    assert int_dot.fits(fits) and not int_dot.fits(coarse)
+    assert int_dot.fits(Int8Linear.from_float(weights(), None))
+    assert not int_dot.fits(Int8Linear.from_float(weights(48, 40), None))
+
+
+@pytest.mark.spawns
+def test_without_avx2_the_plain_loops_compute_the_same_sums(extension, tmp_path):
+    """The extension built for a CPU without AVX2 (x86-64: SSE2 only) runs the scalar loops;
+    they sum the same integers, so they agree with the vector code to float rounding."""
+    w = weights(64, 128)
+    x = torch.randn(5, 128, generator=torch.Generator().manual_seed(7)).to(torch.bfloat16)
+    torch.save({"x": x, "w": w}, tmp_path / "case.pt")
+    code = (
+        "import sys, torch; from parrot.engines.builtin.native import load_extension;"
+        "from parrot.engines.builtin.model import int_dot; from parrot.engines.builtin.model.quant import "
+        "Int8Linear, quantize_int4; c = torch.load(sys.argv[1]); ext = load_extension();"
+        "i8 = Int8Linear.from_float(c['w'], None);"
+        "torch.save([ext.int4_rows(c['x'], *int_dot.int4_layout(quantize_int4(c['w'], 32))),"
+        " ext.int8_rows(c['x'], *int_dot.int_weights(i8, None))], sys.argv[2])"
+    )
+    env = {**os.environ, "PARROT_NATIVE_ARCH": "x86-64"}
+    args = [sys.executable, "-c", code, str(tmp_path / "case.pt"), str(tmp_path / "out.pt")]
+    subprocess.run(args, env=env, check=True, timeout=600)
+    plain4, plain8 = torch.load(tmp_path / "out.pt")
+    vector4 = extension.int4_rows(x, *int_dot.int4_layout(quantize_int4(w, 32)))
+    vector8 = extension.int8_rows(x, *int_dot.int_weights(Int8Linear.from_float(w, None), None))
+    torch.testing.assert_close(plain4.float(), vector4.float(), atol=1e-2, rtol=1e-2)
+    torch.testing.assert_close(plain8.float(), vector8.float(), atol=1e-2, rtol=1e-2)
