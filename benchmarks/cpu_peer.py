@@ -15,7 +15,9 @@ the script says so and stops.
 A mode is a ``--weights`` value with a variant (``VARIANTS``): ``/eager`` runs it with
 ``--no-fused-decode`` (every decode step op by op, as before the fused CPU step);
 ``/bfloat16`` and ``/float32`` force the dtype of the dense copies that large steps run on
-(``--dense-dtype``; by default the engine times both at start), ``/packed`` keeps none.
+(``--dense-dtype``; by default the engine times both at start), ``/packed`` keeps none;
+``/torch-kernels`` keeps small steps on torch's int4/int8 kernels (``--int8-activations off``;
+by default the engine takes llama.cpp's int8 activations where they time faster at start).
 
 ``--sections prefill`` measures prompt processing instead: fresh prompts of 500, 1,500 and
 4,000 tokens (``--lengths``; passages of the benchmark book behind a tag of their own, so no
@@ -74,6 +76,7 @@ VARIANTS = {  # a mode's variant -> its engine flags
     "bfloat16": ["--dense-dtype", "bfloat16"],
     "float32": ["--dense-dtype", "float32"],
     "packed": ["--dense-rows", "0"],
+    "torch-kernels": ["--int8-activations", "off"],
 }
 
 CPU_TARGETS = {
@@ -137,7 +140,8 @@ def table(args, results: dict[str, dict[int, Spread]]) -> str:
         f"{args.rounds} rounds, the servers' order reversed each round. llama.cpp: `llama-server` "
         "built from source (`make bench-peers`), 16 parallel slots, continuous batching. Parrot modes "
         "are `--weights` values (float32 activations); `/eager`: with `--no-fused-decode`, every "
-        "decode step op by op as before the fused CPU step.",
+        "decode step op by op as before the fused CPU step; `/torch-kernels`: `--int8-activations off`, "
+        "small steps on torch's int4/int8 kernels (before issue 40).",
         "",
         "| batch | " + " | ".join(results) + " | " + " | ".join(f"{n} / llama.cpp" for n in ours) + " |",
         "| ---: | " + " | ".join("---:" for _ in [*results, *ours]) + " |",
@@ -200,7 +204,10 @@ def paths_of(url: str) -> str:
     dense = cpu["dense_copy"]
     times = ", ".join(f"{k} {v} ms" for k, v in dense["ms"].items())
     bf16 = "native bfloat16" if cpu["onednn_bf16"] else "no native bfloat16"
-    return f"torch at {cpu['isa']}, {bf16}; prompts on {dense['dtype']} copies ({dense['reason']}: {times})"
+    small = cpu["int8_activations"]
+    ints = f"int8 activations up to {small['rows']} rows ({small['reason']})"
+    prompts = f"prompts on {dense['dtype']} copies ({dense['reason']}: {times})"
+    return f"torch at {cpu['isa']}, {bf16}; {prompts}; {ints}"
 
 
 def prefill_table(args, results: dict[str, dict[int, Spread]]) -> str:
