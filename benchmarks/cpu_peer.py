@@ -99,23 +99,31 @@ PROMPT = (
 )
 
 
-def measure(args) -> dict[str, dict[int, Spread]]:
-    target = CPU_TARGETS[args.cpu]
+Servers = dict[str, tuple[str, str | None]]  # name -> (url, the model name to send or None)
+
+
+def start_servers(stack, args, modes: list[str], slots: int, slot_ctx: int) -> Servers:
+    """A Parrot engine per mode and a llama-server, all up until ``stack`` closes;
+    ``args.paths`` is what the default mode chose."""
     gguf = str(default_model_path())
+    servers: Servers = {}
+    for mode in modes:
+        weights, _, variant = mode.partition("/")
+        flags = VARIANTS[variant]
+        url = stack.enter_context(parrot_server("float32", weights, args.threads, *flags, env=args.env))
+        servers[f"Parrot {mode}"] = (url, None)
+        args.paths = args.paths if variant and args.paths else paths_of(url)
+    binary = CPU_TARGETS[args.cpu].llama_server
+    llama = stack.enter_context(llama_server(gguf, args.threads, slots, slot_ctx, binary))
+    servers["llama.cpp"] = (llama, gguf)
+    return servers
+
+
+def measure(args) -> dict[str, dict[int, Spread]]:
     prompts = [PROMPT.format(i=i) for i in range(max(args.batches))]
-    runs: dict[str, dict[int, list[float]]] = {}
     with contextlib.ExitStack() as stack:
-        servers: dict[str, tuple[str, str | None]] = {}
-        for mode in args.modes:
-            weights, _, variant = mode.partition("/")
-            flags = VARIANTS[variant]
-            url = stack.enter_context(parrot_server("float32", weights, args.threads, *flags, env=args.env))
-            servers[f"Parrot {mode}"] = (url, None)
-            args.paths = paths_of(url)
-        binary = target.llama_server
-        url = stack.enter_context(llama_server(gguf, args.threads, slots=max(args.batches), binary=binary))
-        servers["llama.cpp"] = (url, gguf)
-        runs = {name: {b: [] for b in args.batches} for name in servers}
+        servers = start_servers(stack, args, args.modes, max(args.batches), 512)
+        runs: dict[str, dict[int, list[float]]] = {name: {b: [] for b in args.batches} for name in servers}
         order = list(servers)
         for n in range(args.rounds):
             for b in args.batches:
@@ -159,21 +167,10 @@ def table(args, results: dict[str, dict[int, Spread]]) -> str:
 
 def measure_prefill(args) -> dict[str, dict[int, Spread]]:
     """Seconds to the first token of a fresh prompt of each length, per server."""
-    target = CPU_TARGETS[args.cpu]
-    gguf = str(default_model_path())
     with contextlib.ExitStack() as stack:
-        servers: dict[str, tuple[str, str | None]] = {}
-        for mode in args.prefill_modes:
-            weights, _, variant = mode.partition("/")
-            flags = VARIANTS[variant]
-            url = stack.enter_context(parrot_server("float32", weights, args.threads, *flags, env=args.env))
-            servers[f"Parrot {mode}"] = (url, None)
-            args.paths = args.paths if variant else paths_of(url)
-        slot_ctx = max(args.lengths) + 512
-        llama = stack.enter_context(llama_server(gguf, args.threads, 1, slot_ctx, target.llama_server))
-        servers["llama.cpp"] = (llama, gguf)
+        servers = start_servers(stack, args, args.prefill_modes, 1, max(args.lengths) + 512)
         runs: dict[str, dict[int, list[float]]] = {name: {} for name in servers}
-        book = Document.load(url)
+        book = Document.load(servers[f"Parrot {args.prefill_modes[0]}"][0])
         rng = random.Random("cpu-peer-prefill")
         for url, model in servers.values():  # warm-up: the first request sets kernels up
             time_to_first_token(url, model, f"{new_tag()} Warm up.")
