@@ -21,6 +21,8 @@ What each kind becomes (:func:`to_grammar`):
 
 from __future__ import annotations
 
+import functools
+import threading
 from typing import Any, Final
 
 import jsonschema_rs
@@ -100,6 +102,49 @@ _WHAT: Final = {
     "choice": "choice",
     "grammar": "Lark grammar",
 }
+
+
+class _Bytes:
+    """A tokenizer of one token a byte (and an end token), for llguidance to match text."""
+
+    tokens: Final = [bytes([b]) for b in range(256)] + [b"<end>"]
+    eos_token_id: Final = 256
+    bos_token_id: Final = None
+    special_token_ids: Final = [256]
+
+    def __call__(self, text: str | bytes) -> list[int]:
+        return list(text.encode() if isinstance(text, str) else text)
+
+
+@functools.cache
+def _byte_tokenizer() -> llguidance.LLTokenizer:
+    return llguidance.LLTokenizer(llguidance.TokenizerWrapper(_Bytes()), slices=[])
+
+
+_compiled_lock = threading.Lock()
+
+
+@functools.lru_cache(maxsize=256)
+def _compiled(grammar: str) -> llguidance.LLMatcher:
+    """A fresh matcher of ``grammar`` over bytes, compiled once (callers take a copy)."""
+    return llguidance.LLMatcher(_byte_tokenizer(), grammar, log_level=0)
+
+
+def text_mismatch(fmt: OutputFormat, value: str) -> str | None:
+    """Why ``value`` is not a text of ``fmt`` (a regex or a Lark grammar), decided by the
+    library and dialect the engine generates with (None: it is). llguidance's lexer is
+    linear in the text: no pattern backtracks (a Python regex like ``(a|aa)+$`` on 5,000
+    ``a`` then ``b`` took seconds; here 2 ms). A text cut by ``max_tokens`` before the grammar
+    accepts is not one of its texts."""
+    with _compiled_lock:  # (the cache and the copy from several worker threads)
+        matcher = _compiled(to_grammar(fmt)).deep_copy()
+    if matcher.is_error():
+        return f"the {_WHAT[fmt.kind]} cannot be matched: {matcher.get_error().splitlines()[0]}"
+    if not matcher.consume_tokens(list(value.encode())):
+        return f"{_WHAT[fmt.kind]} does not accept it"
+    if not matcher.is_accepting():
+        return f"it ends before the {_WHAT[fmt.kind]} accepts (cut short?)"
+    return None
 
 
 def _no_fetch(uri: str) -> Any:

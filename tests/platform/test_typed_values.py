@@ -71,7 +71,13 @@ def test_a_format_over_the_limit_names_the_limit_and_its_flag():
         (OutputFormat(regex=r"\d{4}-\d{2}-\d{2}"), "on 2026-11-25", "does not match the regex"),
         (OutputFormat(choice=["yes", "no"]), "no", None),
         (OutputFormat(choice=["yes", "no"]), "No", "'No' is not one of the choices 'yes', 'no'"),
-        (OutputFormat(grammar='start: "a"+'), "anything", None),  # the engine's constraint is trusted
+        # grammars are checked too (issue 37 (6)), by llguidance as the engine generates
+        (OutputFormat(grammar='start: "a"+'), "aaa", None),
+        (OutputFormat(grammar='start: "a"+'), "anything", "Lark grammar does not accept it"),
+        (OutputFormat(grammar='start: "a" "b"'), "a", "ends before the Lark grammar accepts"),
+        # ... and regexes in the engine's (Rust) dialect: && intersects classes
+        (OutputFormat(regex="[a-z&&[^aeiou]]{3}"), "xts", None),
+        (OutputFormat(regex="[a-z&&[^aeiou]]{3}"), "xta", "does not match the regex"),
     ],
 )
 def test_values_are_checked_against_their_format(fmt, value, why):

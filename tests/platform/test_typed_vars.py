@@ -175,21 +175,29 @@ def test_a_client_set_value_must_match_the_format(api, fmt, good, bad, why):
     assert s.var("z", "free text").json()["format"] is None  # an untyped variable has none
 
 
-def test_a_generated_value_that_does_not_match_fails_the_call_with_the_reason(api):
-    """Two tokens cannot hold the required object: the value is cut short (``length``), so it
-    is not valid JSON for the schema, constrained decoding or not. The call fails with what
-    did not match, the variable has no value, and its consumer fails in turn."""
+CUT_FORMATS = {
+    "json_schema": {"type": "object", "properties": {"answer": {"type": "string"}}, "required": ["answer"]},
+    # issue 37 (6): a grammar's value cut short was stored as valid (grammar values were not checked)
+    "grammar": 'start: w " " w " " w " " w\nw: "yes" | "no"\n',
+}
+
+
+@pytest.mark.parametrize("kind", sorted(CUT_FORMATS))
+def test_a_generated_value_that_does_not_match_fails_the_call_with_the_reason(api, kind):
+    """Two tokens cannot hold the required object (or four words): the value is cut short
+    (``length``), so it is not a text of its format, constrained decoding or not. The call
+    fails with what did not match, the variable has no value, and its consumer fails in turn."""
     s = Session(api)
-    schema = {"type": "object", "properties": {"answer": {"type": "string"}}, "required": ["answer"]}
-    a = s.call("Answer in JSON: {{a}}", [out("a", {"json_schema": schema}, max_tokens=2)]).json()
+    fmt = {kind: CUT_FORMATS[kind]}
+    a = s.call("Answer: {{a}}", [out("a", fmt, max_tokens=2)]).json()
     b = s.call("Then: {{a}} {{b}}", [{"name": "a", "var_id": a["outputs"]["a"]}, out("b")]).json()
     r = s.get(a["outputs"]["a"])
-    refused(r, 424, "producer_failed", "does not match the json_schema format of 'a'")
+    refused(r, 424, "producer_failed", f"does not match the {kind} format of 'a'")
     info = s.call_info(a["call_id"])
-    assert info["state"] == "failed" and "does not match the json_schema format" in info["error"]
+    assert info["state"] == "failed" and f"does not match the {kind} format" in info["error"]
     assert s.call_info(b["call_id"])["state"] == "failed"
     var = next(v for v in s.info()["vars"] if v["var_id"] == a["outputs"]["a"])
-    assert var["ready"] is False and var["format"] == {"json_schema": schema}
+    assert var["ready"] is False and var["format"] == fmt
 
 
 # -- fields across the DAG ------------------------------------------------------------------------

@@ -9,8 +9,8 @@ a placeholder reads a field of a JSON value (issue 21).
 - :func:`mismatch`: why a value does not match its variable's format (None: it does). Every
   value a typed variable gets passes here, whatever produced it (the builtin engine, whose
   decoding the format constrains; an OpenAI endpoint, which may ignore the request; a
-  client's set), so an invalid value is never stored as valid. A ``grammar`` value is not
-  checked here (no Lark parser in the ServeCore): the engine's constraint is trusted.
+  client's set), so an invalid value is never stored as valid. Regex and Lark-grammar
+  values are matched by llguidance, the engine's own library (one dialect, no backtracking).
 - :func:`unreachable`: why a JSON schema cannot have a field path (None: it may have it),
   for a ``{{plan.steps[0]}}`` checked at submit time.
 - :func:`read_field`: the text a field path fills in: a string as it is, other JSON as
@@ -32,7 +32,6 @@ from parrot.platform.serve.limits.settings import describe
 from parrot.wire.formats import OutputFormat
 from parrot.wire.template import PathStep, field_text, format_path
 
-REGEX_TIMEOUT_S: Final = 2.0  # one fullmatch of a value (the ``regex`` package bounds it)
 MAX_REF_DEPTH: Final = 32  # $ref hops followed while walking a schema for a path
 
 
@@ -54,11 +53,6 @@ def check_format(fmt: OutputFormat, max_chars: int) -> None:
             jsonschema_rs.validator_for(fmt.json_schema, offline=True)
         except (jsonschema_rs.ValidationError, jsonschema_rs.ReferencingError, ValueError) as error:
             raise BadFormatError(f"invalid json_schema: {_first_line(error)}") from None
-    elif fmt.regex is not None:
-        try:
-            regex.compile(fmt.regex)
-        except regex.error as error:
-            raise BadFormatError(f"invalid regex {fmt.regex[:200]!r}: {error}") from None
 
 
 def mismatch(fmt: OutputFormat, value: str) -> str | None:
@@ -68,15 +62,12 @@ def mismatch(fmt: OutputFormat, value: str) -> str | None:
             return None
         shown = ", ".join(repr(c) for c in fmt.choice[:8]) + (", ..." if len(fmt.choice) > 8 else "")
         return f"{_quote(value)} is not one of the choices {shown}"
-    if fmt.regex is not None:
-        try:
-            # concurrent: the GIL is released while it matches (a client's value is checked
-            # in a worker thread; a catastrophic pattern must not stall the event loop)
-            if regex.fullmatch(fmt.regex, value, timeout=REGEX_TIMEOUT_S, concurrent=True) is not None:
-                return None
-        except TimeoutError:
-            return f"the regex did not decide within {REGEX_TIMEOUT_S} s whether {_quote(value)} matches"
-        return f"{_quote(value)} does not match the regex {fmt.regex[:200]!r}"
+    if fmt.regex is not None or fmt.grammar is not None:
+        # llguidance, as the engine generates: one regex dialect (Rust's), Lark grammars
+        # checked too, and no backtracking whatever the pattern
+        why = grammar.text_mismatch(fmt, value)
+        shown = f"the regex {fmt.regex[:200]!r}" if fmt.regex is not None else "the grammar"
+        return None if why is None else f"{_quote(value)} does not match {shown}: {why}"
     if fmt.is_json:
         try:
             data = json.loads(value)
@@ -91,7 +82,7 @@ def mismatch(fmt: OutputFormat, value: str) -> str | None:
             return f"{where} does not match the json_schema: {error.message}"
         except (ValueError, RecursionError) as error:  # a value too deep to convert
             return f"the value could not be checked against the json_schema: {error}"
-    return None  # a grammar: the engine's constraint is trusted
+    return None
 
 
 def read_field(value: str, path: Sequence[PathStep]) -> str:

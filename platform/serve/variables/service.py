@@ -150,8 +150,8 @@ class VariableService:
 
     @staticmethod
     async def _check_value(fmt: OutputFormat | None, name: str, value: str | None) -> None:
-        """Once, in a worker thread: a regex or a schema may take seconds on a hostile
-        value (the regex's time is bounded, ``formats.REGEX_TIMEOUT_S``)."""
+        """Once, in a worker thread: a schema may take seconds on a hostile value (a regex
+        or grammar is matched in time linear in the value: ``grammar.text_mismatch``)."""
         why = None if fmt is None or value is None else await asyncio.to_thread(mismatch, fmt, value)
         if why is not None:
             raise FormatMismatchError(
