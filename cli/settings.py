@@ -26,6 +26,7 @@ flag                              variable                     default: meaning
 ``--max-body-bytes``              PARROT_MAX_BODY_BYTES        33554432 (32 MiB): one request body (413)
 ``--max-value-chars``             PARROT_MAX_VALUE_CHARS       8388608: one variable's value (413)
 ``--max-prompt-chars``            PARROT_MAX_PROMPT_CHARS      8388608: a template or prompt (413)
+``--max-placeholders``            PARROT_MAX_PLACEHOLDERS      4096 placeholders in a template (413)
 ``--max-value-bytes``             PARROT_MAX_VALUE_BYTES       1073741824 (1 GiB): all values held (507)
 ``--max-value-bytes-per-client``  PARROT_MAX_VALUE_BYTES_PER_CLIENT 268435456 (256 MiB) per address (429)
 ``--max-sessions-per-client``     PARROT_MAX_SESSIONS_PER_CLIENT 4096 live sessions per address (429)
@@ -320,6 +321,7 @@ _LIMIT_HELP = (
     "characters of one variable's value",
     "characters of a call's template or an OpenAI-front prompt",
     "characters of an output's format (a JSON schema, regex, choices, grammar)",
+    "placeholders ({{) of a call's template, counted before it is parsed",
     "bytes of all variable values the server holds (507 beyond)",
     "bytes of the variable values of one client address's sessions (429 beyond)",
     "live sessions one client address may hold",

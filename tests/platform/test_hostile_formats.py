@@ -11,6 +11,21 @@ import pytest
 from rest import api_on_fake_engine, new_session  # noqa: F401  (the api fixture)
 
 
+def longest_healthz_wait(api, hostile) -> float:
+    """Run ``hostile()`` in a thread, asking ``/healthz`` meanwhile (at least once): the
+    longest it waited, in seconds."""
+    worker = threading.Thread(target=hostile)
+    worker.start()
+    waits = []
+    with httpx.Client(base_url=api.base_url, timeout=30) as other:
+        while worker.is_alive() or not waits:
+            start = time.perf_counter()
+            assert other.get("/healthz").status_code == 200
+            waits.append(time.perf_counter() - start)
+    worker.join()
+    return max(waits)
+
+
 @pytest.mark.parametrize("how", ["create", "set"])
 def test_a_catastrophic_regex_value_is_refused_without_stalling_the_server(api, how):
     """Issue 37 (1): a value that makes a regex backtrack for seconds was matched on the
@@ -35,19 +50,11 @@ def test_a_catastrophic_regex_value_is_refused_without_stalling_the_server(api, 
                 body = {"session_id": sid, "value": value}
                 answered.append(api.put(f"/v1/semantic_var/{var_ids[n]}", json=body, headers=auth))
 
-    worker = threading.Thread(target=hostile)
-    worker.start()
-    waits = []
-    with httpx.Client(base_url=api.base_url, timeout=30) as other:
-        while worker.is_alive() or not waits:
-            start = time.perf_counter()
-            assert other.get("/healthz").status_code == 200
-            waits.append(time.perf_counter() - start)
-    worker.join()
+    waited = longest_healthz_wait(api, hostile)
     assert len(answered) == 10
     for r in answered:
         assert r.status_code == 400 and "does not match the regex" in r.json()["error"]["message"], r.text
-    assert max(waits) < 1.0, f"/healthz waited {max(waits):.2f} s beside the hostile values (was 5.2 s)"
+    assert waited < 1.0, f"/healthz waited {waited:.2f} s beside the hostile values (was 5.2 s)"
 
 
 def test_a_grammar_value_is_checked(api):
@@ -75,3 +82,26 @@ def test_a_regex_means_what_it_means_to_the_engine(api):
     assert api.post("/v1/semantic_var", json=body, headers=auth).status_code == 201
     r = api.post("/v1/semantic_var", json={**body, "name": "vowel", "value": "xta"}, headers=auth)
     assert r.status_code == 400 and "does not match the regex" in r.json()["error"]["message"], r.text
+
+
+def test_a_template_of_400_000_placeholders_is_refused_before_it_is_parsed(api):
+    """Issue 37 (2): a 2 MB template of 400,000 placeholders (under the 8 Mi characters of
+    ``--max-prompt-chars``) was parsed on the event loop for 11.5 s, ``/healthz`` waiting.
+    Placeholders are counted first (``--max-placeholders``, 4096): 413 naming the limit."""
+    sid, auth = new_session(api)
+    template = "{{q}} " * 400_000 + "{{a}}"
+    params = [{"name": "q", "value": "x"}, {"name": "a", "is_output": True, "sampling": {"max_tokens": 1}}]
+    body = {"session_id": sid, "template": template, "parameters": params}
+    answered: list[httpx.Response] = []
+
+    def hostile() -> None:
+        answered.append(api.post("/v1/semantic_call", json=body, headers=auth))
+
+    waited = longest_healthz_wait(api, hostile)
+    (r,) = answered
+    assert r.status_code == 413, r.text
+    assert "400001 placeholders" in r.json()["error"]["message"]
+    assert "max_placeholders = 4096 (--max-placeholders)" in r.json()["error"]["message"]
+    assert waited < 1.0, f"/healthz waited {waited:.2f} s beside the template (was 11.2 s)"
+    small = {**body, "template": "{{q}} " * 100 + "{{a}}"}
+    assert api.post("/v1/semantic_call", json=small, headers=auth).status_code == 201

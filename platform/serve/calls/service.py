@@ -152,6 +152,7 @@ class CallService:
         earlier = earlier or {}
         check_criteria(output_criteria, "output_criteria")
         self.admission.check_prompt(len(template), "the template")
+        self.admission.check_placeholders(template, "the template")
         self.admission.check_text(template, "the template")
         for p in bindings:
             self.admission.check_value(p.value, f"input {p.name!r}")

@@ -52,6 +52,15 @@ class Admission:
                 f"{what} has {chars} characters, over the limit {describe('max_prompt_chars', limit)}"
             )
 
+    def check_placeholders(self, template: str, what: str) -> None:
+        """413 before parsing a template with more ``{{`` than ``max_placeholders`` (a count
+        in C: a template at the size limit is counted in milliseconds)."""
+        count, limit = template.count("{{"), self.limits.max_placeholders
+        if count > limit:
+            raise PayloadTooLargeError(
+                f"{what} has {count} placeholders, over the limit {describe('max_placeholders', limit)}"
+            )
+
     # -- sessions per client (429) -------------------------------------------------------
     def open_session(self, session_id: str, client: str | None) -> None:
         """Count a new session of ``client`` (None: not counted, e.g. a restored session;
