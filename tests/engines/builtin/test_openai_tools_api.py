@@ -4,6 +4,7 @@ calls) and bad inputs; the checks are shared with the ServeCore's front."""
 
 from __future__ import annotations
 
+import httpx
 import openai
 import pytest
 from openai_tool_checks import (
@@ -54,3 +55,20 @@ def test_an_oversized_format_is_a_4xx_streaming_or_not(engine_server):
 
 def test_structured_outputs_of_vllm(oai):
     check_structured_outputs(oai)
+
+
+def test_a_schema_100_deep_answers_as_response_format_and_as_a_tool(engine_server):
+    """Issue 37 (4): a format nested 100 deep (arrays of arrays) with ``max_tokens`` 1 did not
+    answer within 60 s. It compiles in milliseconds and answers its one token."""
+    schema: dict = {"type": "string"}
+    for _ in range(100):
+        schema = {"type": "array", "items": schema}
+    ask = {"messages": [{"role": "user", "content": "Nested data, please."}], "max_tokens": 1}
+    parameters = {"type": "object", "properties": {"x": schema}}
+    tools = [{"type": "function", "function": {"name": "nest", "parameters": parameters}}]
+    response_format = {"type": "json_schema", "json_schema": {"name": "deep", "schema": schema}}
+    with httpx.Client(base_url=engine_server.url, timeout=60) as client:
+        for extra in ({"response_format": response_format}, {"tools": tools}):
+            r = client.post("/v1/chat/completions", json={**ask, **extra})
+            assert r.status_code == 200, r.text
+            assert r.json()["choices"][0]["finish_reason"] == "length"
