@@ -61,12 +61,15 @@ def _http_error(_: Request, exc: HTTPException) -> Response:
     return error_response(known(str(exc.detail)))
 
 
-def _body_too_large(request: Request, _: RequestEntityTooLarge) -> Response:
-    # The limit is the app's (or the route's) request_max_body_size: name it, so a client
-    # knows what to send instead.
-    limit = request.route_handler.resolve_request_max_body_size()
+def body_too_large(limit: int | None) -> PayloadTooLargeError:
+    """A body over the app's (or the route's) ``request_max_body_size``, named so that a
+    client knows what to send instead."""
     message = f"the request body is larger than the limit max_body_bytes = {limit} bytes (--max-body-bytes)"
-    return error_response(PayloadTooLargeError(message))
+    return PayloadTooLargeError(message)
+
+
+def _body_too_large(request: Request, _: RequestEntityTooLarge) -> Response:
+    return error_response(body_too_large(request.route_handler.resolve_request_max_body_size()))
 
 
 def _unexpected(_: Request, exc: Exception) -> Response:

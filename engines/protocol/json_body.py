@@ -20,7 +20,8 @@ from typing import Any
 from litestar import Request
 from litestar.exceptions import SerializationException
 
-from parrot.engines.protocol.errors import InvalidJsonError, UnsupportedMediaTypeError
+from parrot.engines.protocol.error_responses import body_too_large
+from parrot.engines.protocol.errors import BadRequestError, InvalidJsonError, UnsupportedMediaTypeError
 
 JSON = "application/json"
 
@@ -51,3 +52,18 @@ class JsonRequest(Request):
             raise InvalidJsonError(
                 f"the request body is not valid UTF-8 ({error.reason} at byte {error.start})"
             ) from None
+
+
+async def refuse_declared_oversize(request: Request) -> None:
+    """An app's ``before_request``: 413 for a body whose ``Content-Length`` is over the
+    route's limit, before the handler runs. Litestar applies the limit only when a handler
+    reads the body, so a route that reads none (``POST /v1/session``) answered 201 to
+    ``Content-Length: 999999999999`` (issue 37)."""
+    declared = request.headers.get("content-length")
+    if declared is None:
+        return
+    if not declared.strip().isdigit():
+        raise BadRequestError(f"Content-Length must be a number of bytes, got {declared[:40]!r}")
+    limit = request.route_handler.resolve_request_max_body_size()
+    if limit is not None and int(declared) > limit:
+        raise body_too_large(limit)

@@ -29,7 +29,7 @@ from parrot.engines.protocol.error_docs import (
 )
 from parrot.engines.protocol.error_responses import exception_handlers
 from parrot.engines.protocol.event_stream import EventStream
-from parrot.engines.protocol.json_body import JsonRequest
+from parrot.engines.protocol.json_body import JsonRequest, refuse_declared_oversize
 from parrot.platform.api.adapter_routes import AdapterController
 from parrot.platform.api.auth import Sessions, admin_guard
 from parrot.platform.api.bodies import binding, engine_spec, transform_binding
@@ -300,6 +300,7 @@ def create_app(
         exception_handlers=exception_handlers(),
         request_max_body_size=core.limits.max_body_bytes,
         request_class=JsonRequest,
+        before_request=refuse_declared_oversize,
         on_startup=[start],
         on_shutdown=[stop],
     )

@@ -8,6 +8,7 @@ engine's own body limit is tested on the real engine's server)."""
 from __future__ import annotations
 
 import argparse
+import socket
 
 import httpx
 import pytest
@@ -84,6 +85,31 @@ def test_a_body_over_the_limit_is_413_on_the_servecore(api):
     refused(r, 413, "max_body_bytes", LIMITS.max_body_bytes)
     assert api.get(f"/v1/session/{sid}", headers=auth).json()["vars"] == []
     assert var(api, sid, auth, "small", "ok").status_code == 201
+    healthy(api)
+
+
+def raw_post(url: str, path: str, head: str) -> tuple[int, bytes]:
+    """A POST whose headers say what ``head`` says (a lying Content-Length, no body): the
+    status and the rest of the answer."""
+    host, port = url.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=30) as conn:
+        conn.sendall(f"POST {path} HTTP/1.1\r\nHost: {host}\r\n{head}Connection: close\r\n\r\n".encode())
+        answer = b""
+        while chunk := conn.recv(65536):
+            answer += chunk
+    status = int(answer.split(b" ", 2)[1])
+    return status, answer
+
+
+@pytest.mark.parametrize("declared", ["999999999999", f"{LIMITS.max_body_bytes + 1}"])
+def test_a_declared_body_over_the_limit_is_413_even_where_no_body_is_read(api, declared):
+    """Issue 37 (9): ``POST /v1/session`` reads no body, so Litestar's limit (applied on
+    reading) never applied: ``Content-Length: 999999999999`` got a 201 and a session."""
+    status, answer = raw_post(str(api.base_url), "/v1/session", f"Content-Length: {declared}\r\n")
+    assert status == 413 and b"max_body_bytes" in answer, answer[:300]
+    status, answer = raw_post(str(api.base_url), "/v1/session", "Content-Length: lots\r\n")
+    assert status == 400, answer[:300]
+    assert api.post("/v1/session").status_code == 201
     healthy(api)
 
 

@@ -21,7 +21,7 @@ from parrot.engines.protocol.error_docs import BODY, error_responses
 from parrot.engines.protocol.error_responses import exception_handlers
 from parrot.engines.protocol.errors import BadRequestError, NotFoundError
 from parrot.engines.protocol.event_stream import EventStream
-from parrot.engines.protocol.json_body import JsonRequest
+from parrot.engines.protocol.json_body import JsonRequest, refuse_declared_oversize
 from parrot.engines.protocol.schemas import (
     AbortRangeRequest,
     AbortRequest,
@@ -193,6 +193,7 @@ def create_app(
         exception_handlers=exception_handlers(),
         request_max_body_size=max_body_bytes,
         request_class=JsonRequest,
+        before_request=refuse_declared_oversize,
         on_startup=[start] if manage_engine else [],
         on_shutdown=[stop] if manage_engine else [],
         debug=False,
