@@ -11,6 +11,7 @@ the one this CPU multiplies faster (``cpu_paths.choose_dense_dtype``).
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -53,11 +54,12 @@ class LinearPaths:
     extension: object = None
 
     def apply(
-        self, layer: PackedLinear, weight: torch.Tensor, codes: Int4Codes | None = None
+        self, layer: PackedLinear, weight: Callable[[], torch.Tensor], codes: Int4Codes | None = None
     ) -> PackedLinear:
-        """``layer`` with its paths (``weight``: its de-quantized weights; ``codes``: int4's)."""
+        """``layer`` with its paths (``weight``: makes its de-quantized weights, only for a
+        copy; ``codes``: int4's)."""
         if self.from_rows:
-            layer.keep_dense_copy(weight, self.from_rows, self.dtype)
+            layer.keep_dense_copy(weight(), self.from_rows, self.dtype)
         if self.int_rows and int_dot.fits(layer):
             layer.use_int8_activations(self.int_rows, int_dot.int_weights(layer, codes), self.extension)
         return layer
@@ -126,12 +128,12 @@ def int4_group_size(in_features: int) -> int | None:
 
 
 def packed_int4(codes: Int4Codes, bias: torch.Tensor | None, paths: LinearPaths) -> PackedLinear:
-    return paths.apply(Int4Linear(codes, bias), codes.dequantize(), codes)
+    return paths.apply(Int4Linear(codes, bias), codes.dequantize, codes)
 
 
 def packed_int8(weight: torch.Tensor, bias: torch.Tensor | None, paths: LinearPaths) -> PackedLinear:
     layer = Int8Linear.from_float(weight, bias)
-    return paths.apply(layer, layer.dequantized())
+    return paths.apply(layer, layer.dequantized)
 
 
 def quantized(weight: torch.Tensor, bias: torch.Tensor | None, fmt: str, paths: LinearPaths) -> PackedLinear:

@@ -80,8 +80,8 @@ def choose_int_rows(
         return IntDotChoice(max_rows, "asked", {})
     generator = torch.Generator().manual_seed(0)
     weight = torch.randn(out_features, in_features, generator=generator) * 0.05
-    layer = Int4Linear(quantize_int4(weight, BLOCK), None)
-    packed = int4_layout(quantize_int4(weight, BLOCK))
+    codes = quantize_int4(weight, BLOCK)
+    layer, packed = Int4Linear(codes, None), int4_layout(codes)
     ms: dict[int, tuple[float, float]] = {}
     rows = 0
     for r in (r for r in PROBE_ROWS if r <= max_rows):
