@@ -24,6 +24,10 @@ by default the engine takes llama.cpp's int8 activations where they time faster 
 cache on either side holds them), ``max_tokens`` 1, one request at a time, the servers
 alternating; the time to the (first and only) token, median and spread.
 
+``--before DIR`` adds the engine of another checkout (e.g. a git worktree of an earlier
+commit, run with this venv) in its default mode, to show a change's effect beside the
+peer in the same rounds.
+
 ``--cpu avx2`` measures what an AVX2-only CPU (no AVX-512, no native bfloat16) runs, on a
 newer one: Parrot's engine starts with torch's and oneDNN's instruction sets lowered to AVX2
 and its C++ step compiled for Haswell (``CPU_TARGETS``), llama.cpp is the build of ``make
@@ -38,6 +42,7 @@ import contextlib
 import os
 import random
 import sys
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -113,6 +118,12 @@ def start_servers(stack, args, modes: list[str], slots: int, slot_ctx: int) -> S
         url = stack.enter_context(parrot_server("float32", weights, args.threads, *flags, env=args.env))
         servers[f"Parrot {mode}"] = (url, None)
         args.paths = args.paths if variant and args.paths else paths_of(url)
+    if args.before:  # an earlier checkout's engine in its default mode, same venv and flags
+        folder = Path(tempfile.mkdtemp(prefix="parrot-before-"))
+        (folder / "parrot").symlink_to(Path(args.before).resolve())
+        env = {**(args.env or os.environ), "PYTHONPATH": str(folder)}  # found before the editable install
+        before = stack.enter_context(parrot_server("float32", "gguf", args.threads, env=env))
+        servers["Parrot before"] = (before, None)
     binary = CPU_TARGETS[args.cpu].llama_server
     llama = stack.enter_context(llama_server(gguf, args.threads, slots, slot_ctx, binary))
     servers["llama.cpp"] = (llama, gguf)
@@ -136,14 +147,24 @@ def measure(args) -> dict[str, dict[int, Spread]]:
     return {name: {b: Spread(v) for b, v in per.items()} for name, per in runs.items()}
 
 
+def heading(args, what: str) -> tuple[str, str]:
+    """A section's title, and the start of its setup paragraph (the machine, both sides)."""
+    return (
+        f"## {what} against llama-server on the CPU (`benchmarks/cpu_peer.py{args.flags}`)",
+        f"Machine: {CPU_TARGETS[args.cpu].describe()}. Parrot's CPU paths: {args.paths}. The bundled "
+        f"model's GGUF on both sides, {args.threads} threads each"
+        + (f"; `Parrot before`: the engine of {args.before}. " if args.before else ", "),
+    )
+
+
 def table(args, results: dict[str, dict[int, Spread]]) -> str:
     ours = [name for name in results if name != "llama.cpp"]
+    title, setup = heading(args, "Parrot's engine")
     lines = [
-        f"## Parrot's engine against llama-server on the CPU (`benchmarks/cpu_peer.py{args.flags}`)",
+        title,
         "",
-        f"Machine: {CPU_TARGETS[args.cpu].describe()}. Parrot's CPU paths: {args.paths}. "
-        f"The bundled model's GGUF on both sides, {args.threads} threads each, "
-        f"{args.new_tokens} tokens per request, greedy, the batch's requests sent at once; "
+        setup
+        + f"{args.new_tokens} tokens per request, greedy, the batch's requests sent at once; "
         "aggregate completion tokens/s over the wall time (prefill included), median (min-max) of "
         f"{args.rounds} rounds, the servers' order reversed each round. llama.cpp: `llama-server` "
         "built from source (`make bench-peers`), 16 parallel slots, continuous batching. Parrot modes "
@@ -209,13 +230,14 @@ def paths_of(url: str) -> str:
 
 def prefill_table(args, results: dict[str, dict[int, Spread]]) -> str:
     ours = [name for name in results if name != "llama.cpp"]
+    title, setup = heading(args, "Prompt processing")
     lines = [
-        f"## Prompt processing against llama-server on the CPU (`benchmarks/cpu_peer.py{args.flags}`)",
+        title,
         "",
-        f"Machine: {CPU_TARGETS[args.cpu].describe()}. Parrot's CPU paths: {args.paths}. The bundled "
-        f"model's GGUF on both sides, {args.threads} threads each, all servers "
-        "up together; a fresh prompt of each length (a passage of the benchmark book behind a tag of "
-        "its own), `max_tokens` 1, one request at a time, the servers' order reversed each round; "
+        setup
+        + "all servers up together; a fresh prompt of each length (a passage of the benchmark book "
+        "behind a tag of its own), `max_tokens` 1, one request at a time, the servers' order "
+        "reversed each round; "
         f"seconds to the token, median (min-max) of {args.rounds} rounds. llama.cpp: one slot. Parrot "
         "modes as in the decode table (`gguf`: the default; `/bfloat16`, `/float32`: the dense copies' "
         "dtype forced; `/packed`: no copies, every row on the int4 kernel).",
@@ -251,6 +273,7 @@ def main() -> None:
     parser.add_argument("--lengths", type=int, nargs="+", default=[500, 1500, 4000], help="prefill prompts")
     parser.add_argument("--prefill-modes", nargs="+", default=["gguf"], help="e.g. gguf gguf/bfloat16")
     parser.add_argument("--cpu", choices=sorted(CPU_TARGETS), default="native", help="the CPU to run as")
+    parser.add_argument("--before", help="an earlier commit's checkout: its engine joins as 'Parrot before'")
     args = parser.parse_args()
     target = CPU_TARGETS[args.cpu]
     if not target.llama_server.exists():
