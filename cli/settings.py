@@ -150,6 +150,7 @@ class ServeSettings:
                 task_groups=not args.no_task_groups,
                 context_affinity=not args.no_context_affinity,
                 criteria=not args.no_criteria,
+                engine_roles=not args.no_engine_roles,
                 cluster_min_shared=args.cluster_min_shared,
             ),
             pressure=MemoryPressure(high=args.memory_high, low=args.memory_low),
@@ -215,6 +216,7 @@ def add_serve_arguments(p: argparse.ArgumentParser, env: Mapping[str, str] | Non
         ("task-groups", "schedule the tasks one consumer waits on together"),
         ("context-affinity", "prefer the engine holding the longest prompt prefix"),
         ("criteria", "latency-critical tasks first and to lightly loaded engines"),
+        ("engine-roles", "with 2+ engines, keep latency-critical and throughput work apart"),
     ):
         p.add_argument(f"--no-{name}", action="store_true", help=f"scheduling policy off: {what}")
     p.add_argument(

@@ -43,8 +43,9 @@ OWNED = [
     (
         "platform/serve/scheduler/global_scheduler.py",  # an engine slot's load and health
         "platform",
-        r"\.(task_limit|token_capacity|up|missed_pings|info|load)\s*(=|\+=|-=)[^=]"
-        r"|\.running\[[^]]*\]\s*=[^=]|\.running\.(pop|clear|update)\(",
+        r"\.(task_limit|token_capacity|up|missed_pings|info|load|throughput_load|latency_ended_at)"
+        r"\s*(=|\+=|-=)[^=]|\.running\[[^]]*\]\s*=[^=]|\.running\.(pop|clear|update)\("
+        r"|\.latency_running\.(add|discard)\(|\bslot\.(take|release)\(",
     ),
 ]
 # Where those fields are defined or built (a dataclass, a constructor), not changed.
@@ -52,6 +53,7 @@ DEFINERS = {
     "platform/serve/contexts/tree.py",
     "platform/serve/calls/graph.py",
     "platform/serve/variables/variable.py",
+    "platform/serve/scheduler/slot.py",  # its take and release, which only the scheduler calls
 }
 
 
@@ -90,6 +92,8 @@ def test_the_scan_sees_a_write():
             "slot.missed_pings += 1",
             "slot.load -= need",
             "slot.running[key] = task",
+            "slot.take(task, need)",
+            "slot.throughput_load -= need",
         ],
     }
     for pattern, lines in samples.items():

@@ -106,7 +106,10 @@ class Mixed:
     def configs(self, size: Size) -> list[MixedConfig]:
         return {
             "smoke": [MixedConfig(1, 1, 4, 1, MapReduceConfig(2, 48, 4))],
-            "quick": [MixedConfig(4, 2, 32, 1, MapReduceConfig(8, 256, 16))],
+            "quick": [
+                MixedConfig(4, 2, 32, 1, MapReduceConfig(8, 256, 16)),
+                MixedConfig(4, 2, 32, 1, MapReduceConfig(8, 256, 16), engines=2),
+            ],
             "full": [
                 MixedConfig(8, 3, 64, 2, MapReduceConfig(16, 256, 32), engines=1),
                 MixedConfig(8, 3, 64, 2, MapReduceConfig(16, 256, 32), engines=2),

@@ -20,7 +20,8 @@ from benchmarks.apps.runner import Sample, Side, measure
 from benchmarks.apps.text import Document
 from benchmarks.apps.workload import Size, Workload
 
-POLICIES = ("app-fifo", "task-groups", "context-affinity", "criteria")  # parrot serve --no-...
+# parrot serve --no-...
+POLICIES = ("app-fifo", "task-groups", "context-affinity", "criteria", "engine-roles")
 OPENMP = ("OMP_WAIT_POLICY", "OMP_NUM_THREADS")  # inherited by the engines: named in the tables
 
 

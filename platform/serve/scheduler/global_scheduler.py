@@ -31,6 +31,7 @@ from parrot.platform.serve.scheduler.health import EngineMonitor, HealthSettings
 from parrot.platform.serve.scheduler.policy import SchedulingPolicy
 from parrot.platform.serve.scheduler.prompt import PromptBuilder
 from parrot.platform.serve.scheduler.queue import TaskQueue
+from parrot.platform.serve.scheduler.roles import EngineRoles
 from parrot.platform.serve.scheduler.runner import Requeue, TaskRunner
 from parrot.platform.serve.scheduler.slot import EngineSlot
 from parrot.platform.serve.scheduler.task import (
@@ -69,6 +70,7 @@ class GlobalScheduler:
         self.contexts = contexts
         self.monitor = EngineMonitor(self.health)
         self.ahead = FillAhead(prompts, contexts, self.runner, self.stats)
+        self.roles = EngineRoles(self.policy.roles, self.policy.engine_roles and self.policy.criteria)
         self._jobs: dict[str, tuple[CompletionTask, asyncio.Task]] = {}  # running, by chain key
         self._background: set[asyncio.Task] = set()
         self._wake = asyncio.Event()
@@ -238,7 +240,7 @@ class GlobalScheduler:
                     lease, need = self._place(task, slot)
                     self._jobs[task.key] = (task, asyncio.create_task(self._execute(task, lease, need)))
                     for other in self._companions(task, slot):  # placed with it, in order
-                        if slot.fits(self._need(other, slot)):
+                        if self._admissible(other, [slot]):
                             lease, need = self._place(other, slot)
                             job = asyncio.create_task(self._execute(other, lease, need))
                             self._jobs[other.key] = (other, job)
@@ -265,16 +267,23 @@ class GlobalScheduler:
         if not ready:  # an engine of a model its prompt was not made for: make it first
             self._prepare_prompt(task, candidates[0])
             return None
-        free = [s for s in ready if s.fits(self._need(task, s))]
+        free = self._admissible(task, ready)
         if not free:
             return None
 
-        def key(slot: EngineSlot) -> int:
+        def key(slot: EngineSlot) -> tuple:
             symbols = task.prompts[slot.prompt_key].symbols
             matched = self.contexts.matched(slot, symbols)
-            return self.policy.placement(task, matched, slot.load, len(symbols))
+            ahead = self.policy.placement(task, matched, slot.load, len(symbols))
+            return (*self.roles.rank(task, slot), ahead)
 
         return min(free, key=key)
+
+    def _admissible(self, task: CompletionTask, ready: list[EngineSlot]) -> list[EngineSlot]:
+        """The engines of ``ready`` with room for ``task`` that its role allows now."""
+        free = [s for s in ready if s.fits(self._need(task, s))]
+        up = [s for s in self.serving(task.models) if s.up]
+        return self.roles.admissible(task, up, free, lambda s: self._need(task, s))
 
     def _need(self, task: CompletionTask, slot: EngineSlot) -> int:
         """KV tokens the task may add on ``slot``: its output and the part of its prompt the
@@ -308,8 +317,7 @@ class GlobalScheduler:
         lease = self.contexts.place(task, slot, task.prompts[slot.prompt_key])
         self.stats.prompt_tokens += len(lease.prompt)
         self.stats.reused_tokens += lease.length
-        slot.running[task.key] = task
-        slot.load += need
+        slot.take(task, need)
         task.attempts += 1
         task.lost = False
         return lease, need
@@ -336,8 +344,8 @@ class GlobalScheduler:
             log.exception("task of call %s failed", task.chain.call.call_id)
             report = Failed(f"internal error: {error!r}")
         finally:
-            slot.running.pop(task.key, None)
-            slot.load -= need
+            if slot.release(task, need):  # its engine may take throughput work after a while
+                asyncio.get_running_loop().call_later(self.roles.settings.memory_s, self._wake.set)
             self._jobs.pop(task.key, None)
             self._wake.set()
         if isinstance(report, Failed):

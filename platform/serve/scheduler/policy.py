@@ -10,6 +10,8 @@ Each policy is on by default and can be switched off (``parrot serve --no-...``)
 - ``app_fifo``: the tasks of applications that started first go first.
 - ``context_affinity``: an engine's cached prefix of the prompt counts as work it need not
   do, and queued tasks that share a prefix with a task just placed follow it to its engine.
+- ``engine_roles``: with two engines or more, latency-critical and throughput tasks keep to
+  engines of their own (scheduler/roles.py).
 
 A task goes to the engine with the least work ahead of it: the tokens its running tasks may
 still add, plus the prompt tokens it would have to compute. (The paper packs throughput
@@ -20,8 +22,9 @@ engines idle: 0.49x the baseline on two engines in the mixed benchmark.)
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
+from parrot.platform.serve.scheduler.roles import RoleSettings
 from parrot.platform.serve.scheduler.task import CompletionTask
 
 
@@ -31,6 +34,8 @@ class SchedulingPolicy:
     task_groups: bool = True
     context_affinity: bool = True
     criteria: bool = True
+    engine_roles: bool = True
+    roles: RoleSettings = field(default_factory=RoleSettings)
     # A prompt that shares at least this many tokens with a task just placed goes with it.
     cluster_min_shared: int = 64
 

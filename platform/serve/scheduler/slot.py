@@ -8,6 +8,7 @@ there by slot; a registry only builds a slot and hands it to the scheduler.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 
 from parrot.platform.serve.engines.client import Engine
@@ -31,6 +32,13 @@ class EngineSlot:
     info: dict = field(default_factory=dict)  # the last ping
     running: dict[str, CompletionTask] = field(default_factory=dict)  # by chain key
     load: int = 0  # KV tokens the running tasks may add (their need)
+    throughput_load: int = 0  # the part of ``load`` that is throughput tasks'
+    latency_running: set[str] = field(default_factory=set)  # keys of latency-critical tasks
+    latency_ended_at: float = float("-inf")  # monotonic time the last of them ended
+
+    @property
+    def latency_tasks(self) -> int:
+        return len(self.latency_running)
 
     @property
     def prompt_key(self) -> PromptKey:
@@ -43,3 +51,23 @@ class EngineSlot:
         if self.token_capacity is None or not self.running:
             return True
         return self.load + need <= self.token_capacity
+
+    def take(self, task: CompletionTask, need: int) -> None:
+        """``task`` was placed here, and may add ``need`` KV tokens."""
+        self.running[task.key] = task
+        self.load += need
+        if task.latency:  # as placed (a latency get may come while it runs): see release
+            self.latency_running.add(task.key)
+        else:
+            self.throughput_load += need
+
+    def release(self, task: CompletionTask, need: int) -> bool:
+        """``task`` left (done, failed or moved); True if it was latency-critical here."""
+        self.running.pop(task.key, None)
+        self.load -= need
+        if task.key in self.latency_running:
+            self.latency_running.discard(task.key)
+            self.latency_ended_at = time.monotonic()
+            return True
+        self.throughput_load -= need
+        return False
