@@ -45,8 +45,10 @@ stop:
 		|| echo "no Parrot started by make run on port $(PORT)"
 
 # An example against the server of `make run`: `make example NAME=chain_summarization`.
+# (durations.py and timed_session.py are helpers the examples import, not examples.)
+EXAMPLES := $(filter-out durations timed_session,$(basename $(notdir $(wildcard examples/*.py))))
 example: install
-	@test -n "$(NAME)" || (echo "usage: make example NAME=<one of: $(basename $(notdir $(wildcard examples/*.py)))>"; exit 2)
+	@test -n "$(NAME)" || (echo "usage: make example NAME=<one of: $(EXAMPLES)>"; exit 2)
 	$(BIN)/python examples/$(NAME).py --server http://$(HOST):$(PORT) $(ARGS)
 
 lint: install

@@ -80,9 +80,9 @@ def add_parser(commands) -> None:
     p.add_argument(
         "--latency-max-prefill-tokens",
         type=int,
-        default=32,
+        default=None,
         help="while a latency-critical job runs, prompt tokens of other jobs per step at most "
-        "(their decodes go on; default 32; --max-batched-tokens for no cap)",
+        "(their decodes go on; default: no cap)",
     )
     p.add_argument("--attention-backend", default=None, choices=available_backends())
     p.add_argument("--no-shared-prefix", action="store_true", help="disable shared-prefix attention")

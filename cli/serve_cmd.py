@@ -88,6 +88,11 @@ def run(args: argparse.Namespace) -> None:
     from parrot.web.config import DashboardConfig
 
     settings = ServeSettings.from_args(args)
+    if port_in_use(settings.port, settings.host):  # before a token or an engine is made for nothing
+        raise SystemExit(
+            f"parrot serve: port {settings.port} for the Parrot API is in use on {settings.host}; "
+            "stop what holds it, or pick another port (--port, PARROT_PORT; make run PORT=...)"
+        )
     token = settings.admin_token
     if not token:
         token = secrets.token_urlsafe(24)
@@ -95,11 +100,6 @@ def run(args: argparse.Namespace) -> None:
             f"parrot serve: admin token (shown once, not stored; set a fixed one with --admin-token "
             f"or PARROT_ADMIN_TOKEN): {token}",
             flush=True,
-        )
-    if port_in_use(settings.port, settings.host):  # before an engine starts for nothing
-        raise SystemExit(
-            f"parrot serve: port {settings.port} for the Parrot API is in use on {settings.host}; "
-            "stop what holds it, or pick another port (--port, PARROT_PORT; make run PORT=...)"
         )
     # SIGTERM stops the server as SIGINT does (uvicorn handles both while it runs; this
     # covers the start), so the engine child is always stopped below.

@@ -95,15 +95,16 @@ def test_serve_restarts_at_once_with_the_same_ports(engine, tmp_path, stop, tiny
 
 def test_a_held_api_port_is_refused_before_anything_is_announced(engine, tmp_path):
     """The API's port taken by another process: a clear message naming it, and neither
-    "Parrot API on ..." (printed only once the socket is bound) nor an engine started."""
+    "Parrot API on ..." (printed only once the socket is bound), nor an engine started, nor
+    an admin token made for a server that will not run (issue 38)."""
     engine_port = free_port()
     env = {
         **os.environ,
         "PARROT_CACHE_DIR": str(engine.model_folder.parent),
         "PARROT_DATA_DIR": str(tmp_path),
-        "PARROT_ADMIN_TOKEN": "port-test-token",
     }
     env.pop("PARROT_DB", None)
+    env.pop("PARROT_ADMIN_TOKEN", None)
     with socket.socket() as held:
         held.bind(("127.0.0.1", 0))
         held.listen()
@@ -113,6 +114,7 @@ def test_a_held_api_port_is_refused_before_anything_is_announced(engine, tmp_pat
     assert proc.proc.returncode != 0
     assert f"port {port} for the Parrot API is in use" in output, output
     assert "Parrot API on" not in output and "parrot engine: serving" not in output, output
+    assert "admin token" not in output, output
     assert not port_in_use(engine_port)
 
 

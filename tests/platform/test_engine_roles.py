@@ -1,7 +1,7 @@
-"""Engine roles (platform/serve/scheduler/roles.py; issue 35, §3): with two engines, a chat
-turn and throughput work keep to engines of their own, throughput work beyond an engine's
-window waits in the ServeCore's queue for an engine whose latency work ended, and with
-``--no-engine-roles`` the work is shared as before. Checked by where calls ran, on two fake
+"""Engine roles (``EngineRoles`` in platform/serve/scheduler/policy.py; issue 35, §3): with
+two engines, a chat turn and throughput work keep to engines of their own, throughput work
+beyond an engine's window waits in the ServeCore's queue for an engine whose latency work
+ended, and with ``--no-engine-roles`` the work is shared as before. Checked by where calls ran, on two fake
 engines served over HTTP; the timing of the mixed workload is benchmarks/apps/mixed.py."""
 
 from __future__ import annotations
@@ -12,8 +12,7 @@ from waiting import until
 
 from parrot.platform.serve.calls.service import Binding
 from parrot.platform.serve.core import ServeCore
-from parrot.platform.serve.scheduler.policy import SchedulingPolicy
-from parrot.platform.serve.scheduler.roles import EngineRoles, RoleSettings
+from parrot.platform.serve.scheduler.policy import EngineRoles, RoleSettings, SchedulingPolicy
 from parrot.platform.serve.scheduler.slot import EngineSlot
 from parrot.wire.sampling import SamplingParams
 

@@ -28,10 +28,9 @@ from parrot.platform.serve.contexts.radix import common_prefix
 from parrot.platform.serve.ops.metrics import ServeMetrics
 from parrot.platform.serve.scheduler.fill_ahead import FillAhead
 from parrot.platform.serve.scheduler.health import EngineMonitor, HealthSettings, Ping
-from parrot.platform.serve.scheduler.policy import SchedulingPolicy
+from parrot.platform.serve.scheduler.policy import EngineRoles, SchedulingPolicy
 from parrot.platform.serve.scheduler.prompt import PromptBuilder
 from parrot.platform.serve.scheduler.queue import TaskQueue
-from parrot.platform.serve.scheduler.roles import EngineRoles
 from parrot.platform.serve.scheduler.runner import Requeue, TaskRunner
 from parrot.platform.serve.scheduler.slot import EngineSlot
 from parrot.platform.serve.scheduler.task import (
