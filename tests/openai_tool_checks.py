@@ -129,6 +129,39 @@ def check_streamed_tool_calls(oai: openai.OpenAI) -> None:
     assert chunks[-1].choices[0].finish_reason == "tool_calls"
 
 
+def check_required_tools_do_not_run_away(oai: openai.OpenAI) -> None:
+    """Issue 36: ``tool_choice: "required"`` with parallel calls on (the client's default)
+    and a small ``max_tokens``: the bundled model would repeat one call until the budget
+    ran out, and the cut list came back as protocol text in ``content``. Now a repeated
+    call ends the list, the complete calls come back as ``tool_calls``, and no content
+    carries the protocol, streamed or not; a budget too small for one whole call answers
+    no calls and no content (``finish_reason: "length"``)."""
+    ask = {
+        "model": model_of(oai),
+        "messages": [{"role": "user", "content": "What is the weather in Oslo?"}],
+        "tools": [WEATHER_TOOL],
+        "tool_choice": "required",
+        "temperature": 0,
+    }
+    for max_tokens in (64, 1, 12):
+        choice = oai.chat.completions.create(**ask, max_tokens=max_tokens).choices[0]
+        calls = choice.message.tool_calls or []
+        assert not choice.message.content, choice  # never the protocol's text
+        keys = [(c.function.name, json.loads(c.function.arguments)) for c in calls]
+        assert all(name == "get_weather" for name, _ in keys), keys
+        assert len({json.dumps(k) for k in keys}) == len(keys), keys  # no call twice
+        if max_tokens == 64:
+            assert calls and choice.finish_reason == "tool_calls", choice
+        elif max_tokens == 1:
+            assert not calls and choice.finish_reason == "length", choice
+        chunks = list(oai.chat.completions.create(**ask, max_tokens=max_tokens, stream=True))
+        streamed = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+        deltas = [d for c in chunks if c.choices for d in c.choices[0].delta.tool_calls or ()]
+        assert streamed == "", streamed
+        assert [(d.function.name, json.loads(d.function.arguments)) for d in deltas] == keys
+        assert chunks[-1].choices[0].finish_reason == choice.finish_reason
+
+
 def deep_schema(depth: int) -> dict:
     """A JSON schema of arrays ``depth`` levels deep."""
     schema: dict = {"type": "string"}

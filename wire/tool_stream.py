@@ -3,8 +3,12 @@
 A ``{"response": "..."}`` answer streams as content: the JSON string's text is decoded as
 its characters arrive (an escape sequence is held back until it is whole). Each item of a
 ``{"tool_calls": [...]}`` answer comes out as a whole call once its JSON is complete
-(OpenAI clients assemble a call from one fragment as from many). Text that is not in the
-format (a generation cut off before its first key) comes out as content at the end.
+(OpenAI clients assemble a call from one fragment as from many). A call the list already
+holds (same name, same arguments) ends it: a small model, asked for calls with parallel
+calls on, repeats its one call until ``max_tokens`` (issue 36). The format's own text never
+comes out as content: a list cut by ``max_tokens`` gives the calls that are whole, an
+answer cut before its first key gives nothing. Text that is not in the format at all (a
+model not held to it) comes out as content at the end.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ _FIRST_KEY = re.compile(r'\s*\{\s*"(tool_calls|response)"\s*:\s*(\S)')  # and th
 _BETWEEN_ITEMS = re.compile(r"[\s,]*")
 _HEX = frozenset("0123456789abcdefABCDEF")
 _DECODER = json.JSONDecoder()
+_STARTS = ('{"tool_calls":[', '{"response":"')
 
 
 class AnswerStream:
@@ -33,6 +38,8 @@ class AnswerStream:
         self.closed = False  # the response's string, or the list of calls, has ended
         self.called = 0  # calls read from a tool_calls list
         self.given_calls = 0
+        self.seen: set[str] = set()  # the calls read (name and arguments, as sorted JSON)
+        self.repeated = False  # a call came again: the list ended there
 
     def feed(self, piece: str) -> ToolAnswer:
         self.text += piece
@@ -76,6 +83,11 @@ class AnswerStream:
             call = call_of(item)
             if call is None:
                 break  # not a call: the constraint was not this format; nothing more is read
+            key = json.dumps([item["name"], item.get("arguments", {})], sort_keys=True)
+            if key in self.seen:  # the model loops: the list ends with the calls before
+                self.closed = self.repeated = True
+                break
+            self.seen.add(key)
             calls.append(call)
             self.body_start = end
         self.called += len(calls)
@@ -92,10 +104,32 @@ class AnswerStream:
             answer = parse_answer(self.text)
             whole = answer.content if answer is not None and answer.content is not None else self.sent
             return ToolAnswer(whole[len(self.sent) :])
-        if self.kind == "tool_calls" and self.called:
+        if self.kind == "tool_calls":  # the whole calls; never the list's text
             return ToolAnswer(None, () if self.closed else self._complete_calls())
         answer = parse_answer(self.text)
-        return ToolAnswer(self.text) if answer is None else answer
+        if answer is not None:
+            return answer
+        if self.kind is None and _format_start(self.text):
+            return ToolAnswer(None)  # cut before its first key: nothing to say yet
+        return ToolAnswer(self.text)
+
+
+def read_answer(text: str) -> tuple[ToolAnswer, bool]:
+    """A whole generation read as a tool answer (what a stream of it gives in all), and
+    whether it is a complete list of calls (``finish_reason: "tool_calls"``)."""
+    stream = AnswerStream()
+    first, rest = stream.feed(text), stream.finish()
+    calls = (*first.tool_calls, *rest.tool_calls)
+    if calls or stream.kind == "tool_calls":
+        return ToolAnswer(None, calls), stream.called_tools
+    content = (first.content or "") + (rest.content or "")
+    return ToolAnswer(content if content or stream.kind == "response" else None), False
+
+
+def _format_start(text: str) -> bool:
+    """``text`` is the start of an answer in the format, before its first key is whole."""
+    compact = "".join(text.split())
+    return any(start.startswith(compact) for start in _STARTS)
 
 
 def _safe_end(body: str) -> int:

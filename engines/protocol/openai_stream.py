@@ -28,8 +28,8 @@ from parrot.wire.openai_schemas import (
     ToolCallDelta,
     Usage,
 )
-from parrot.wire.tool_calls import ToolAnswer, parse_answer
-from parrot.wire.tool_stream import AnswerStream
+from parrot.wire.tool_calls import ToolAnswer
+from parrot.wire.tool_stream import AnswerStream, read_answer
 
 
 @dataclass(frozen=True)
@@ -74,13 +74,15 @@ def completion_response(
 
 def chat_message(answer: Answer, tools: bool) -> tuple[AssistantMessage, str]:
     """The message and finish reason of a chat answer. With ``tools``, the answer is in the
-    generic tool format: its calls (``finish_reason: "tool_calls"``) or its response; an
-    answer not in the format (cut off by ``max_tokens``) is its text."""
-    parsed = parse_answer(answer.text) if tools else None
-    if parsed is None:
+    generic tool format, read as its stream would be (:func:`read_answer`): its calls
+    (``finish_reason: "tool_calls"`` once the list is complete; the whole ones of a list
+    cut by ``max_tokens``, with ``length``) or its response."""
+    if not tools:
         return AssistantMessage(content=answer.text), answer.finish_reason
+    parsed, called = read_answer(answer.text)
     if parsed.tool_calls:
-        return AssistantMessage(content=None, tool_calls=list(parsed.tool_calls)), "tool_calls"
+        reason = "tool_calls" if called else answer.finish_reason
+        return AssistantMessage(content=None, tool_calls=list(parsed.tool_calls)), reason
     return AssistantMessage(content=parsed.content), answer.finish_reason
 
 

@@ -108,6 +108,19 @@ def test_bind_tools_fills_tool_calls(model):
     assert merged.tool_calls[0]["name"] == "add" and set(merged.tool_calls[0]["args"]) == {"a", "b"}
 
 
+def test_required_tools_with_parallel_calls_do_not_run_away(model):
+    # Issue 36: LangChain's defaults (parallel calls on) and a budget of 64 tokens: the
+    # bundled model repeats its one call; the answer is that call, not the protocol's text.
+    asked = model.model_copy(update={"max_tokens": 64}).bind_tools([get_weather], tool_choice="required")
+    reply = asked.invoke("What is the weather in Oslo?")
+    assert [c["name"] for c in reply.tool_calls] == ["get_weather"] and reply.content == ""
+    assert reply.invalid_tool_calls == [] and reply.response_metadata["finish_reason"] == "tool_calls"
+    chunks = list(asked.stream("What is the weather in Oslo?"))
+    merged = sum(chunks[1:], chunks[0])
+    assert merged.content == "" and [c["name"] for c in merged.tool_calls] == ["get_weather"]
+    assert merged.tool_calls[0]["args"] == reply.tool_calls[0]["args"]
+
+
 def run_agent(model: ParrotChatModel, messages: list[BaseMessage], turns: int = 3) -> list[BaseMessage]:
     """A tool-calling agent loop, as langchain-core users write it: ask, run each tool the
     answer calls, send the results back as ToolMessages, until the model answers in text."""

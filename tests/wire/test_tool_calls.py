@@ -18,7 +18,7 @@ from parrot.wire.openai_schemas import (
     ToolCall,
 )
 from parrot.wire.tool_calls import ToolAnswer, parse_answer, plan_tools, render_turns
-from parrot.wire.tool_stream import AnswerStream
+from parrot.wire.tool_stream import AnswerStream, read_answer
 
 WEATHER = FunctionDefinition(
     name="get_weather",
@@ -190,10 +190,26 @@ def test_each_streamed_call_comes_once_complete(size):
 @pytest.mark.parametrize("size", [1, 7])
 def test_cut_off_answers(size):
     out, calls, stream = fed('{"tool_calls": [{"name": "get_wea', size)  # before any call is whole
-    assert out == "" and not calls and stream.finish().content == '{"tool_calls": [{"name": "get_wea'
+    assert out == "" and not calls and stream.finish() == ToolAnswer(None)  # not the format's text
     assert not stream.called_tools
-    text = json.dumps({"tool_calls": [CALL, CALL]})
+    for start in ('{"', '{ "tool_', '{"response"'):  # cut before the first key is whole
+        out, calls, stream = fed(start, size)
+        assert out == "" and not calls and stream.finish() == ToolAnswer(None), start
+    other = {"name": "get_weather", "arguments": {"city": "Oslo"}}
+    text = json.dumps({"tool_calls": [CALL, other]})
     out, calls, stream = fed(text[:-8], size)  # the first call went out; the second is lost
     assert len(calls) == 1 and stream.finish() == ToolAnswer(None) and not stream.called_tools
     out, calls, stream = fed('{"response": "cut of', size)
     assert out + stream.finish().content == "cut of"
+
+
+@pytest.mark.parametrize("size", [1, 7])
+def test_a_call_made_again_ends_the_list(size):
+    again = {"name": CALL["name"], "arguments": dict(reversed(list(CALL["arguments"].items())))}
+    text = json.dumps({"tool_calls": [CALL, {"name": "get_time", "arguments": {}}, again, CALL]})
+    out, calls, stream = fed(text[: len(text) * 3 // 4], size)
+    rest = stream.finish()
+    assert [c.function.name for c in (*calls, *rest.tool_calls)] == ["get_weather", "get_time"]
+    assert stream.called_tools and stream.repeated and out == ""
+    whole, called = read_answer(text)  # the same, read at once
+    assert [c.function.name for c in whole.tool_calls] == ["get_weather", "get_time"] and called

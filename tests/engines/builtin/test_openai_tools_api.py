@@ -13,6 +13,7 @@ from openai_tool_checks import (
     check_json_object_and_streamed_schema,
     check_oversized_format,
     check_parse_returns_the_model,
+    check_required_tools_do_not_run_away,
     check_streamed_tool_calls,
     check_structured_outputs,
     check_tool_loop,
@@ -39,6 +40,10 @@ def test_tool_loop(oai):
 
 def test_streamed_tool_calls(oai):
     check_streamed_tool_calls(oai)
+
+
+def test_required_tools_do_not_run_away(oai):
+    check_required_tools_do_not_run_away(oai)
 
 
 def test_bad_inputs_get_400_naming_the_field(engine_server):

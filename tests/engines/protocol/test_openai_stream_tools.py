@@ -64,18 +64,43 @@ async def test_a_stream_with_tools_gives_calls_or_content_per_choice():
     assert len([p for p in pieces if p]) > 3  # the response streamed as it came
 
 
-async def test_without_tools_or_cut_off_the_text_is_content():
+FIRST_WHOLE = CALLS.index(',{"name":"get_time"') + 5  # the first call whole, the second not
+LOOP = '{"tool_calls":[' + ",".join(['{"name":"get_weather","arguments":{"city":"Oslo"}}'] * 5)  # cut
+
+
+async def test_without_tools_the_text_is_content_and_a_cut_list_gives_its_whole_calls():
     content, calls, reason = choice_parts(await chunks([CALLS], tools=False), 0)
     assert content == CALLS and calls == [] and reason == "stop"
     content, calls, reason = choice_parts(await chunks([CALLS[:40]], reason="length"), 0)
-    assert content == CALLS[:40] and calls == [] and reason == "length"
+    assert content == "" and calls == [] and reason == "length"  # never the format's text
+    content, calls, reason = choice_parts(await chunks([CALLS[:FIRST_WHOLE]], reason="length"), 0)
+    assert content == "" and [c["function"]["name"] for c in calls] == ["get_weather"] and reason == "length"
+    content, calls, reason = choice_parts(await chunks(['{"'], reason="length"), 0)
+    assert content == "" and calls == [] and reason == "length"
+
+
+async def test_a_repeated_call_ends_the_list():
+    content, calls, reason = choice_parts(await chunks([LOOP], reason="length"), 0)
+    assert content == "" and len(calls) == 1 and reason == "tool_calls"
+    assert json.loads(calls[0]["function"]["arguments"]) == {"city": "Oslo"}
 
 
 def test_a_plain_answer_with_tools():
-    answers = [Answer(CALLS, "stop", 9), Answer(RESPONSE, "stop", 5), Answer(CALLS[:30], "length", 4)]
+    answers = [
+        Answer(CALLS, "stop", 9),
+        Answer(RESPONSE, "stop", 5),
+        Answer(CALLS[:30], "length", 4),
+        Answer(CALLS[:FIRST_WHOLE], "length", 6),
+        Answer(LOOP, "length", 40),
+        Answer("Plain words, no format", "stop", 4),
+    ]
     response = chat_response("id", 0, "m", answers, usage(3, 18, 0), tools=True)
-    calls, said, cut = response.choices
+    calls, said, cut, cut_later, loop, plain = response.choices
     assert calls.finish_reason == "tool_calls" and calls.message.content is None
     assert [c.function.name for c in calls.message.tool_calls] == ["get_weather", "get_time"]
     assert said.message.content == SAID and said.finish_reason == "stop"
-    assert cut.message.content == CALLS[:30] and cut.finish_reason == "length"
+    assert cut.message.content is None and not cut.message.tool_calls and cut.finish_reason == "length"
+    assert [c.function.name for c in cut_later.message.tool_calls] == ["get_weather"]
+    assert cut_later.message.content is None and cut_later.finish_reason == "length"
+    assert len(loop.message.tool_calls) == 1 and loop.finish_reason == "tool_calls"
+    assert plain.message.content == "Plain words, no format"  # a model not held to the format
