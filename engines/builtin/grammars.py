@@ -24,7 +24,7 @@ import llguidance.hf
 import llguidance.numpy
 
 from parrot.engines.protocol.errors import BadFormatError
-from parrot.engines.protocol.grammar import check_grammar, check_size, to_grammar
+from parrot.engines.protocol.grammar import check_grammar, check_size, matcher_error, to_grammar
 from parrot.wire.formats import OutputFormat
 
 
@@ -114,7 +114,7 @@ class GrammarCompiler:
         bitmask = llguidance.numpy.allocate_token_bitmask(1, self.n_vocab)  # [1, words]
         llguidance.numpy.fill_next_token_bitmask(matcher, bitmask, 0)
         if matcher.is_error():
-            raise BadFormatError(f"bad {fmt.kind}: {matcher.get_error().strip()}")
+            raise matcher_error(fmt, matcher)
         return matcher
 
     def close(self) -> None:

@@ -147,6 +147,29 @@ def text_mismatch(fmt: OutputFormat, value: str) -> str | None:
     return None
 
 
+def probe(fmt: OutputFormat) -> None:
+    """Raise :class:`BadFormatError` naming the problem in words when the format compiles
+    but no text can start it (a schema that is only a ``$ref`` cycle, such as ``{"$ref":
+    "#"}``), or llguidance fails preparing its first token. It compiles the format over
+    bytes and computes the first mask, as the engine will for its vocabulary: milliseconds
+    for an ordinary format, unbounded for a hostile one, so callers run it in a worker
+    thread with a time budget (platform/serve/variables/formats.py)."""
+    matcher = llguidance.LLMatcher(_byte_tokenizer(), to_grammar(fmt), log_level=0)
+    if not matcher.is_error():
+        matcher.compute_bitmask()
+    if matcher.is_error():
+        raise matcher_error(fmt, matcher)
+
+
+def matcher_error(fmt: OutputFormat, matcher: llguidance.LLMatcher) -> BadFormatError:
+    """The 400 of a matcher in error, in words: the first line of llguidance's message (the
+    rest is its parser's internal state), the cases clients meet explained."""
+    reason = matcher.get_error().strip().splitlines()[0]
+    if reason == "NoExtensionBias":
+        reason = 'no text can start it (a $ref cycle that never reaches a value, such as {"$ref": "#"})'
+    return BadFormatError(f"bad {_WHAT[fmt.kind]}: {reason}")
+
+
 def _no_fetch(uri: str) -> Any:
     raise ValueError(f"{uri} is not fetched: Parrot reads only the schema it is given")
 

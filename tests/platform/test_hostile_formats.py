@@ -105,3 +105,53 @@ def test_a_template_of_400_000_placeholders_is_refused_before_it_is_parsed(api):
     assert waited < 1.0, f"/healthz waited {waited:.2f} s beside the template (was 11.2 s)"
     small = {**body, "template": "{{q}} " * 100 + "{{a}}"}
     assert api.post("/v1/semantic_call", json=small, headers=auth).status_code == 201
+
+
+NO_START = [
+    {"$ref": "#"},
+    {"$defs": {"a": {"$ref": "#/$defs/b"}, "b": {"$ref": "#/$defs/a"}}, "$ref": "#/$defs/a"},
+]
+
+
+@pytest.mark.parametrize("schema", NO_START, ids=["ref-root", "defs-cycle"])
+def test_a_format_no_text_can_start_is_a_400_at_submit(api, schema):
+    """Issue 37 (8): these compiled, were accepted, and every call of them failed at run
+    time with llguidance's parser state in the error. The ServeCore now compiles a format
+    and prepares its first token at submit (off the loop, with a budget): 400 in words, on
+    a call, a variable and the OpenAI front, and nothing created."""
+    sid, auth = new_session(api)
+    fmt = {"json_schema": schema}
+    call = {
+        "session_id": sid,
+        "template": "Q: {{a}}",
+        "parameters": [{"name": "a", "is_output": True, "format": fmt, "sampling": {"max_tokens": 4}}],
+    }
+    var = {"session_id": sid, "name": "v", "format": fmt}
+    chat = {
+        "messages": [{"role": "user", "content": "hi"}],
+        "max_tokens": 4,
+        "response_format": {"type": "json_schema", "json_schema": {"name": "s", "schema": schema}},
+    }
+    bodies = {"/v1/semantic_call": call, "/v1/semantic_var": var, "/v1/chat/completions": chat}
+    for path, body in bodies.items():
+        r = api.post(path, json=body, headers=auth)
+        assert r.status_code == 400, (path, r.text)
+        message = r.json()["error"]["message"]
+        assert "no text can start it" in message and "<state>" not in message, (path, message)
+    info = api.get(f"/v1/session/{sid}", headers=auth).json()
+    assert info["vars"] == [] and info["calls"] == []
+
+
+async def test_a_format_over_the_probe_budget_is_refused_while_others_pass():
+    """The probe's budget: a format whose first token takes longer to prepare is a 400
+    naming it, and a cheap format beside it is checked at once (the costly one holds one of
+    the probe's two threads until it ends)."""
+    from parrot.engines.protocol.errors import BadFormatError
+    from parrot.platform.serve.variables.formats import FormatProbe
+    from parrot.wire.formats import OutputFormat
+
+    probe = FormatProbe(budget_s=0.02)
+    with pytest.raises(BadFormatError, match=r"took over 0\.02 s to compile"):
+        await probe.check(OutputFormat(regex="(a{1000}){1000}"))  # ~0.6 s here
+    await probe.check(OutputFormat(regex="[0-9]+"))
+    await probe.check(OutputFormat(regex="[0-9]+"))  # remembered: no thread at all

@@ -94,6 +94,9 @@ def refused(r: httpx.Response, status: int, code: str, *words: str) -> None:
 
 
 # -- bad input: a clear 4xx, nothing created ----------------------------------------------------
+CYCLE = {"$defs": {"a": {"$ref": "#/$defs/b"}, "b": {"$ref": "#/$defs/a"}}, "$ref": "#/$defs/a"}
+
+
 def bad_calls(s: Session) -> list[tuple[str, list[dict], int, str, tuple[str, ...]]]:
     plan = s.var("plan", PLAN_VALUE, {"json_schema": PLAN}).json()["var_id"]
     date = s.var("date", "2026-11-25", {"regex": r"\d{4}-\d{2}-\d{2}"}).json()["var_id"]
@@ -109,6 +112,9 @@ def bad_calls(s: Session) -> list[tuple[str, list[dict], int, str, tuple[str, ..
          400, "bad_format", ("Unimplemented keys", "if")),
         ("Q: {{a}}", [out("a", {"regex": "(unclosed"})], 400, "bad_format", ("bad regex", "unclosed group")),
         ("Q: {{a}}", [out("a", {"grammar": "start: x"})], 400, "bad_format", ("bad Lark grammar", "x")),
+        # issue 37: formats that compile but that no text can start, refused at submit
+        ("Q: {{a}}", [out("a", {"json_schema": {"$ref": "#"}})], 400, "bad_format", ("no text can start",)),
+        ("Q: {{a}}", [out("a", {"json_schema": CYCLE})], 400, "bad_format", ("no text can start", "cycle")),
         ("Q: {{a}}", [out("a", {"choice": []})], 400, "invalid_request", ("length >= 1", "format.choice")),
         ("Q: {{a}}", [out("a", {"choice": ["x", "x"]})], 400, "invalid_request", ("distinct",)),
         ("Q: {{a}}", [out("a", {"regex": "a", "choice": ["a"]})], 400, "invalid_request", ("exactly one",)),
@@ -143,6 +149,7 @@ def test_bad_formats_and_paths_are_refused_and_create_nothing(api):
 def test_a_format_on_a_variable_is_checked_with_the_same_rules(api):
     s = Session(api)
     refused(s.var("v", None, {"regex": "(("}), 400, "bad_format", "bad regex")
+    refused(s.var("v", None, {"json_schema": CYCLE}), 400, "bad_format", "no text can start it")
     refused(s.var("v", None, {"choice": []}), 400, "invalid_request", "choice")
     big = {"json_schema": {"enum": ["x" * 3000]}}
     refused(s.var("v", None, big), 413, "format_too_large", "max_format_chars")

@@ -102,6 +102,7 @@ class CallService:
         output_criteria: str | None,
     ) -> tuple[RequestChain, dict[str, str]]:
         """A templated call; its outputs' variable ids by name."""
+        await self.vars.check_formats([p.format for p in bindings])
         prepared = self._prepare(session, template, bindings, models, output_criteria)
         (accepted,) = await self.acceptor.accept([prepared])
         return accepted
@@ -116,6 +117,7 @@ class CallService:
         prepared: list[PreparedCall] = []
         for n, request in enumerate(calls):
             try:
+                await self.vars.check_formats([p.format for p in request.bindings])
                 earlier = {p.name: _output_of(prepared, p.output_of) for p in request.bindings if p.output_of}
                 prepared.append(
                     self._prepare(
@@ -258,8 +260,8 @@ class CallService:
         self.admission.check_prompt(sum(len(piece) for piece in pieces), "the prompt")
         for piece in pieces:
             self.admission.check_text(piece, "the prompt")
-        if sampling.format is not None:  # a 400 / 413 now, not a failed generation later
-            self.vars.check_format(sampling.format)
+        # a 400 / 413 now, not a failed generation later
+        await self.vars.check_formats([sampling.format])
         self._require_engine(models)
         out = SemanticVariable(new_id("var"), "completion")
         call = RequestChain.prompt(new_id("call"), pieces, out, sampling)

@@ -5,7 +5,9 @@ a placeholder reads a field of a JSON value (issue 21).
   ``format_too_large`` over the ``max_format_chars`` limit), before anything is created:
   what the engines' grammar library accepts (:mod:`parrot.engines.protocol.grammar`, the
   same check the builtin engine makes) and what the ServeCore's JSON-schema validator
-  can check values against.
+  can check values against; :class:`FormatProbe` then compiles it and prepares its first
+  token (off the event loop, with a time budget), so that a format no text can start, or
+  one too costly to prepare, is a 400 at submit and not a failed call later.
 - :func:`mismatch`: why a value does not match its variable's format (None: it does). Every
   value a typed variable gets passes here, whatever produced it (the builtin engine, whose
   decoding the format constrains; an OpenAI endpoint, which may ignore the request; a
@@ -19,11 +21,15 @@ a placeholder reads a field of a JSON value (issue 21).
 
 from __future__ import annotations
 
+import asyncio
 import json
+from collections import OrderedDict
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Final
 
 import jsonschema_rs
+import msgspec
 import regex
 
 from parrot.engines.protocol import grammar
@@ -53,6 +59,43 @@ def check_format(fmt: OutputFormat, max_chars: int) -> None:
             jsonschema_rs.validator_for(fmt.json_schema, offline=True)
         except (jsonschema_rs.ValidationError, jsonschema_rs.ReferencingError, ValueError) as error:
             raise BadFormatError(f"invalid json_schema: {_first_line(error)}") from None
+
+
+class FormatProbe:
+    """The deep check of a client's format (:func:`grammar.probe`), which may take as long as
+    a hostile format makes it: in worker threads, at most ``at_once`` at a time (a probe over
+    its budget answers 400 but keeps its thread until it ends, so a flood of costly formats
+    waits here instead of piling up threads), each format's success remembered."""
+
+    def __init__(self, budget_s: float = 2.0, at_once: int = 2, remembered: int = 1024) -> None:
+        self.budget_s = budget_s
+        self._pool = ThreadPoolExecutor(at_once, thread_name_prefix="format-probe")
+        self._slots = asyncio.Semaphore(at_once)
+        self._passed: OrderedDict[bytes, None] = OrderedDict()
+        self._remembered = remembered
+
+    async def check(self, fmt: OutputFormat) -> None:
+        key = msgspec_key(fmt)
+        if key in self._passed:
+            self._passed.move_to_end(key)
+            return
+        await self._slots.acquire()
+        future = asyncio.get_running_loop().run_in_executor(self._pool, grammar.probe, fmt)
+        future.add_done_callback(lambda _: self._slots.release())
+        try:
+            await asyncio.wait_for(asyncio.shield(future), self.budget_s)
+        except TimeoutError:
+            raise BadFormatError(
+                f"the format took over {self.budget_s:g} s to compile and prepare its first token "
+                "(the engine would spend that on every call of it): simplify it"
+            ) from None
+        self._passed[key] = None
+        if len(self._passed) > self._remembered:
+            self._passed.popitem(last=False)
+
+
+def msgspec_key(fmt: OutputFormat) -> bytes:
+    return msgspec.json.encode(fmt)
 
 
 def mismatch(fmt: OutputFormat, value: str) -> str | None:

@@ -29,7 +29,7 @@ from parrot.platform.serve.ops.metrics import ServeMetrics
 from parrot.platform.serve.scheduler.task import LATENCY, THROUGHPUT
 from parrot.platform.serve.sessions.service import SessionService
 from parrot.platform.serve.sessions.session import Session
-from parrot.platform.serve.variables.formats import check_format, mismatch
+from parrot.platform.serve.variables.formats import FormatProbe, check_format, mismatch
 from parrot.platform.serve.variables.values import VariableValues
 from parrot.platform.serve.variables.variable import SemanticVariable
 from parrot.platform.store.models import VariableRecord, var_record
@@ -62,6 +62,7 @@ class VariableService:
         self.admission = admission
         self.values = values
         self.driver = driver  # a latency get prioritizes the producers through it
+        self.probe = FormatProbe()
 
     def add(self, session: Session, var: SemanticVariable) -> VariableRecord | None:
         """Add ``var`` to its session; its record, for the caller to store with what made it
@@ -92,6 +93,14 @@ class VariableService:
         """400 / 413 for a format the ServeCore cannot use (``max_format_chars``)."""
         check_format(fmt, self.admission.limits.max_format_chars)
 
+    async def check_formats(self, formats: Sequence[OutputFormat | None]) -> None:
+        """:meth:`check_format` of each format, then its compilation and first token off
+        the event loop (a 400 for a format no text can start or one too costly to prepare)."""
+        for fmt in formats:
+            if fmt is not None:
+                self.check_format(fmt)
+                await self.probe.check(fmt)
+
     async def create(
         self, session: Session, name: str, value: str | None = None, fmt: OutputFormat | None = None
     ) -> SemanticVariable:
@@ -100,7 +109,7 @@ class VariableService:
         self.admission.check_text(name, "the variable name")
         self.admission.check_value(value, f"the value of variable {name!r}")
         if fmt is not None:
-            self.check_format(fmt)
+            await self.check_formats([fmt])
             await self._check_value(fmt, name, value)
         self.admission.check_session_growth(session.session_id, len(session.vars), 1, len(session.calls), 0)
         var = SemanticVariable(new_id("var"), name, value, format=fmt)
