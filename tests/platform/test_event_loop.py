@@ -14,6 +14,7 @@ from contextlib import contextmanager, suppress
 import httpx
 import pytest
 from conftest import ParrotProcess, free_port, rss_mib
+from httpx_sse import connect_sse
 
 from parrot.platform.serve.ops.memory import malloc_trim
 
@@ -113,8 +114,8 @@ def follow_live_page(url: str, path: str, done: threading.Event, events: list[in
     """A dashboard tab on a live page: read its events until ``done`` (each one counted; the
     page ends its stream when the session goes)."""
     tab = httpx.Client(base_url=url, timeout=None)
-    with suppress(httpx.HTTPError), tab, tab.stream("GET", path) as r:
-        for _ in r.iter_lines():
+    with suppress(httpx.HTTPError), tab, connect_sse(tab, "GET", path) as source:
+        for _ in source.iter_sse():
             events.append(1)
             if done.is_set():
                 return
