@@ -45,6 +45,8 @@ class JsonRequest(Request):
         try:
             return await super().json()
         except SerializationException as error:  # malformed JSON (msgspec's DecodeError)
+            if "UTF-8" in str(error.detail):  # msgspec 0.23 reports bad UTF-8 here, not as below
+                raise InvalidJsonError(f"the request body is not valid UTF-8 ({error.detail})") from None
             raise InvalidJsonError(f"the request body is not valid JSON: {error.detail}") from None
         except RecursionError:
             raise InvalidJsonError("the JSON body is nested too deeply") from None
