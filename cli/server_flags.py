@@ -58,4 +58,5 @@ def server_limits_from_args(args: argparse.Namespace) -> ServerLimits:
         body_timeout_s=args.body_timeout,
         keep_alive_s=args.keep_alive_timeout,
         max_connections=args.max_connections,
+        max_body_bytes=getattr(args, "max_body_bytes", None),  # both commands have the flag
     )

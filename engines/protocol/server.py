@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import json
 import logging
 import resource
 from collections import OrderedDict
@@ -29,10 +30,22 @@ from typing import Any
 import h11
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
+from parrot.engines.protocol.error_responses import body_too_large
+
 log = logging.getLogger(__name__)
 
 TIMEOUT_408 = b"HTTP/1.1 408 Request Timeout\r\ncontent-length: 0\r\nconnection: close\r\n\r\n"
 SHED_503 = b"HTTP/1.1 503 Service Unavailable\r\ncontent-length: 0\r\nconnection: close\r\n\r\n"
+
+
+def too_large_413(limit: int) -> bytes:
+    """The 413 of a body past ``max_body_bytes``, as the apps answer it."""
+    error = body_too_large(limit)
+    body = json.dumps({"error": {"code": error.code, "message": str(error)}}).encode()
+    head = "HTTP/1.1 413 Content Too Large\r\ncontent-type: application/json\r\n"
+    return f"{head}content-length: {len(body)}\r\nconnection: close\r\n\r\n".encode() + body
+
+
 FD_RESERVE = 0.25  # of the fd limit kept for everything else (engine clients, database, files)
 
 
@@ -46,6 +59,11 @@ class ServerLimits:
     keep_alive_s: float = 5.0  # an idle connection between two requests is closed after this
     max_connections: int = 2048  # open connections at most (kept below the fd limit)
     max_header_bytes: int = 64 * 1024  # a larger request head gets 400
+    # Bytes of one request body as they arrive, whatever the route reads: past it the
+    # connection closes (413 unless the app answered). The apps' own limit applies only to
+    # a body a handler reads; POST /v1/session reads none, and a chunked body that never
+    # ended went on until the body timeout (issue 37). None: the apps' limit only.
+    max_body_bytes: int | None = None
 
     def __post_init__(self) -> None:
         for name in ("header_timeout_s", "body_timeout_s", "keep_alive_s"):
@@ -55,6 +73,8 @@ class ServerLimits:
             raise ValueError(f"max_connections must be at least 1, got {self.max_connections}")
         if self.max_header_bytes < 1024:
             raise ValueError(f"max_header_bytes must be at least 1024, got {self.max_header_bytes}")
+        if self.max_body_bytes is not None and self.max_body_bytes < 1:
+            raise ValueError(f"max_body_bytes must be positive, got {self.max_body_bytes}")
 
 
 def raise_fd_limit() -> int:
@@ -118,6 +138,7 @@ class GuardedH11Protocol(H11Protocol):
         super().__init__(*args, **kwargs)
         self.guard = guard
         self._deadline: asyncio.TimerHandle | None = None
+        self._body_bytes = 0  # of the current request's body, as received
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         admitted = self.guard.make_room(self.connections)
@@ -136,8 +157,23 @@ class GuardedH11Protocol(H11Protocol):
         # A new request's first bytes after a keep-alive pause start its head deadline.
         if self._deadline is None and self.conn.their_state is h11.IDLE:
             self._wait_for_head()
+        if self.conn.their_state is h11.SEND_BODY and self._over_body_limit(len(data)):
+            return
         super().data_received(data)
         self._follow_state()
+
+    def _over_body_limit(self, size: int) -> bool:
+        """Count ``size`` more bytes of the request's body (chunk framing included); past
+        the limit the connection closes, with 413 unless an answer has begun."""
+        limit = self.guard.limits.max_body_bytes
+        self._body_bytes += size
+        if limit is None or self._body_bytes <= limit or self.transport.is_closing():
+            return False
+        self.guard.waiting.pop(self, None)
+        if self.cycle is None or not self.cycle.response_started:
+            self.transport.write(too_large_413(limit))
+        self.transport.close()
+        return True
 
     def on_response_complete(self) -> None:
         super().on_response_complete()
@@ -161,6 +197,7 @@ class GuardedH11Protocol(H11Protocol):
         self._clear_deadline()  # the request is in: the app answers at its own pace
 
     def _wait_for_head(self) -> None:
+        self._body_bytes = 0
         self.guard.waiting[self] = None
         self._arm(self.guard.limits.header_timeout_s)
 

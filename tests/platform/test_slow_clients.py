@@ -11,6 +11,7 @@ import resource
 import subprocess
 import sys
 import time
+from contextlib import suppress
 
 import httpx
 import pytest
@@ -131,6 +132,51 @@ def test_a_slow_body_is_cut_off_and_the_server_goes_on(tmp_path):
         log.close()
 
 
+def test_a_body_past_the_limit_closes_its_connection_even_where_no_handler_reads_it(tmp_path):
+    """Issue 37 (9): ``POST /v1/session`` reads no body, so a chunked body that never ended
+    was answered 201 and went on arriving until the body timeout; the apps' body limit
+    applies only to a body a handler reads. The server counts every body as it arrives:
+    past ``--max-body-bytes`` its connection closes (413 where nothing was answered yet)."""
+    proc, url, log = _serve(tmp_path, "--max-body-bytes", "100000")
+    try:
+        port = int(url.rsplit(":", 1)[1])
+
+        async def endless(path: bytes) -> tuple[bytes, int]:
+            """A chunked body sent without end: what came back, and the bytes sent."""
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            writer.write(b"POST " + path + b" HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n")
+            writer.write(b"Transfer-Encoding: chunked\r\n\r\n")
+            chunk, sent, answer = b"1000\r\n" + b" " * 4096 + b"\r\n", 0, b""
+            try:
+                while sent < 10_000_000:  # 100x the limit: the server must have closed
+                    writer.write(chunk)
+                    await writer.drain()
+                    sent += len(chunk)
+                    with suppress(TimeoutError):
+                        answer += await asyncio.wait_for(reader.read(4096), timeout=0.001)
+                        if reader.at_eof():
+                            break
+            except ConnectionError:
+                pass
+            finally:
+                writer.close()
+            with suppress(ConnectionError, TimeoutError):
+                answer += await asyncio.wait_for(reader.read(), timeout=2)
+            return answer, sent
+
+        answer, sent = asyncio.run(endless(b"/v1/session"))  # answered 201 before the body ends
+        assert sent < 1_000_000, sent
+        assert answer.startswith(b"HTTP/1.1 201"), answer[:200]
+        answer, sent = asyncio.run(endless(b"/v1/semantic_var"))  # a handler waits for the body
+        assert sent < 1_000_000 and answer.startswith(b"HTTP/1.1 413"), answer[:300]
+        assert b"max_body_bytes = 100000" in answer
+        assert httpx.get(f"{url}/healthz", timeout=2).status_code == 200
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+        log.close()
+
+
 def test_repeated_log_lines_are_suppressed_and_counted():
     """The filter of the ``parrot`` command's log handler (a unit test, with a fake clock)."""
     now = [0.0]
@@ -156,7 +202,7 @@ def test_server_limits_come_from_flags_and_variables_with_documented_defaults():
         add_serve_arguments(parser, env)
         return ServeSettings.from_args(parser.parse_args(argv))
 
-    assert settings([], {}).server == ServerLimits(10.0, 60.0, 5.0, 2048)
+    assert settings([], {}).server == ServerLimits(10.0, 60.0, 5.0, 2048, max_body_bytes=32 * 2**20)
     env = {"PARROT_HEADER_TIMEOUT": "3", "PARROT_MAX_CONNECTIONS": "64"}
     limits = settings(["--max-connections", "32", "--body-timeout", "7"], env).server
     assert (limits.header_timeout_s, limits.body_timeout_s, limits.max_connections) == (3.0, 7.0, 32)
