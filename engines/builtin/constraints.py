@@ -31,7 +31,9 @@ class Constraint:
 
     def consume(self, token: int) -> None:
         if not self.matcher.consume_token(token):
-            raise ConstraintError(f"the output format refused token {token}: {self.matcher.get_error()}")
+            # llguidance's first line says why; the rest is its parser's internal state
+            why = self.matcher.get_error().strip().splitlines()[0]
+            raise ConstraintError(f"the output format refused token {token}: {why}")
 
     def forced(self) -> list[int]:
         """Tokens the grammar forces next (keys, punctuation, the rest of a choice), in the

@@ -40,6 +40,7 @@ ANY_OBJECT: Final = {"type": "object"}
 
 # The characters Rust's ``regex_syntax::escape`` escapes (Python's ``re.escape`` escapes
 # others, e.g. ``!``, that Rust's syntax refuses to see escaped).
+PROBE_WALK_BYTES: Final = 32  # bytes of a text the probe walks after the first mask
 _REGEX_META: Final = frozenset("\\.+*?()|[]{}^$#&-~")
 
 
@@ -155,19 +156,35 @@ def probe(fmt: OutputFormat) -> None:
     for an ordinary format, unbounded for a hostile one, so callers run it in a worker
     thread with a time budget (platform/serve/variables/formats.py)."""
     matcher = llguidance.LLMatcher(_byte_tokenizer(), to_grammar(fmt), log_level=0)
-    if not matcher.is_error():
-        matcher.compute_bitmask()
+    walked = bytearray()
+    # The first mask, then a short walk along the lowest byte each step allows (with the
+    # forced bytes llguidance computes for jump-forward): what blows up the parser on the
+    # first bytes of a text (1,000 optional properties, a required property that is the
+    # root again, (a{1000}){1000}) blows up there, as it would in the engine's first steps.
+    for _ in range(PROBE_WALK_BYTES):
+        mask = matcher.compute_bitmask() if not matcher.is_error() else b""
+        if not matcher.is_error():
+            matcher.compute_ff_bytes()
+        if matcher.is_error():
+            raise matcher_error(fmt, matcher, bytes(walked))
+        allowed = next((b for b in range(256) if mask[b // 8] >> (b % 8) & 1), None)
+        if allowed is None:
+            return  # only the end may come: the text is whole
+        matcher.consume_token(allowed)
+        walked.append(allowed)
     if matcher.is_error():
-        raise matcher_error(fmt, matcher)
+        raise matcher_error(fmt, matcher, bytes(walked))
 
 
-def matcher_error(fmt: OutputFormat, matcher: llguidance.LLMatcher) -> BadFormatError:
+def matcher_error(fmt: OutputFormat, matcher: llguidance.LLMatcher, after: bytes = b"") -> BadFormatError:
     """The 400 of a matcher in error, in words: the first line of llguidance's message (the
-    rest is its parser's internal state), the cases clients meet explained."""
+    rest is its parser's internal state), the cases clients meet explained; ``after``: the
+    text it had taken."""
     reason = matcher.get_error().strip().splitlines()[0]
     if reason == "NoExtensionBias":
         reason = 'no text can start it (a $ref cycle that never reaches a value, such as {"$ref": "#"})'
-    return BadFormatError(f"bad {_WHAT[fmt.kind]}: {reason}")
+    where = f" (after the text {after.decode(errors='replace')!r})" if after else ""
+    return BadFormatError(f"bad {_WHAT[fmt.kind]}: {reason}{where}")
 
 
 def _no_fetch(uri: str) -> Any:

@@ -179,3 +179,29 @@ def test_compiling_a_costly_regex_at_submit_does_not_stall_the_server(api, regex
     (r,) = answered
     assert r.status_code in (201, 400, 413), r.text
     assert waited < 0.3, f"/healthz waited {waited:.2f} s beside the regex's compile"
+
+
+ROOT_AGAIN = {"type": "object", "properties": {"x": {"$ref": "#"}}, "required": ["x"]}
+OPTIONAL_1000 = {"type": "object", "properties": {f"p{i}": {"type": "string"} for i in range(1000)}}
+FIRST_BYTES = {
+    "required-root": ({"json_schema": ROOT_AGAIN}, "Too many items"),
+    "1000-optional": ({"json_schema": OPTIONAL_1000}, "items"),
+    "repeat-of-repeat": ({"regex": "(a{1000}){1000}"}, "too many expressions"),
+}
+
+
+@pytest.mark.parametrize("name", FIRST_BYTES)
+def test_a_format_that_fails_on_its_first_bytes_is_a_400_at_submit(api, name):
+    """Issue 37 (8): these were accepted and failed every call in the engine's first steps
+    (llguidance's limits: items of a parser row, lexer expressions), with its parser state
+    in the error. The probe walks the first bytes of a text as the engine's first steps
+    would: a 400 naming llguidance's reason and where, nothing created."""
+    fmt, reason = FIRST_BYTES[name]
+    sid, auth = new_session(api)
+    out = {"name": "a", "is_output": True, "format": fmt, "sampling": {"max_tokens": 4}}
+    body = {"session_id": sid, "template": "Q: {{a}}", "parameters": [out]}
+    r = api.post("/v1/semantic_call", json=body, headers=auth)
+    assert r.status_code == 400, r.text
+    message = r.json()["error"]["message"]
+    assert reason in message and "after the text" in message and "<state>" not in message, message
+    assert api.get(f"/v1/session/{sid}", headers=auth).json()["calls"] == []
