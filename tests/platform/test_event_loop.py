@@ -176,7 +176,7 @@ def test_a_session_of_1000_calls_with_two_live_tabs_does_not_stall_the_server(tm
         latencies = probe(f"{url}/healthz", lambda: not done.is_set(), 120)
         worker.join()
         assert took and all(tabs), (took, [len(t) for t in tabs])  # the tabs were live, the delete ran
-        assert percentile(latencies, 0.99) < 2 * STALL_S, ms(sorted(latencies)[-5:])
+        assert percentile(latencies, 0.99) < STALL_S, ms(sorted(latencies)[-5:])
         assert took[0] < 2.0, f"the delete took {took[0]:.2f} s (was 14.5 s at 3,000 calls)"
     finally:
         process.kill()
