@@ -40,9 +40,16 @@ SERVE := $(BIN)/parrot serve --host $(HOST) --port $(PORT) --engine-port $(ENGIN
 run: install
 	$(SERVE)
 
+# `make stop` returns once the server and its engine are gone (a minute at most), not when
+# it has asked them to stop. (The pattern ends with a space: port 9000, not 90001.)
+SERVE_MATCH = bin/[p]arrot serve --host $(HOST) --port $(PORT) #
 stop:
-	@pkill -INT -f 'bin/[p]arrot serve --host $(HOST) --port $(PORT) ' && echo "stopped Parrot on port $(PORT)" \
-		|| echo "no Parrot started by make run on port $(PORT)"
+	@if pkill -INT -f '$(SERVE_MATCH)'; then \
+		echo "stopping Parrot on port $(PORT) (open requests get 5 s, then its engine stops)..."; \
+		for i in $$(seq 120); do pgrep -f '$(SERVE_MATCH)' >/dev/null || break; sleep 0.5; done; \
+		if pgrep -f '$(SERVE_MATCH)' >/dev/null; then echo "Parrot on port $(PORT) is still stopping after 60 s"; exit 1; fi; \
+		echo "stopped Parrot on port $(PORT)"; \
+	else echo "no Parrot started by make run on port $(PORT)"; fi
 
 # An example against the server of `make run`: `make example NAME=chain_summarization`.
 # (durations.py and timed_session.py are helpers the examples import, not examples.)

@@ -148,8 +148,10 @@ def run(args: argparse.Namespace) -> None:
         )  # fmt: skip
     finally:
         if child is not None:
+            print("parrot serve: the API stopped; stopping its builtin engine (up to 30 s)", flush=True)
             child.send_signal(signal.SIGINT)
             try:
                 child.wait(timeout=30)
             except subprocess.TimeoutExpired:
                 child.kill()
+        print("parrot serve: stopped", flush=True)

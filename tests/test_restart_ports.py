@@ -131,4 +131,8 @@ def test_the_api_line_comes_after_the_socket_is_bound(engine, tmp_path, tiny_mod
         # Announced: the socket answers at once.
         assert httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=5).status_code == 200
     finally:
-        proc.stop()
+        output = proc.stop()
+    # Ctrl-C says what it waits for, and the server is done only once its engine is (issue 38)
+    assert "stopping its builtin engine" in output, output
+    assert output.rstrip().endswith("parrot serve: stopped"), output
+    assert not port_in_use(engine_port)
