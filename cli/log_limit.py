@@ -14,6 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 MAX_KEYS = 4096  # distinct templates remembered; the least recently seen are forgotten
+EXEMPT = frozenset({"parrot.access"})  # a line a request, by design (the access log)
 
 
 @dataclass
@@ -45,7 +46,7 @@ class RepeatFilter(logging.Filter):
         self._lock = threading.Lock()  # the engine thread logs too
 
     def filter(self, record: logging.LogRecord) -> bool:
-        if record.levelno < self.min_level:
+        if record.levelno < self.min_level or record.name in EXEMPT:
             return True
         key = (record.name, record.levelno, str(record.msg))
         now = self.clock()

@@ -20,7 +20,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--log-level",
         default=from_env("LOG_LEVEL", str.lower, "info"),
         choices=LEVELS,
-        help="debug: a line per call; info: a summary per minute (default: $PARROT_LOG_LEVEL, else info)",
+        help="debug: a line per call; info: a line per HTTP request and a summary per minute "
+        "(default: $PARROT_LOG_LEVEL, else info)",
     )
     parser.add_argument(
         "--log-json",

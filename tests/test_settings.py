@@ -124,7 +124,11 @@ def test_serve_starts_quietly_and_logs_json(tmp_path):
     lines = [line for line in out[0].splitlines() if line.strip()]
     logged = [json.loads(line) for line in lines if line.startswith("{")]
     printed = [line for line in lines if not line.startswith("{")]
-    assert printed == [f"parrot serve: Parrot API on {url} with engines []; dashboard on {url}/"]
+    announced = f"parrot serve: Parrot API on {url} with engines []; dashboard on {url}/"
+    assert printed == [announced, "parrot serve: stopped"]
     assert all({"time", "level", "name", "message"} <= record.keys() for record in logged)
+    access = [r for r in logged if r["name"] == "parrot.access"]  # the request's line, its fields as keys
+    assert [(r["method"], r["route"], r["status"]) for r in access] == [("GET", "/v1/engines", 200)]
+    assert access[0]["duration_ms"] >= 0 and access[0]["bytes"] == 2
     assert not [r for r in logged if r["name"].startswith("alembic")]
     assert (tmp_path / "parrot.db").exists()  # migrated

@@ -17,6 +17,7 @@ from litestar.params import FromPath, FromQuery, JSONBody, QueryParameter
 from litestar.response import ServerSentEvent
 from litestar.types import ControllerRouterHandler
 
+from parrot.engines.protocol import access_log
 from parrot.engines.protocol.error_docs import (
     ADMIN,
     BODY,
@@ -300,7 +301,8 @@ def create_app(
         exception_handlers=exception_handlers(),
         request_max_body_size=core.limits.max_body_bytes,
         request_class=JsonRequest,
-        before_request=refuse_declared_oversize,
+        before_request=access_log.before_request(refuse_declared_oversize),
+        before_send=[access_log.before_send],
         on_startup=[start],
         on_shutdown=[stop],
     )

@@ -18,6 +18,7 @@ from litestar import Controller, Request, get, post
 from litestar.params import JSONBody
 from litestar.response import Stream
 
+from parrot.engines.protocol.access_log import record_tokens
 from parrot.engines.protocol.disconnect import unless_disconnected
 from parrot.engines.protocol.error_docs import ADMIN, BODY, CREATES, error_responses
 from parrot.engines.protocol.errors import BadRequestError, NotFoundError
@@ -86,12 +87,16 @@ async def _started(request: Request, run: OneShot) -> AsyncIterator[Delta | Fini
     first = await unless_disconnected(request, anext(events))
 
     async def chained() -> AsyncIterator[Delta | Finish]:
+        completion = first.completion_tokens if isinstance(first, Finish) else 0  # (the access line)
         try:
             yield first
             async for event in events:
+                if isinstance(event, Finish):
+                    completion += event.completion_tokens
                 yield event
         finally:
             await events.aclose()
+            record_tokens(request.state, run.usage(completion).prompt_tokens, completion)
 
     return chained()
 
@@ -100,7 +105,9 @@ async def _finished(request: Request, run: OneShot) -> tuple[list[Answer], Usage
     """The answers of a run that does not stream, and their usage. A client that gives up
     stops the generation (its session is closed)."""
     answers = await unless_disconnected(request, run.answers())
-    return answers, run.usage(sum(a.completion_tokens for a in answers))
+    use = run.usage(sum(a.completion_tokens for a in answers))
+    record_tokens(request.state, use.prompt_tokens, use.completion_tokens)
+    return answers, use
 
 
 # What the two generation routes share: one answer, or an event stream.

@@ -16,6 +16,7 @@ from parrot.engines.builtin import text_work
 from parrot.engines.builtin.engine import BuiltinEngine
 from parrot.engines.builtin.metrics import CONTENT_TYPE
 from parrot.engines.builtin.server.deps import ENGINE, EngineDep, engine_state
+from parrot.engines.protocol import access_log
 from parrot.engines.protocol.disconnect import unless_disconnected
 from parrot.engines.protocol.error_docs import BODY, error_responses
 from parrot.engines.protocol.error_responses import exception_handlers
@@ -193,7 +194,8 @@ def create_app(
         exception_handlers=exception_handlers(),
         request_max_body_size=max_body_bytes,
         request_class=JsonRequest,
-        before_request=refuse_declared_oversize,
+        before_request=access_log.before_request(refuse_declared_oversize),
+        before_send=[access_log.before_send],
         on_startup=[start] if manage_engine else [],
         on_shutdown=[stop] if manage_engine else [],
         debug=False,
