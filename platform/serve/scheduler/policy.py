@@ -38,7 +38,7 @@ class RoleSettings:
     # Latency tasks gathered on one engine before the next takes them: a CPU engine decodes
     # 4 rows in one pass over its packed weights, 8 in two.
     pack: int = 8
-    window_steps: int = 4
+    window_steps: int = 2
 
 
 @dataclass(frozen=True)
