@@ -35,7 +35,9 @@ install: $(STAMP)
 HOST ?= 127.0.0.1
 PORT ?= 9000
 ENGINE_PORT ?= 9001
-SERVE := $(BIN)/parrot serve --host $(HOST) --port $(PORT) --engine-port $(ENGINE_PORT)
+# `make run MODEL=Qwen/Qwen2.5-1.5B-Instruct` (a hub id, a model folder or a .gguf file)
+# serves another model than the bundled one.
+SERVE := $(BIN)/parrot serve --host $(HOST) --port $(PORT) --engine-port $(ENGINE_PORT) $(if $(MODEL),--model $(MODEL))
 
 run: install
 	$(SERVE)

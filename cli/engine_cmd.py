@@ -21,7 +21,8 @@ def add_parser(commands) -> None:
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=9001)
     p.add_argument(
-        "--model", default=None, help="HF model folder or .gguf file (default: bundled SmolLM2-135M)"
+        "--model", default=None, help="a Hugging Face hub id (org/name), a model folder or a .gguf file "
+        "(default: bundled SmolLM2-135M)"
     )
     p.add_argument("--device", default=None, help="auto | cpu | cuda[:N]")
     p.add_argument("--dtype", default=None, choices=DTYPES)

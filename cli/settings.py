@@ -10,6 +10,7 @@ flag                              variable                     default: meaning
 ``--db URL``                      PARROT_DB                    SQLite in the data folder
 ``--data-dir``                    PARROT_DATA_DIR              $XDG_DATA_HOME/parrot
 ``--admin-token``                 PARROT_ADMIN_TOKEN           generated, shown once
+``--model``                       PARROT_MODEL                 the bundled model (a hub id, folder or .gguf)
 ``--openai-api-key`` (repeatable) PARROT_OPENAI_API_KEYS       none: the OpenAI front is open
 ``--session-timeout``             PARROT_SESSION_TIMEOUT       3600 s: an idle session expires
 ``--secure-cookies``              PARROT_SECURE_COOKIES        off: dashboard cookies only over HTTPS
@@ -199,7 +200,12 @@ def add_serve_arguments(p: argparse.ArgumentParser, env: Mapping[str, str] | Non
     p.add_argument(
         "--engine-port", type=int, default=d.engine_port, help="port of the builtin engine it starts"
     )
-    p.add_argument("--model", default=None, help="model of the builtin engine it starts")
+    p.add_argument(
+        "--model",
+        default=e("MODEL", str, None),
+        help="model of the builtin engine it starts: a Hugging Face hub id (org/name), a model "
+        "folder or a .gguf file (default: $PARROT_MODEL, else the bundled SmolLM2-135M)",
+    )
     p.add_argument(
         "--admin-token",
         default=e("ADMIN_TOKEN", str, None),

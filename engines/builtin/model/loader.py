@@ -63,9 +63,13 @@ def resolve_model_folder(model: str | Path | None, cache_dir: Path) -> Path:
     """A Hugging Face model folder to load.
 
     None is the default model; a ``.gguf`` file is converted into ``cache_dir`` once and
-    the cached folder returned afterwards; a folder with ``config.json`` is used as is.
+    the cached folder returned afterwards; a folder with ``config.json`` is used as is; a
+    Hugging Face hub id (``org/name``, where no such path exists) is its snapshot in the
+    hub's cache (:func:`hub_snapshot`).
     """
     path = default_model_path() if model is None else Path(model).expanduser()
+    if not path.exists() and model is not None and is_hub_id(str(model)):
+        path = hub_snapshot(str(model))
     if path.is_dir():
         if not (path / "config.json").is_file():
             raise ModelLoadError(f"model folder {path} has no config.json")
@@ -77,6 +81,41 @@ def resolve_model_folder(model: str | Path | None, cache_dir: Path) -> Path:
             f"model {str(path)!r} does not exist: it is neither a model folder nor a .gguf file"
         )
     raise ModelLoadError(f"model {str(path)!r} is neither a model folder (with config.json) nor a .gguf file")
+
+
+# What the builtin engine reads of a hub repository: the config, the weights, the tokenizer.
+HUB_FILES = ("*.json", "*.safetensors", "tokenizer.model", "*.txt", "*.jinja")
+
+
+def is_hub_id(model: str) -> bool:
+    """``org/name`` (Hugging Face's repository ids: two names of letters, digits, ``-_.``)."""
+    parts = model.split("/")
+    allowed = set("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_.")
+    return len(parts) == 2 and all(p and set(p) <= allowed and p not in (".", "..") for p in parts)
+
+
+def hub_snapshot(repo_id: str) -> Path:
+    """The local folder of a hub model: from the hub's cache (``HF_HOME`` /
+    ``HF_HUB_CACHE``) when it is there, else downloaded into it; with ``HF_HUB_OFFLINE=1``
+    only the cache, so a machine without network serves a model once it is cached (as vLLM,
+    SGLang and llama.cpp's ``-hf`` do)."""
+    from huggingface_hub import snapshot_download
+    from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError, RepositoryNotFoundError
+
+    try:
+        return Path(snapshot_download(repo_id, allow_patterns=list(HUB_FILES)))
+    except LocalEntryNotFoundError as error:
+        raise ModelLoadError(
+            f"model {repo_id!r} is not in the Hugging Face cache and cannot be downloaded now "
+            f"(offline, HF_HUB_OFFLINE set, or no network): {str(error).splitlines()[0]}"
+        ) from None
+    except RepositoryNotFoundError:
+        raise ModelLoadError(
+            f"model {repo_id!r}: no such Hugging Face repository (or a gated one: log in with "
+            "`hf auth login` or set HF_TOKEN)"
+        ) from None
+    except HfHubHTTPError as error:
+        raise ModelLoadError(f"model {repo_id!r}: the Hugging Face hub answered {error}") from None
 
 
 def cache_folder_for(path: Path, cache_dir: Path) -> Path:
