@@ -111,6 +111,23 @@ def test_healthz_answers_while_a_64_input_catastrophic_regex_transform_runs(tmp_
 BIG_PROMPT_CHARS = 2 * 2**20  # 2 MiB (the issue's 4 MiB: scripts/... see docs/reliability.md)
 
 
+def probe_while(url: str, work: Callable[[], None], done: threading.Event) -> list[float]:
+    """Latencies of GET ``url`` (:func:`probe`) while ``work()`` runs in a thread; ``done``
+    is set when it ends (others may wait on it too)."""
+
+    def run() -> None:
+        try:
+            work()
+        finally:
+            done.set()
+
+    worker = threading.Thread(target=run)
+    worker.start()
+    latencies = probe(url, lambda: not done.is_set(), 120)
+    worker.join()
+    return latencies
+
+
 def follow_live_page(url: str, path: str, done: threading.Event, events: list[int]) -> None:
     """A dashboard tab on a live page: read its events until ``done`` (each one counted; the
     page ends its stream when the session goes)."""
@@ -165,16 +182,10 @@ def test_a_session_of_1000_calls_with_two_live_tabs_does_not_stall_the_server(tm
             threading.Thread(target=follow_live_page, args=(url, path, done, events), daemon=True).start()
 
         def work() -> None:
-            try:
-                with httpx.Client(base_url=url, timeout=60, headers=headers) as client:
-                    took.append(run_and_delete(client, 1000))
-            finally:
-                done.set()
+            with httpx.Client(base_url=url, timeout=60, headers=headers) as client:
+                took.append(run_and_delete(client, 1000))
 
-        worker = threading.Thread(target=work)
-        worker.start()
-        latencies = probe(f"{url}/healthz", lambda: not done.is_set(), 120)
-        worker.join()
+        latencies = probe_while(f"{url}/healthz", work, done)
         assert took and all(tabs), (took, [len(t) for t in tabs])  # the tabs were live, the delete ran
         assert percentile(latencies, 0.99) < STALL_S, ms(sorted(latencies)[-5:])
         assert took[0] < 2.0, f"the delete took {took[0]:.2f} s (was 14.5 s at 3,000 calls)"
@@ -197,19 +208,12 @@ def test_a_burst_of_500_variable_streams_does_not_stall_the_server(tmp_path):
     process = ParrotProcess([*args, "--no-dashboard"], {**os.environ, "PARROT_ADMIN_TOKEN": "admin"})
     try:
         process.wait_ready(lambda: httpx.get(f"{url}/healthz", timeout=2).status_code == 200, "serve")
-        done = threading.Event()
         outcome: list = []
 
         def burst() -> None:
-            try:
-                outcome.extend(asyncio.run(follow_all(url, streams=500, sessions=5)))
-            finally:
-                done.set()
+            outcome.extend(asyncio.run(follow_all(url, streams=500, sessions=5)))
 
-        worker = threading.Thread(target=burst)
-        worker.start()
-        latencies = probe(f"{url}/healthz", lambda: not done.is_set(), 120)
-        worker.join()
+        latencies = probe_while(f"{url}/healthz", burst, threading.Event())
         kinds = sorted(set(map(str, outcome)))
         assert outcome.count("value") >= 256 and set(outcome) <= {"value", 429}, kinds
         assert percentile(latencies, 0.99) < STALL_S, ms(sorted(latencies)[-5:])
