@@ -329,6 +329,7 @@ _LIMIT_HELP = (
     "characters of one variable's value",
     "characters of a call's template or an OpenAI-front prompt",
     "characters of an output's format (a JSON schema, regex, choices, grammar)",
+    "milliseconds to compile a format and prepare its first tokens at submit (400 beyond)",
     "placeholders ({{) of a call's template, counted before it is parsed",
     "bytes of all variable values the server holds (507 beyond)",
     "bytes of the variable values of one client address's sessions (429 beyond)",

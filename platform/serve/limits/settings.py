@@ -22,6 +22,9 @@ class Limits:
     max_value_chars: int = 8 * MiB  # one variable's value, set by a client or given inline
     max_prompt_chars: int = 8 * MiB  # a call's template; an OpenAI-front prompt, all pieces
     max_format_chars: int = 64 * 1024  # an output's format (its JSON: a schema, regex, choices)
+    # milliseconds to compile a client's format and prepare its first tokens at submit
+    # (platform/serve/variables/formats.py FormatProbe): costlier formats are a 400
+    max_format_probe_ms: int = 2000
     # a template's placeholders (``{{`` counted before parsing): each costs ~30 us of the event
     # loop to parse and bind, so 400,000 in a 2 MB template stalled it 11 s (issue 37)
     max_placeholders: int = 4096

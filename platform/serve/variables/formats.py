@@ -85,9 +85,10 @@ class FormatProbe:
         try:
             await asyncio.wait_for(asyncio.shield(future), self.budget_s)
         except TimeoutError:
+            limit = describe("max_format_probe_ms", round(self.budget_s * 1000))
             raise BadFormatError(
-                f"the format took over {self.budget_s:g} s to compile and prepare its first token "
-                "(the engine would spend that on every call of it): simplify it"
+                f"the format took over {self.budget_s:g} s to compile and prepare its first tokens "
+                f"(the engine would spend that on every call of it), the limit {limit}: simplify it"
             ) from None
         self._passed[key] = None
         if len(self._passed) > self._remembered:

@@ -62,7 +62,7 @@ class VariableService:
         self.admission = admission
         self.values = values
         self.driver = driver  # a latency get prioritizes the producers through it
-        self.probe = FormatProbe()
+        self.probe = FormatProbe(admission.limits.max_format_probe_ms / 1000)
 
     def add(self, session: Session, var: SemanticVariable) -> VariableRecord | None:
         """Add ``var`` to its session; its record, for the caller to store with what made it
