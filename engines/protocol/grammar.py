@@ -38,9 +38,9 @@ MAX_FORMAT_FLAG: Final = "--max-format-chars"
 JSON_OPTIONS: Final = {"whitespace_flexible": False, "lenient": False}
 ANY_OBJECT: Final = {"type": "object"}
 
+PROBE_WALK_BYTES: Final = 32  # bytes of a text the probe walks after the first mask
 # The characters Rust's ``regex_syntax::escape`` escapes (Python's ``re.escape`` escapes
 # others, e.g. ``!``, that Rust's syntax refuses to see escaped).
-PROBE_WALK_BYTES: Final = 32  # bytes of a text the probe walks after the first mask
 _REGEX_META: Final = frozenset("\\.+*?()|[]{}^$#&-~")
 
 
@@ -162,8 +162,8 @@ def probe(fmt: OutputFormat) -> None:
     # first bytes of a text (1,000 optional properties, a required property that is the
     # root again, (a{1000}){1000}) blows up there, as it would in the engine's first steps.
     for _ in range(PROBE_WALK_BYTES):
-        mask = matcher.compute_bitmask() if not matcher.is_error() else b""
         if not matcher.is_error():
+            mask = matcher.compute_bitmask()
             matcher.compute_ff_bytes()
         if matcher.is_error():
             raise matcher_error(fmt, matcher, bytes(walked))

@@ -102,7 +102,7 @@ class CallService:
         output_criteria: str | None,
     ) -> tuple[RequestChain, dict[str, str]]:
         """A templated call; its outputs' variable ids by name."""
-        await self.vars.check_formats([p.format for p in bindings])
+        await self.vars.check_formats([p.format for p in bindings if p.is_output])
         prepared = self._prepare(session, template, bindings, models, output_criteria)
         (accepted,) = await self.acceptor.accept([prepared])
         return accepted
@@ -117,7 +117,7 @@ class CallService:
         prepared: list[PreparedCall] = []
         for n, request in enumerate(calls):
             try:
-                await self.vars.check_formats([p.format for p in request.bindings])
+                await self.vars.check_formats([p.format for p in request.bindings if p.is_output])
                 earlier = {p.name: _output_of(prepared, p.output_of) for p in request.bindings if p.output_of}
                 prepared.append(
                     self._prepare(
@@ -180,7 +180,7 @@ class CallService:
                 raise BadRequestError(f"input {p.name!r} cannot have sampling settings")
             elif p.var_id is None and p.value is None and p.name not in earlier:
                 raise BadRequestError(f"input {p.name!r} needs a var_id or a value")
-        check_formats(bindings, self.vars.check_format)
+        check_formats(bindings)
         self._require_engine(models)
         named = {p.name: self.vars.find(session, p.var_id) for p in bindings if p.var_id is not None}
         named |= earlier

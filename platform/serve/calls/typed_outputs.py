@@ -5,7 +5,7 @@ template (``{{plan.steps[0]}}``) are ones their variables may have. Every refusa
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 import msgspec
@@ -21,15 +21,14 @@ if TYPE_CHECKING:
     from parrot.platform.serve.calls.service import Binding
 
 
-def check_formats(bindings: Sequence[Binding], check_format: Callable[[OutputFormat], None]) -> None:
-    """A format belongs on an output parameter (``format``), never in its sampling."""
+def check_formats(bindings: Sequence[Binding]) -> None:
+    """A format belongs on an output parameter (``format``), never in its sampling. (The
+    formats themselves are checked before: ``VariableService.check_formats``.)"""
     for p in bindings:
-        if p.format is not None:
-            if not p.is_output:
-                raise BadFormatError(
-                    f"input {p.name!r} cannot have a format: a format declares what an output is generated as"
-                )
-            check_format(p.format)
+        if p.format is not None and not p.is_output:
+            raise BadFormatError(
+                f"input {p.name!r} cannot have a format: a format declares what an output is generated as"
+            )
         if p.sampling is not None and p.sampling.format is not None:
             raise BadFormatError(
                 f"parameter {p.name!r}: give the format as the parameter's 'format', not in its sampling"

@@ -74,10 +74,17 @@ class FormatProbe:
         self._passed: OrderedDict[bytes, None] = OrderedDict()
         self._remembered = remembered
 
-    async def check(self, fmt: OutputFormat) -> None:
-        key = msgspec_key(fmt)
+    def passed(self, fmt: OutputFormat) -> bool:
+        """``fmt`` passed a probe (and every check before it) lately."""
+        key = msgspec.json.encode(fmt)
         if key in self._passed:
             self._passed.move_to_end(key)
+            return True
+        return False
+
+    async def check(self, fmt: OutputFormat) -> None:
+        key = msgspec.json.encode(fmt)
+        if key in self._passed:
             return
         await self._slots.acquire()
         future = asyncio.get_running_loop().run_in_executor(self._pool, grammar.probe, fmt)
@@ -93,10 +100,6 @@ class FormatProbe:
         self._passed[key] = None
         if len(self._passed) > self._remembered:
             self._passed.popitem(last=False)
-
-
-def msgspec_key(fmt: OutputFormat) -> bytes:
-    return msgspec.json.encode(fmt)
 
 
 def mismatch(fmt: OutputFormat, value: str) -> str | None:

@@ -97,7 +97,7 @@ class VariableService:
         """:meth:`check_format` of each format, then its compilation and first token off
         the event loop (a 400 for a format no text can start or one too costly to prepare)."""
         for fmt in formats:
-            if fmt is not None:
+            if fmt is not None and not self.probe.passed(fmt):  # (a format a call repeats: once)
                 self.check_format(fmt)
                 await self.probe.check(fmt)
 
