@@ -135,7 +135,8 @@ def check_required_tools_do_not_run_away(oai: openai.OpenAI) -> None:
     ran out, and the cut list came back as protocol text in ``content``. Now a repeated
     call ends the list, the complete calls come back as ``tool_calls``, and no content
     carries the protocol, streamed or not; a budget too small for one whole call answers
-    no calls and no content (``finish_reason: "length"``)."""
+    no calls and no content (``finish_reason: "length"``). The generation itself stops at
+    the repeated call: no token is spent on the loop (with a large budget too)."""
     ask = {
         "model": model_of(oai),
         "messages": [{"role": "user", "content": "What is the weather in Oslo?"}],
@@ -143,18 +144,22 @@ def check_required_tools_do_not_run_away(oai: openai.OpenAI) -> None:
         "tool_choice": "required",
         "temperature": 0,
     }
-    for max_tokens in (64, 1, 12):
-        choice = oai.chat.completions.create(**ask, max_tokens=max_tokens).choices[0]
+    for max_tokens in (64, 400, 1, 12):
+        budget = {"max_tokens": max_tokens}
+        answer = oai.chat.completions.create(**ask, **budget)
+        choice = answer.choices[0]
         calls = choice.message.tool_calls or []
         assert not choice.message.content, choice  # never the protocol's text
         keys = [(c.function.name, json.loads(c.function.arguments)) for c in calls]
         assert all(name == "get_weather" for name, _ in keys), keys
         assert len({json.dumps(k) for k in keys}) == len(keys), keys  # no call twice
-        if max_tokens == 64:
+        if max_tokens in (64, 400):
             assert calls and choice.finish_reason == "tool_calls", choice
+            # One call is ~20 tokens: the list ended at the repeat, not at the budget.
+            assert answer.usage.completion_tokens < 20 * (len(calls) + 1), answer.usage
         elif max_tokens == 1:
             assert not calls and choice.finish_reason == "length", choice
-        chunks = list(oai.chat.completions.create(**ask, max_tokens=max_tokens, stream=True))
+        chunks = list(oai.chat.completions.create(**ask, **budget, stream=True))
         streamed = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
         deltas = [d for c in chunks if c.choices for d in c.choices[0].delta.tool_calls or ()]
         assert streamed == "", streamed

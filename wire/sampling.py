@@ -43,6 +43,10 @@ class SamplingParams(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw
     # it. Travels with the sampling so every path to an engine carries it (as vLLM's
     # structured outputs do); a semantic call sets it from its output parameter's ``format``.
     format: OutputFormat | None = None
+    # The text is an answer in the generic tool format (an OpenAI request with tools): a
+    # call its list already holds ends the list, and the generation (issue 36: a small
+    # model asked for calls repeats its one call until max_tokens).
+    tool_answer: bool = False
 
     @property
     def is_greedy(self) -> bool:

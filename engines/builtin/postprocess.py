@@ -27,7 +27,7 @@ from parrot.engines.builtin.context_pool import ContextPool
 from parrot.engines.builtin.jobs import Answer, Final, GenerateResult, Job, JobKind, Outbox
 from parrot.engines.builtin.local_scheduler import LocalScheduler
 from parrot.engines.builtin.model_runner import StepOutput
-from parrot.engines.builtin.sampler import SequenceSampling, StopChecker
+from parrot.engines.builtin.sampler import RepeatedCallStop, SequenceSampling, StopChecker
 from parrot.engines.builtin.tokenizer import IncrementalDetokenizer, Tokenizer
 from parrot.engines.protocol.schemas import FillResponse, TokenStreamEvent
 from parrot.wire.sampling import SamplingParams
@@ -80,7 +80,7 @@ class Postprocessor:
             job.state = GenerationState(
                 sampling=SequenceSampling(params, ctx.token_ids, self.device),
                 detokenizer=IncrementalDetokenizer(self.tokenizer, ctx.token_ids[-8:]),
-                stop=StopChecker(params.stop) if params.stop else None,
+                stop=_stop_checker(params),
                 constraint=Constraint(job.grammar) if job.grammar is not None else None,
             )
             if self.jump_forward and job.state.constraint is not None:
@@ -172,7 +172,7 @@ class Postprocessor:
         state.text += state.detokenizer.add(token)
         cut = state.stop.check(state.text) if state.stop else None
         if cut is not None:
-            state.text = state.text[:cut]
+            state.text = state.text[:cut] + state.stop.closing
             self._finish_generate(job, "stop", token, stop_string=True)
         elif state.constraint is not None and state.constraint.stopped:  # the value is complete
             state.text += state.detokenizer.flush()
@@ -235,3 +235,9 @@ class Postprocessor:
         ctx = job.context
         if not self.scheduler.jobs_of(ctx):
             self.pool.settle(ctx)
+
+
+def _stop_checker(params: SamplingParams) -> StopChecker | None:
+    if params.tool_answer:
+        return RepeatedCallStop(params.stop)
+    return StopChecker(params.stop) if params.stop else None

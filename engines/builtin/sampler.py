@@ -14,6 +14,7 @@ from collections.abc import Sequence
 import torch
 
 from parrot.wire.sampling import SamplingParams
+from parrot.wire.tool_stream import AnswerStream
 
 
 class _DeviceTokenIds:
@@ -212,6 +213,8 @@ class Sampler:
 class StopChecker:
     """Finds stop strings in generated text, and what must be held back while streaming."""
 
+    closing = ""  # what the text gets after its cut (see RepeatedCallStop)
+
     def __init__(self, stops: Sequence[str]) -> None:
         self.stops = [s for s in stops if s]
 
@@ -230,3 +233,36 @@ class StopChecker:
                     longest = n
                     break
         return longest
+
+
+class RepeatedCallStop(StopChecker):
+    """Stop strings, and for an answer in the generic tool format the end of its list of
+    calls where a call comes again (same name, same arguments): the text is cut after the
+    last new call and closed (``]}``), so the answer is whole and no token is spent on a
+    loop. A small model asked for calls with parallel calls on repeats its one call until
+    ``max_tokens`` (issue 36); the readers of the answer end the list there too
+    (:class:`~parrot.wire.tool_stream.AnswerStream`), so the answer is the same, sooner."""
+
+    closing = "]}"
+
+    def __init__(self, stops: Sequence[str]) -> None:
+        super().__init__(stops)
+        self._answer = AnswerStream()
+        self._read = 0  # characters of the text fed to the answer so far
+
+    def check(self, text: str) -> int | None:
+        cut = super().check(text)
+        if cut is not None:
+            self.closing = ""  # a stop string of the request's: its text, as cut
+            return cut
+        self._answer.feed(text[self._read :])
+        self._read = len(text)
+        return self._answer.body_start if self._answer.repeated else None
+
+    def holdback(self, text: str) -> int:
+        """Within the list, the call being written is held back until it is whole: the text
+        streamed never runs past a cut."""
+        held = super().holdback(text)
+        if self._answer.kind == "tool_calls" and not self._answer.closed:
+            held = max(held, len(text) - self._answer.body_start)
+        return held

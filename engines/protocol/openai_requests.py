@@ -116,7 +116,7 @@ def sampling_params(req, default_max_tokens: int, tools: ToolPlan | None = None)
         "ignore_eos": req.ignore_eos,
     }
     sampling = msgspec.convert(fields, SamplingParams)
-    return msgspec.structs.replace(sampling, format=output_format(req, tools))
+    return msgspec.structs.replace(sampling, format=output_format(req, tools), tool_answer=tools is not None)
 
 
 def content_text(content: str | list[dict] | None) -> str:

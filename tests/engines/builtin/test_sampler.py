@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import msgspec
 import pytest
 import torch
@@ -12,6 +14,7 @@ from transformers.generation.logits_process import (
 )
 
 from parrot.engines.builtin.sampler import (
+    RepeatedCallStop,
     Sampler,
     SequenceSampling,
     StopChecker,
@@ -300,3 +303,29 @@ def test_sampling_params_defaults_and_limits_are_accepted():
     )
     assert not msgspec.json.decode(edge, type=SamplingParams).is_greedy
     assert SamplingParams(temperature=1.0, top_k=1).is_greedy
+
+
+def test_a_repeated_call_ends_the_tool_list_whole_and_streams_no_partial_call():
+    """Issue 36: a generic tool answer's list of calls ends where a call comes again; the
+    text is cut after the last new call and closed, and what streams never runs past it."""
+    call = '{"name":"get_weather","arguments":{"city":"Oslo"}}'
+    other = '{"name":"get_weather","arguments":{"city":"Bergen"}}'
+    whole = '{"tool_calls":[' + call + ", " + other  # the calls before the repeat
+    text = whole + ", " + call + ", " + call
+    stop = RepeatedCallStop([])
+    for end in range(1, len(text) + 1):  # a character at a time, as tokens come
+        assert end - stop.holdback(text[:end]) <= len(whole), end  # never a repeat's text
+        if (cut := stop.check(text[:end])) is not None:
+            break
+    assert end == len(whole + ", " + call)  # as soon as the repeat is whole
+    answer = json.loads(text[:cut] + stop.closing)
+    assert [c["arguments"]["city"] for c in answer["tool_calls"]] == ["Oslo", "Bergen"]
+
+
+def test_a_stop_string_cuts_a_tool_answer_as_sent():
+    stop = RepeatedCallStop(["Bergen"])
+    text = '{"tool_calls":[{"name":"get_weather","arguments":{"city":"Bergen"}}'
+    assert stop.check(text) == text.index("Bergen") and stop.closing == ""
+    plain = RepeatedCallStop([])
+    response = '{"response":"It is sunny in Oslo'
+    assert plain.check(response) is None and plain.holdback(response) == 0  # a response streams
