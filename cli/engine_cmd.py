@@ -21,8 +21,10 @@ def add_parser(commands) -> None:
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=9001)
     p.add_argument(
-        "--model", default=None, help="a Hugging Face hub id (org/name), a model folder or a .gguf file "
-        "(default: bundled SmolLM2-135M)"
+        "--model",
+        default=None,
+        help="a Hugging Face hub id (org/name), a model folder or a .gguf file "
+        "(default: bundled SmolLM2-135M)",
     )
     p.add_argument("--device", default=None, help="auto | cpu | cuda[:N]")
     p.add_argument("--dtype", default=None, choices=DTYPES)
@@ -198,12 +200,18 @@ def parse_graph_sizes(text: str) -> tuple[int, ...]:
 
 
 def run(args: argparse.Namespace) -> None:
-    from parrot.engines.builtin.engine import BuiltinEngine
+    """Bind the port at once and load the model meanwhile (``/healthz`` answers 503
+    ``loading`` with the stage): a failed load stops the server and exits with its error."""
+    from parrot.engines.builtin.loading import EngineLoader
     from parrot.engines.builtin.server.app import create_app
     from parrot.engines.protocol import server
 
-    engine = BuiltinEngine(config_from_args(args))
-    print(f"parrot engine: serving {engine.model_name} on http://{args.host}:{args.port}", flush=True)
+    loader = EngineLoader(config_from_args(args))
     limits = server_limits_from_args(args)
-    app = create_app(engine, max_body_bytes=args.max_body_bytes)
-    server.run(app, args.host, args.port, limits, log_level="warning")
+    app = create_app(loader, max_body_bytes=args.max_body_bytes)
+    ready = f"parrot engine: listening on http://{args.host}:{args.port}; loading the model (GET /healthz)"
+    server.run(
+        app, args.host, args.port, limits, ready_message=ready, stop=loader.failed, log_level="warning"
+    )
+    if loader.error is not None:
+        raise SystemExit(f"parrot engine: the model did not load: {loader.error}")

@@ -8,9 +8,7 @@ import signal
 import socket
 import subprocess
 import sys
-import time
-
-import httpx
+import threading
 
 from parrot.cli.settings import ServeSettings, add_serve_arguments
 
@@ -43,7 +41,8 @@ def _die_with_parent() -> None:
 
 
 def start_engine(settings: ServeSettings) -> tuple[subprocess.Popen, str]:
-    """A ``parrot engine`` child process; returns it once it answers ``/ping``."""
+    """A ``parrot engine`` child process, started: it binds its port at once and loads its
+    model meanwhile; the ServeCore registers it once loaded (its ``/healthz`` says the stage)."""
     if port_in_use(settings.engine_port):  # else another engine there would answer our pings
         raise SystemExit(
             f"parrot serve: port {settings.engine_port} for the builtin engine is in use "
@@ -62,20 +61,22 @@ def start_engine(settings: ServeSettings) -> tuple[subprocess.Popen, str]:
     if settings.model:
         cmd += ["--model", settings.model]
     proc = subprocess.Popen(cmd, preexec_fn=_die_with_parent if sys.platform == "linux" else None)
-    url = f"http://127.0.0.1:{settings.engine_port}"
-    deadline = time.monotonic() + 600  # the first start converts the model
-    while True:
-        if proc.poll() is not None:
-            raise SystemExit(f"parrot serve: the builtin engine exited with code {proc.returncode}")
-        try:
-            if httpx.get(f"{url}/ping", timeout=2).status_code == 200:
-                return proc, url
-        except httpx.TransportError:
-            pass
-        if time.monotonic() > deadline:
-            proc.terminate()
-            raise SystemExit("parrot serve: the builtin engine did not start in time")
-        time.sleep(0.5)
+    return proc, f"http://127.0.0.1:{settings.engine_port}"
+
+
+def watch_engine(proc: subprocess.Popen, stopping: threading.Event, died: threading.Event) -> None:
+    """Set ``died`` (the server stops on it) when the builtin engine fails (a model that does
+    not load, a crash) unless the server is ``stopping``: a ServeCore left without the
+    engine it was started for serves nothing. (Exit code 0: it was stopped, as by the
+    Ctrl-C that the terminal sends both processes; the server stops on its own.)"""
+
+    def wait() -> None:
+        code = proc.wait()
+        if code != 0 and not stopping.is_set():
+            print(f"parrot serve: the builtin engine exited with code {code}; stopping", flush=True)
+            died.set()
+
+    threading.Thread(target=wait, name="parrot-engine-watch", daemon=True).start()
 
 
 def run(args: argparse.Namespace) -> None:
@@ -105,9 +106,11 @@ def run(args: argparse.Namespace) -> None:
     # covers the start), so the engine child is always stopped below.
     signal.signal(signal.SIGTERM, signal.getsignal(signal.SIGINT))
     child = own = None
+    stopping, engine_died = threading.Event(), threading.Event()
     urls = settings.engine_urls
     if not urls and settings.start_engine:
         child, own = start_engine(settings)
+        watch_engine(child, stopping, engine_died)
         urls = (own,)
     host, port = settings.host, settings.port
     try:
@@ -141,13 +144,16 @@ def run(args: argparse.Namespace) -> None:
         ready = (
             f"parrot serve: Parrot API on http://{host}:{port} with engines {[public_url(u) for u in urls]}"
             + (f"; dashboard on http://{host}:{port}/" if settings.dashboard else "")
-        )
+            + ("\nparrot serve: the builtin engine is loading its model: /healthz answers 503 'loading' "
+               "with the stage, then 'ok'" if own else "")
+        )  # fmt: skip
         server.run(
-            app, host, port, settings.server, ready_message=ready, log_level="warning",
-            timeout_graceful_shutdown=5,
+            app, host, port, settings.server, ready_message=ready, stop=engine_died,
+            log_level="warning", timeout_graceful_shutdown=5,
         )  # fmt: skip
     finally:
-        if child is not None:
+        stopping.set()
+        if child is not None and child.poll() is None:
             print("parrot serve: the API stopped; stopping its builtin engine (up to 30 s)", flush=True)
             child.send_signal(signal.SIGINT)
             try:
@@ -155,3 +161,5 @@ def run(args: argparse.Namespace) -> None:
             except subprocess.TimeoutExpired:
                 child.kill()
         print("parrot serve: stopped", flush=True)
+    if engine_died.is_set():
+        raise SystemExit(1)

@@ -99,10 +99,7 @@ class AsyncSession(SessionBase[AsyncVar]):
     runs semantic functions called with ``await f.asubmit(...)`` inside the block in it."""
 
     var_class = AsyncVar
-
-    def __init__(self, client: AsyncClient, key: SessionKey | None, pipelined: bool = False) -> None:
-        super().__init__(key, pipelined)
-        self.client = client
+    client: AsyncClient
 
     async def flush(self) -> None:
         """See :meth:`parrot.sdk.client.Session.flush`."""
@@ -181,16 +178,20 @@ class _OpenSession:
     """What ``AsyncClient.session()`` returns: ``await`` it for a session, or use it in
     ``async with`` to have the session deleted at the end."""
 
-    def __init__(self, client: AsyncClient, pipeline: bool) -> None:
+    def __init__(
+        self, client: AsyncClient, pipeline: bool, label: str | None = None, tags: Sequence[str] = ()
+    ) -> None:
         self._client = client
         self._pipeline = pipeline
+        self._label, self._tags = label, tags
         self._session: AsyncSession | None = None
 
     async def _create(self) -> AsyncSession:
+        named = {"label": self._label, "tags": self._tags}
         if self._pipeline:
-            return AsyncSession(self._client, None, pipelined=True)
-        created = await self._client.send(ops.create_session())
-        return AsyncSession(self._client, SessionKey(created.session_id, created.session_auth))
+            return AsyncSession(self._client, None, pipelined=True, **named)
+        created = await self._client.send(ops.create_session(self._label, self._tags))
+        return AsyncSession(self._client, SessionKey(created.session_id, created.session_auth), **named)
 
     def __await__(self) -> Generator[Any, None, AsyncSession]:
         return self._create().__await__()
@@ -225,10 +226,12 @@ class AsyncClient(ClientBase):
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
 
-    def session(self, pipeline: bool = False) -> _OpenSession:
+    def session(
+        self, pipeline: bool = False, *, label: str | None = None, tags: Sequence[str] = ()
+    ) -> _OpenSession:
         """``s = await client.session()``, or ``async with client.session() as s:``;
-        ``pipeline``: see :meth:`parrot.sdk.client.Client.session`."""
-        return _OpenSession(self, pipeline)
+        ``pipeline``, ``label`` and ``tags``: see :meth:`parrot.sdk.client.Client.session`."""
+        return _OpenSession(self, pipeline, label, tags)
 
     async def call(
         self, func: Any, *args: Any, criteria: str = "latency", timeout: float = DEFAULT_WAIT_S, **kwargs: Any

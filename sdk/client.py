@@ -108,10 +108,7 @@ class Session(SessionBase[Var]):
     semantic functions called inside the block run in it."""
 
     var_class = Var
-
-    def __init__(self, client: Client, key: SessionKey | None, pipelined: bool = False) -> None:
-        super().__init__(key, pipelined)
-        self.client = client
+    client: Client
 
     def flush(self) -> None:
         """Send what a pipelined session has queued (see :mod:`parrot.sdk.pipeline`); made
@@ -213,14 +210,18 @@ class Client(ClientBase):
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def session(self, pipeline: bool = False) -> Session:
+    def session(
+        self, pipeline: bool = False, *, label: str | None = None, tags: Sequence[str] = ()
+    ) -> Session:
         """A new session, created now; use it in a ``with`` block to delete it at the end.
         ``pipeline``: made by its first request instead, its calls queued and sent together
-        when something needs the server (see :mod:`parrot.sdk.pipeline`)."""
+        when something needs the server (see :mod:`parrot.sdk.pipeline`). ``label`` (1 to
+        200 characters) and ``tags`` (up to 16, each 1 to 64) are what the dashboard's
+        sessions page finds it by; ``session.info()`` returns them."""
         if pipeline:
-            return Session(self, None, pipelined=True)
-        created = self.send(ops.create_session())
-        return Session(self, SessionKey(created.session_id, created.session_auth))
+            return Session(self, None, pipelined=True, label=label, tags=tags)
+        created = self.send(ops.create_session(label, tags))
+        return Session(self, SessionKey(created.session_id, created.session_auth), label=label, tags=tags)
 
     def call(
         self, func: Any, *args: Any, criteria: str = "latency", timeout: float = DEFAULT_WAIT_S, **kwargs: Any

@@ -181,9 +181,19 @@ class SessionBase(Generic[V]):
 
     var_class: ClassVar[type]
 
-    def __init__(self, key: SessionKey | None, pipelined: bool = False) -> None:
+    def __init__(
+        self,
+        client: ClientBase,
+        key: SessionKey | None,
+        pipelined: bool = False,
+        label: str | None = None,
+        tags: Sequence[str] = (),
+    ) -> None:
+        self.client = client
         self.key = key  # None: a pipelined session its first request has not made yet
         self.pipeline = Pipeline() if pipelined else None
+        # What a pipelined session is made with, by its first request.
+        self.label, self.tags = label, tuple(tags)
         self._tokens: list[Token] = []
 
     @property
@@ -218,7 +228,7 @@ class SessionBase(Generic[V]):
         if self.pipeline.queued:
             return pipeline.send_op(self)
         if self.key is None:
-            return ops.create_session().then(self._made)
+            return ops.create_session(self.label, self.tags).then(self._made)
         return None
 
     def _enter(self) -> None:

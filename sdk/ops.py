@@ -30,6 +30,7 @@ from parrot.wire.adapter_bodies import RenderChat
 from parrot.wire.bodies import (
     CallParameter,
     CreateVar,
+    NewSession,
     RegisterEngine,
     SetVar,
     SubmitCall,
@@ -48,8 +49,11 @@ class SessionKey:
     session_auth: str
 
 
-def create_session() -> Op[SessionCreated]:
-    return Op("POST", "/v1/session", struct(SessionCreated))
+def create_session(label: str | None = None, tags: Sequence[str] = ()) -> Op[SessionCreated]:
+    """A new session; ``label`` and ``tags`` (up to 16, each 1 to 64 characters; a label 1
+    to 200) are what the dashboard finds it by. Without them no body is sent."""
+    body = NewSession(label=label, tags=list(tags)) if label is not None or tags else None
+    return Op("POST", "/v1/session", struct(SessionCreated), body=body)
 
 
 def session_info(key: SessionKey) -> Op[SessionInfo]:

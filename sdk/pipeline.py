@@ -62,19 +62,24 @@ class Pipeline:
 
     def body(
         self,
-        session_id: str | None,
+        session: SessionBase,
         stream: OutputRef | None,
         criteria: str,
         close: bool,
         deltas: bool = True,
     ) -> SubmitCalls:
+        """The queue as one batch of ``session``: in it once it exists, else opening it
+        (with its label and tags)."""
+        key, opens = session.key, session.key is None
         return SubmitCalls(
             calls=[q.spec for q in self.queued],
-            session_id=session_id,
+            session_id=None if opens else key.session_id,
             stream=stream,
             criteria=criteria,
             close=close,
             deltas=deltas,
+            label=session.label if opens else None,
+            tags=list(session.tags) if opens else [],
         )
 
     def refuse(self, error: ParrotError) -> None:
@@ -119,7 +124,7 @@ def refused(var: Any) -> ParrotError:
 def send_op(session: SessionBase) -> Op[None]:
     """The queue in one request (the session made by it the first time)."""
     key = session.key
-    body = session.pipeline.body(key and key.session_id, None, "latency", False)
+    body = session.pipeline.body(session, None, "latency", False)
     return Op("POST", PATH, struct(CallsSubmitted), body=body, token=key and key.session_auth).then(
         lambda answer: session.accepted(answer)
     )
@@ -133,7 +138,7 @@ def stream_op(
     output's events as ``GET /v1/semantic_var/{id}/stream`` sends them (without its deltas
     unless ``deltas``)."""
     key = session.key
-    body = session.pipeline.body(key and key.session_id, ref, criteria, close, deltas)
+    body = session.pipeline.body(session, ref, criteria, close, deltas)
     return StreamOp(PATH, _events(session), body=body, token=key and key.session_auth, wait_s=wait_s)
 
 

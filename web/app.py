@@ -1,12 +1,13 @@
 """The dashboard's routes, and the ServeCore's whole app: the API's Litestar app with them
 (:func:`create_server_app`).
 
-Pages: ``/`` (overview), ``/sessions``, ``/sessions/{id}``, ``/contexts``, ``/engines``;
-their live parts at ``/live/...`` (SSE); ``/login``, ``/logout``; forms ``POST /engines``
-and ``POST /engines/{id}/remove`` (after its confirmation page, ``GET`` the same path); htmx
-and the favicon under ``/static`` (``/favicon.ico`` too, where browsers look first). Every
-page is complete when rendered (it works with JavaScript off); htmx only swaps in the live
-updates.
+Pages: ``/`` (overview), ``/sessions`` (``?q=``: a search by label or tag),
+``/sessions/{id}``, ``/requests`` (the OpenAI front's recent requests; ``?q=``),
+``/requests/{id}``, ``/contexts``, ``/engines``; their live parts at ``/live/...`` (SSE);
+``/login``, ``/logout``; forms ``POST /engines`` and ``POST /engines/{id}/remove`` (after
+its confirmation page, ``GET`` the same path); htmx and the favicon under ``/static``
+(``/favicon.ico`` too, where browsers look first). Every page is complete when rendered (it
+works with JavaScript off); htmx only swaps in the live updates.
 
 One controller per domain (pages, live parts, engine forms, sign-in), each declaring its
 path and guards once; every handler gets the ServeCore as the API's ``core`` dependency
@@ -57,8 +58,10 @@ class PageController(Controller):
         return render.page("overview.html", request, model=views.overview(core.views))
 
     @get("/sessions")
-    async def sessions_page(self, request: Request, core: Core) -> Response[str]:
-        return render.page("sessions.html", request, model=views.session_list(core.views))
+    async def sessions_page(
+        self, request: Request, core: Core, q: FromQuery[str | None] = None
+    ) -> Response[str]:
+        return render.page("sessions.html", request, model=views.session_list(core.views, q))
 
     @get("/sessions/{session_id:str}")
     async def session_page(
@@ -68,6 +71,18 @@ class PageController(Controller):
         model = await asyncio.to_thread(views.session_page, snapshot, node)  # drawn off it
         live_url = f"/live/sessions/{quote(session_id)}" + (f"?node={quote(node)}" if node else "")
         return render.page("session.html", request, model=model, live_url=live_url)
+
+    @get("/requests")
+    async def requests_page(
+        self, request: Request, core: Core, q: FromQuery[str | None] = None
+    ) -> Response[str]:
+        return render.page("requests.html", request, model=views.request_list(core.views, q))
+
+    @get("/requests/{request_id:str}")
+    async def request_page(self, request: Request, core: Core, request_id: FromPath[str]) -> Response[str]:
+        """One request's record: it is written once, when the request ends, so the page is
+        not live."""
+        return render.page("request.html", request, record=core.views.request_record(request_id))
 
     @get("/contexts")
     async def contexts_page(self, request: Request, core: Core) -> Response[str]:
@@ -158,8 +173,13 @@ def _live_engines(ops: OperatorViews, request: Request) -> str:
     )
 
 
+def _live_requests(ops: OperatorViews, request: Request) -> str:
+    return render.fragment("live/requests.html", model=views.request_list(ops, request.query_params.get("q")))
+
+
 LIVE_PAGES: dict[str, Callable[[OperatorViews, Request], str]] = {
     "overview": lambda ops, _: render.fragment("live/overview.html", model=views.overview(ops)),
+    "requests": _live_requests,
     "contexts": lambda ops, _: render.fragment("live/contexts.html", trees=views.context_trees(ops)),
     "engines": _live_engines,
 }
@@ -194,10 +214,13 @@ class LiveController(Controller):
     # The session pages can be big: their renders are shared by every tab and drawn off the
     # event loop (live.SharedRenders).
     @get("/sessions")
-    async def live_sessions(self, request: Request, core: Core, dashboard: Dashboard) -> ServerSentEvent:
+    async def live_sessions(
+        self, request: Request, core: Core, dashboard: Dashboard, q: FromQuery[str | None] = None
+    ) -> ServerSentEvent:
         shared = live.renders(request)
-        snapshot = partial(views.session_list, core.views)
-        render_once = partial(shared.get, "sessions", snapshot, _draw_sessions, dashboard.live_interval_s)
+        snapshot = partial(views.session_list, core.views, q)
+        key = ("sessions", (q or "").strip())  # one render per search, shared by its tabs
+        render_once = partial(shared.get, key, snapshot, _draw_sessions, dashboard.live_interval_s)
         return live.stream(render_once, dashboard)
 
     @get("/sessions/{session_id:str}")

@@ -16,6 +16,7 @@ from parrot.platform.serve.ops.observe import (
     SessionDag,
     SessionSummary,
 )
+from parrot.platform.serve.ops.requests import RequestRecord
 from parrot.platform.serve.ops.views import OperatorViews
 from parrot.web.svg import charts, dag, tree
 from parrot.wire.responses import EngineInfo
@@ -92,16 +93,30 @@ class SessionList:
     totals: dict[str, int]  # call state -> calls, over the listed sessions
     live: int
     recent: int
+    query: str = ""  # the search: sessions whose label, a tag or id has it
 
 
-def session_list(ops: OperatorViews) -> SessionList:
-    sessions = ops.session_summaries()
+def session_list(ops: OperatorViews, query: str | None = None) -> SessionList:
+    sessions = ops.session_summaries(query)
     totals = {state: 0 for state in CALL_STATES}
     for s in sessions:
         for state, n in s.states.items():
             totals[state] = totals.get(state, 0) + n
     live = sum(s.live for s in sessions)
-    return SessionList(sessions, totals, live, len(sessions) - live)
+    return SessionList(sessions, totals, live, len(sessions) - live, (query or "").strip())
+
+
+@dataclass(frozen=True)
+class RequestList:
+    """The OpenAI front's recent requests, newest first (those the search finds)."""
+
+    requests: list[RequestRecord]
+    query: str  # the search: requests whose label, id, model or a tag has it
+    kept: int  # requests the ServeCore keeps (the last ones)
+
+
+def request_list(ops: OperatorViews, query: str | None = None) -> RequestList:
+    return RequestList(ops.recent_requests(query), (query or "").strip(), ops.requests.keep)
 
 
 @dataclass(frozen=True)

@@ -23,10 +23,23 @@ Name = Annotated[str, msgspec.Meta(min_length=1, max_length=256)]
 # limit named, checked by the ServeCore), not a fixed bound here.
 Text = str
 Url = Annotated[str, msgspec.Meta(min_length=1, max_length=2048)]
+# How a session is found again (on the dashboard's sessions page): a label and a few tags.
+MAX_LABEL_CHARS, MAX_TAGS, MAX_TAG_CHARS = 200, 16, 64
+Label = Annotated[str, msgspec.Meta(min_length=1, max_length=MAX_LABEL_CHARS)]
+Tag = Annotated[str, msgspec.Meta(min_length=1, max_length=MAX_TAG_CHARS)]
+Tags = Annotated[list[Tag], msgspec.Meta(max_length=MAX_TAGS)]
 
 
 class Body(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, omit_defaults=True):
     """A request body: unknown fields are refused, defaults are not sent."""
+
+
+class NewSession(Body):
+    """``POST /v1/session``'s body, which may be left out: a ``label`` and ``tags`` that
+    the dashboard's sessions page finds the session by."""
+
+    label: Label | None = None
+    tags: Tags = []
 
 
 class CreateVar(Body):
@@ -91,7 +104,8 @@ class SubmitCalls(Body):
     ``GET /v1/semantic_var/{id}/stream`` sends them), read with ``criteria``; ``close``
     deletes the session when that stream ends: a one-shot application in one round trip.
     ``deltas=false`` leaves the stream's ``delta`` events out: a reader that wants only the
-    value gets one event for it, not one per generated piece.
+    value gets one event for it, not one per generated piece. ``label`` and ``tags`` are
+    those of the session the batch opens (as :class:`NewSession`'s).
     """
 
     calls: Annotated[list[CallSpec], msgspec.Meta(min_length=1, max_length=1024)]
@@ -100,6 +114,8 @@ class SubmitCalls(Body):
     criteria: Literal["latency", "throughput"] = "latency"
     close: bool = False
     deltas: bool = True
+    label: Label | None = None
+    tags: Tags = []
 
 
 class TransformInput(Body):

@@ -302,6 +302,12 @@ class EngineShutdownError(ServiceUnavailableError):
     code = "engine_shutdown"
 
 
+class EngineLoadingError(ServiceUnavailableError):
+    """The engine is still loading its model (a first start converts it): retry soon."""
+
+    code = "engine_loading"
+
+
 class StoreError(ServiceUnavailableError):
     """The database did not take a write: nothing that depends on it was acknowledged."""
 

@@ -10,6 +10,14 @@ Penalty = Annotated[float, msgspec.Meta(ge=-2, le=2)]
 # OpenAI's rule for function names (and a json_schema's name).
 FunctionName = Annotated[str, msgspec.Meta(min_length=1, max_length=64, pattern=r"^[a-zA-Z0-9_-]+$")]
 MAX_TOOLS = 128
+# OpenAI's ``metadata``: up to 16 string pairs, keys of up to 64 characters, values of 512.
+Metadata = Annotated[
+    dict[
+        Annotated[str, msgspec.Meta(max_length=64)],
+        Annotated[str, msgspec.Meta(max_length=512)],
+    ],
+    msgspec.Meta(max_length=16),
+]
 
 
 class StreamOptions(msgspec.Struct, kw_only=True):
@@ -71,6 +79,7 @@ class _SamplingFields(msgspec.Struct, kw_only=True):
     user: str | None = None
     response_format: ResponseFormat | None = None
     structured_outputs: StructuredOutputs | None = None  # vLLM's extension: regex, choice, grammar
+    metadata: Metadata | None = None  # the ServeCore's front: a label (``label``) and tags (the rest)
 
 
 class CompletionRequest(_SamplingFields, kw_only=True):

@@ -50,11 +50,13 @@ class CallInfo(msgspec.Struct, kw_only=True, frozen=True):
 
 class SessionInfo(msgspec.Struct, kw_only=True, frozen=True):
     """A session's variables (without values: :class:`VarSummary`) and calls, in the order
-    they were made."""
+    they were made; its ``label`` and ``tags`` as it was created with them."""
 
     session_id: str
     vars: list[VarSummary]
     calls: list[CallInfo]
+    label: str | None = None
+    tags: list[str] = msgspec.field(default_factory=list)
 
 
 class SessionCreated(msgspec.Struct, kw_only=True, frozen=True):
@@ -111,7 +113,8 @@ class EngineInfo(msgspec.Struct, kw_only=True, frozen=True):
 
 
 class Health(msgspec.Struct, kw_only=True, frozen=True):
-    status: str  # "ok", or "degraded" when no engine can take work (see ``reason``)
+    status: str  # "ok"; "degraded" when no engine can take work (see ``reason``); "loading" (503)
     engines: int  # registered
     engines_up: int = 0
     reason: str | None = None
+    stage: str | None = None  # while loading: what the engine is doing, and for how long

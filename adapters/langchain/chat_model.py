@@ -161,7 +161,7 @@ class ParrotChatModel(ParrotSettings, BaseChatModel):
         if typed is not None:
             sampling["format"] = typed
         criteria = self.criteria_for(metadata)
-        async with open_run(self.client_config(), share_inputs=False) as run:
+        async with open_run(self, share_inputs=False) as run:
             marked = [_marked(run, m) for m in messages]
             slot, model = await submit_chat(run, marked, "reply", sampling, self.model)
             await run.values([slot], criteria, self.wait_timeout)
@@ -220,7 +220,7 @@ class ParrotChatModel(ParrotSettings, BaseChatModel):
     ) -> list[BaseMessage]:
         """Every chat submitted at once (up to ``max_concurrency``) into one session, so
         the server batches them and shares their prefixes."""
-        async with shared_session(self.client_config()):
+        async with shared_session(self):
             return await super().abatch(inputs, config, return_exceptions=return_exceptions, **kwargs)
 
     def _stream(

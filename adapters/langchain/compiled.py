@@ -127,7 +127,7 @@ class CompiledChain(Runnable[Any, Any]):
         """The chain's output for ``input``, streamed, in a session of its own (or the
         enclosing one) that is closed when the stream ends or is closed."""
         settings = self._settings
-        async with open_run(settings.client_config(), share_inputs=True) as run:
+        async with open_run(settings, share_inputs=True) as run:
             criteria = settings.criteria_for(config.get("metadata"))
             chain = ChainRun(run, config, criteria, settings.wait_timeout, on_client)
             async for chunk in chain.stream_output(self._plan.root, input):
@@ -149,7 +149,7 @@ class CompiledChain(Runnable[Any, Any]):
         """Every input's chain in one session, concurrently; an input that fails gives its
         exception in its place."""
         settings = self._settings
-        async with open_run(settings.client_config(), share_inputs=True) as run:
+        async with open_run(settings, share_inputs=True) as run:
             runs = [
                 ChainRun(run, c, settings.criteria_for(c.get("metadata")), settings.wait_timeout, on_client)
                 for c in configs

@@ -66,7 +66,7 @@ class ParrotLLM(ParrotSettings, BaseLLM):
     ) -> LLMResult:
         sampling = self.sampling(stop, kwargs)
         criteria = self.criteria_for(metadata)
-        async with open_run(self.client_config(), share_inputs=False) as run:
+        async with open_run(self, share_inputs=False) as run:
             slots = await asyncio.gather(
                 *(
                     run.generate([TextSlot("prompt", value=p)], "completion", sampling, self.models())

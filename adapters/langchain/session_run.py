@@ -2,8 +2,9 @@
 
 A run uses the session of the enclosing ``with client.session()`` block of the SDK when
 that session is on the same server (so an application can put LangChain calls and its own
-semantic calls in one DAG, and look at them afterwards); otherwise it creates a session
-and deletes it when the run ends.
+semantic calls in one DAG, and look at them afterwards); otherwise it creates a session,
+named with the model's ``session_label`` and ``session_tags`` (what the dashboard finds it
+by), and deletes it when the run ends.
 """
 
 from __future__ import annotations
@@ -13,10 +14,10 @@ from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
 
+from parrot.adapters.langchain.settings import ParrotSettings
 from parrot.adapters.langchain.templates import call_template
 from parrot.adapters.langchain.texts import Piece, Texts, TextSlot
 from parrot.sdk.aclient import AsyncClient, AsyncSession, AsyncVar
-from parrot.sdk.config import ClientConfig
 from parrot.sdk.handles import current_session
 from parrot.sdk.params import Output
 from parrot.sdk.results import CallUsage
@@ -78,25 +79,30 @@ class SessionRun:
 
 
 @asynccontextmanager
-async def open_run(config: ClientConfig, share_inputs: bool) -> AsyncIterator[SessionRun]:
+async def open_run(settings: ParrotSettings, share_inputs: bool) -> AsyncIterator[SessionRun]:
     """A run in the enclosing SDK session (same server), else in a session of its own."""
+    config = settings.client_config()
     async with AsyncClient(config.base_url, timeout=config.timeout) as client:
         enclosing = current_session()
         if enclosing is not None and enclosing.client.config.base_url == config.base_url:
             session = client.attach(enclosing.session_id, enclosing.session_auth)
             yield SessionRun(client, session, share_inputs)
             return
-        async with client.session() as session:
+        async with client.session(**settings.session_names()) as session:
             yield SessionRun(client, session, share_inputs)
 
 
 @asynccontextmanager
-async def shared_session(config: ClientConfig) -> AsyncIterator[None]:
+async def shared_session(settings: ParrotSettings) -> AsyncIterator[None]:
     """Make the runs started inside (concurrently, by a batch) share one session: the
     enclosing one when it is on this server, else a new one, deleted at the end."""
+    config = settings.client_config()
     enclosing = current_session()
     if enclosing is not None and enclosing.client.config.base_url == config.base_url:
         yield
         return
-    async with AsyncClient(config.base_url, timeout=config.timeout) as client, client.session():
+    async with (
+        AsyncClient(config.base_url, timeout=config.timeout) as client,
+        client.session(**settings.session_names()),
+    ):
         yield

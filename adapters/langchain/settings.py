@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, Field, SecretStr, model_validator
 
@@ -11,6 +11,7 @@ from parrot.sdk.config import DEFAULT_TIMEOUT_S, ClientConfig
 from parrot.sdk.errors import ParrotError
 from parrot.sdk.params import Output
 from parrot.sdk.streams import OPENAI_FIELDS
+from parrot.wire.bodies import MAX_LABEL_CHARS, MAX_TAG_CHARS, MAX_TAGS
 
 Criteria = Literal["latency", "throughput"]
 CRITERIA = ("latency", "throughput")
@@ -50,6 +51,13 @@ class ParrotSettings(BaseModel):
     """Seconds to wait for a generation to finish."""
     api_key: SecretStr | None = None
     """A key of the server's OpenAI-compatible routes (streaming), where it requires one."""
+    session_label: str | None = Field(default=None, min_length=1, max_length=MAX_LABEL_CHARS)
+    """The label of the sessions the model opens (not of an enclosing SDK session's): the
+    dashboard's sessions page finds them by it."""
+    session_tags: list[Annotated[str, Field(min_length=1, max_length=MAX_TAG_CHARS)]] = Field(
+        default_factory=list, max_length=MAX_TAGS
+    )
+    """Tags of the sessions the model opens, found by as the label is."""
 
     @model_validator(mode="after")
     def _check_settings(self) -> ParrotSettings:
@@ -59,6 +67,10 @@ class ParrotSettings(BaseModel):
 
     def client_config(self) -> ClientConfig:
         return ClientConfig.resolve(self.base_url, self.timeout, None)
+
+    def session_names(self) -> dict[str, Any]:
+        """The label and tags of a session the model opens (``client.session(**...)``)."""
+        return {"label": self.session_label, "tags": self.session_tags}
 
     def api_key_value(self) -> str | None:
         return self.api_key.get_secret_value() if self.api_key else None

@@ -62,8 +62,10 @@ class BuiltinEngine:
     loading on one thread and stepping on another would halve decode speed.)
     """
 
-    def __init__(self, config: EngineConfig) -> None:
+    def __init__(self, config: EngineConfig, on_stage: Callable[[str], None] = lambda _: None) -> None:
+        """``on_stage``: told each stage of the build (``parrot engine``'s /healthz names it)."""
         self.config = config
+        self._stage = on_stage
         # (fn, args, sink, reply): run between steps; the error (or the result) goes to sink.
         self._commands: queue.SimpleQueue[tuple] = queue.SimpleQueue()
         self._outbox = Outbox()  # the engine thread's answers, sent once its stats are published
@@ -89,11 +91,13 @@ class BuiltinEngine:
         if self.device.type == "cpu" and config.num_threads:
             torch.set_num_threads(config.num_threads)
         cache_dir = Path(config.cache_dir) if config.cache_dir else default_cache_dir()
-        self.model_folder = resolve_model_folder(config.model, cache_dir)
+        self.model_folder = resolve_model_folder(config.model, cache_dir, self._stage)
+        self._stage("loading the tokenizer")
         self.model_config = mc = ModelConfig.from_folder(self.model_folder)
         self.tokenizer = Tokenizer(self.model_folder)
         backend_name = config.attention_backend or default_backend(self.device.type)
         self.backend = create_backend(backend_name, mc.num_heads, mc.num_kv_heads, mc.head_dim)
+        self._stage("loading the weights and timing the CPU's kernels")
         self.model = build_model(config, mc, self.model_folder, self.backend)
         self.kv_dtype = kv_dtype = config.torch_kv_dtype()
         num_blocks = num_blocks_for_budget(mc, config.block_size, kv_dtype, config.kv_cache_bytes)
@@ -103,6 +107,7 @@ class BuiltinEngine:
         pool = ContextPool(BlockManager(num_blocks, config.block_size), kv_cache)
         max_len = min(config.max_model_len or mc.max_position_embeddings, mc.max_position_embeddings)
         graph_len = min(max_len, config.cuda_graph_max_len)
+        self._stage("capturing CUDA graphs" if sizes else "preparing the decode step (compiled once)")
         graphs = capture_decode_graphs(self.model, pool, graph_len, sizes, config.shared_prefix)
         whole_step = graphs or fused_decode_step(self.model, pool, config, self.device)
         runner = ModelRunner(self.model, pool, config.shared_prefix, self.device, whole_step)
@@ -388,12 +393,5 @@ class BuiltinEngine:
 def _reply(result: GenerateResult, kind: type[Reply]) -> Reply:
     """A finished generation as the wire says it: a ``GenerateResponse``, or the
     ``StreamEnd`` of a stream (the same fields, without the engine-clock timings)."""
-    return kind(
-        context_id=result.context_id,
-        token_ids=result.token_ids,
-        text=result.text,
-        finish_reason=result.finish_reason,
-        prompt_tokens=result.prompt_tokens,
-        cached_tokens=result.cached_tokens,
-        stop_string=result.stop_string,
-    )
+    fields = ("context_id", "token_ids", "text", "finish_reason", "prompt_tokens", "cached_tokens")
+    return kind(**{name: getattr(result, name) for name in fields}, stop_string=result.stop_string)

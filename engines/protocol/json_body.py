@@ -56,6 +56,16 @@ class JsonRequest(Request):
             ) from None
 
 
+class OptionalJsonRequest(JsonRequest):
+    """A request of a route whose JSON body may be left out (``POST /v1/session``): no body
+    at all, whatever its headers, reads as ``null``; a body is read as any other."""
+
+    async def json(self) -> Any:
+        if not await self.body():
+            return None
+        return await super().json()
+
+
 async def refuse_declared_oversize(request: Request) -> None:
     """An app's ``before_request``: 413 for a body whose ``Content-Length`` is over the
     route's limit, before the handler runs. Litestar applies the limit only when a handler

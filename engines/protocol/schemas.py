@@ -149,3 +149,8 @@ class RenderChatResponse(msgspec.Struct, kw_only=True):
     Pieces let a shared system prompt or a shared chat history be one cached context."""
 
     pieces: list[str]
+
+
+class EngineHealth(msgspec.Struct, kw_only=True):
+    status: str  # "ok", or "loading" (answered with 503) while the model loads
+    stage: str | None = None  # while loading: what it is doing and for how long

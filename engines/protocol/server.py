@@ -23,6 +23,7 @@ import functools
 import json
 import logging
 import resource
+import threading
 from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any
@@ -228,12 +229,19 @@ class GuardedH11Protocol(H11Protocol):
 
 
 def run(
-    app: Any, host: str, port: int, limits: ServerLimits, ready_message: str | None = None, **options: Any
+    app: Any,
+    host: str,
+    port: int,
+    limits: ServerLimits,
+    ready_message: str | None = None,
+    stop: threading.Event | None = None,
+    **options: Any,
 ) -> None:
     """``uvicorn.run`` with :class:`ServerLimits`; logging is left to the program's own
     configuration (its handlers rate-limit repeated lines). ``ready_message`` is printed once
     the socket is bound and the app started, never before (a port taken by another process
-    must not first be announced as served)."""
+    must not first be announced as served). ``stop``: once set (from any thread), the server
+    shuts down as on Ctrl-C."""
     import uvicorn
 
     guard = ConnectionGuard(limits, connection_cap(limits, raise_fd_limit()))
@@ -249,13 +257,23 @@ def run(
     )
     server = uvicorn.Server(config)
 
+    async def watch(event: threading.Event) -> None:
+        while not event.is_set():
+            await asyncio.sleep(0.1)
+        server.should_exit = True
+
     async def serve() -> None:
         serving = asyncio.ensure_future(server.serve())
+        watcher = asyncio.ensure_future(watch(stop)) if stop is not None else None
         while not server.started and not serving.done():
             await asyncio.sleep(0.05)
         if server.started and ready_message:
             print(ready_message, flush=True)
-        await serving
+        try:
+            await serving
+        finally:
+            if watcher is not None:
+                watcher.cancel()
 
     with asyncio.Runner(loop_factory=config.get_loop_factory()) as runner:
         runner.run(serve())

@@ -10,7 +10,7 @@ import secrets
 from collections.abc import Sequence
 from typing import Annotated
 
-from litestar import Controller, Litestar, Request, delete, get, post, put
+from litestar import Controller, Litestar, Request, Response, delete, get, post, put
 from litestar.datastructures import State
 from litestar.logging.config import LoggingConfig
 from litestar.params import FromPath, FromQuery, JSONBody, QueryParameter
@@ -30,7 +30,7 @@ from parrot.engines.protocol.error_docs import (
 )
 from parrot.engines.protocol.error_responses import exception_handlers
 from parrot.engines.protocol.event_stream import EventStream
-from parrot.engines.protocol.json_body import JsonRequest, refuse_declared_oversize
+from parrot.engines.protocol.json_body import JsonRequest, OptionalJsonRequest, refuse_declared_oversize
 from parrot.platform.api.adapter_routes import AdapterController
 from parrot.platform.api.auth import Sessions, admin_guard
 from parrot.platform.api.bodies import binding, engine_spec, transform_binding
@@ -44,7 +44,7 @@ from parrot.platform.serve.core import ServeCore
 from parrot.platform.serve.ops.metrics import CONTENT_TYPE
 from parrot.platform.serve.ops.observe import ContextTreeView, SessionDag
 from parrot.platform.serve.variables.variable import SemanticVariable
-from parrot.wire.bodies import CreateVar, RegisterEngine, SetVar, SubmitCall, SubmitTransform
+from parrot.wire.bodies import CreateVar, NewSession, RegisterEngine, SetVar, SubmitCall, SubmitTransform
 from parrot.wire.responses import (
     CallInfo,
     CallSubmitted,
@@ -86,12 +86,21 @@ def _call_info(call: RequestChain) -> CallInfo:
 class SessionController(Controller):
     path = "/v1/session"
 
-    @post(status_code=201, responses=error_responses(CREATES, STORE))
-    async def create_session(self, request: Request, core: Core) -> SessionCreated:
+    @post(
+        status_code=201,
+        responses=error_responses(BODY, CREATES, STORE),
+        request_class=OptionalJsonRequest,
+    )
+    async def create_session(
+        self, request: Request, core: Core, data: JSONBody[NewSession | None] = None
+    ) -> SessionCreated:
+        """A new session; the body, which may be left out, gives it a ``label`` and
+        ``tags`` to find it by (the dashboard's sessions page searches them)."""
         # Counted per client address (behind a reverse proxy: the address it forwards, when
         # uvicorn trusts it: --forwarded-allow-ips), for the sessions-per-client limit.
         client = request.client.host if request.client else "unknown"
-        session, auth = await core.sessions.create(client=client)
+        named = data or NewSession()
+        session, auth = await core.sessions.create(client=client, label=named.label, tags=named.tags)
         return SessionCreated(session_id=session.session_id, session_auth=auth)
 
     @get("/{session_id:str}", responses=error_responses(PARAMS, SESSION))
@@ -101,6 +110,8 @@ class SessionController(Controller):
             session_id=session_id,
             vars=[_var_summary(v) for v in session.vars.values()],
             calls=[_call_info(c) for c in session.calls.values()],
+            label=session.label,
+            tags=list(session.tags),
         )
 
     @get("/{session_id:str}/dag", responses=error_responses(PARAMS, SESSION))
@@ -246,13 +257,24 @@ class HealthController(Controller):
         """Prometheus text format (``prometheus_client``)."""
         return core.metrics.render(core.views.stats())
 
-    @get("/healthz")
-    async def healthz(self, core: Core) -> Health:
-        """Liveness (always 200 while the server answers) and whether it can serve calls."""
+    @get("/healthz", responses=error_responses(503))
+    async def healthz(self, core: Core) -> Response[Health]:
+        """Whether the server can serve calls: 200 ``ok``, or ``degraded`` with its reason
+        (no engine up); 503 ``loading`` with the stage while the engine ``parrot serve``
+        started loads its model (as llama.cpp's server answers while it loads)."""
         views = core.views.engine_views()
         up = sum(view.up for view in views)
+        stage = core.engines.loading.stage
+        if stage is not None and not up:
+            health = Health(
+                status="loading", engines=len(views), stage=stage, reason=core.engines.loading.describe()
+            )
+            return Response(health, status_code=503)
         reason = None if up else ("no engine is up" if views else "no engine is registered")
-        return Health(status="degraded" if reason else "ok", engines=len(views), engines_up=up, reason=reason)
+        health = Health(
+            status="degraded" if reason else "ok", engines=len(views), engines_up=up, reason=reason
+        )
+        return Response(health)
 
 
 def create_app(

@@ -60,7 +60,13 @@ class CallBatchController(Controller):
             client = request.client.host if request.client else "unknown"
             # A one-shot batch (closed with its answer) is not stored, as an OpenAI
             # request is not: no client can come back to it, and it costs no writes.
-            session, auth = await core.sessions.create(stored=not data.close, client=client, wait=False)
+            session, auth = await core.sessions.create(
+                stored=not data.close, client=client, wait=False, label=data.label, tags=data.tags
+            )
+        elif data.label is not None or data.tags:
+            raise BadRequestError(
+                "'label' and 'tags' name the session a batch opens: leave them out with 'session_id'"
+            )
         else:
             session = sessions(data.session_id)
         try:

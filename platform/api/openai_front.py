@@ -6,6 +6,9 @@ scheduling and prefix sharing without changes: each request runs as a one-call s
 (:mod:`parrot.platform.serve.sessions.oneshot`), its prompt split into constant pieces at message
 boundaries, so a system prompt shared by many requests is one context per engine. API
 keys for this front are optional (``--openai-api-key``); without any, it is open.
+
+Each request is traced from its start (:mod:`.front_records`): whatever ends it (an answer, a
+refusal, an error, its client leaving) leaves its record for operators (``/requests``).
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ from litestar.response import Stream
 from parrot.engines.protocol.access_log import record_tokens
 from parrot.engines.protocol.disconnect import unless_disconnected
 from parrot.engines.protocol.error_docs import ADMIN, BODY, CREATES, error_responses
-from parrot.engines.protocol.errors import BadRequestError, NotFoundError
+from parrot.engines.protocol.errors import BadRequestError, EngineLoadingError, NotFoundError
 from parrot.engines.protocol.event_stream import EventStream
 from parrot.engines.protocol.openai_requests import read_chat, sampling_params
 from parrot.engines.protocol.openai_stream import (
@@ -36,6 +39,7 @@ from parrot.engines.protocol.openai_stream import (
 from parrot.engines.protocol.stream_docs import JsonOrEventStream
 from parrot.platform.api.auth import openai_key_guard
 from parrot.platform.api.deps import Core
+from parrot.platform.api.front_records import request_facts
 from parrot.platform.serve.core import ServeCore
 from parrot.platform.serve.sessions.oneshot import OneShot, render_chat
 from parrot.wire.openai_schemas import (
@@ -55,6 +59,8 @@ CHAT_MAX_TOKENS = 512  # without max_tokens a chat answer stops here (or at end 
 def _model(core: ServeCore, asked: str | None) -> str:
     served = core.engines.models()
     if not served:
+        if core.engines.loading.stage is not None:
+            raise EngineLoadingError(core.engines.loading.describe())
         raise NotFoundError("no engine is registered")
     if asked is None:
         return served[0]
@@ -130,13 +136,16 @@ class OpenAIController(Controller):
     ) -> CompletionResponse | Stream:
         if data.echo or data.logprobs:
             raise BadRequestError("echo and logprobs are not supported")
-        model = _model(core, data.model)
-        sampling = sampling_params(data, COMPLETION_MAX_TOKENS)
-        run = await OneShot.start(core, [_prompt(data.prompt)], sampling, data.n, model, bool(data.stream))
         rid, created = f"cmpl-{uuid.uuid4().hex}", int(time.time())
-        if not data.stream:
-            return completion_response(rid, created, model, *await _finished(request, run))
-        events = await _started(request, run)
+        trace = core.requests.trace(request_facts(rid, data, request.headers))
+        with trace.watch():
+            model = _model(core, data.model)
+            sampling = sampling_params(data, COMPLETION_MAX_TOKENS)
+            prompt = [_prompt(data.prompt)]
+            run = await OneShot.start(core, prompt, sampling, data.n, model, bool(data.stream), trace)
+            if not data.stream:
+                return completion_response(rid, created, model, *await _finished(request, run))
+            events = await _started(request, run)
         body = completion_stream(events, rid, created, model, _final_usage(data, run))
         return EventStream(body)
 
@@ -146,15 +155,18 @@ class OpenAIController(Controller):
     ) -> ChatCompletionResponse | Stream:
         if data.logprobs:
             raise BadRequestError("logprobs are not supported")
-        model = _model(core, data.model)
-        chat = read_chat(data)
-        sampling = sampling_params(data, CHAT_MAX_TOKENS, chat.tools)
-        pieces = await render_chat(core, model, chat.turns)
-        run = await OneShot.start(core, pieces, sampling, data.n, model, bool(data.stream))
-        rid, created, tools = f"chatcmpl-{uuid.uuid4().hex}", int(time.time()), chat.tools is not None
-        if not data.stream:
-            return chat_response(rid, created, model, *await _finished(request, run), tools=tools)
-        events = await _started(request, run)
+        rid, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
+        trace = core.requests.trace(request_facts(rid, data, request.headers))
+        with trace.watch():
+            model = _model(core, data.model)
+            chat = read_chat(data)
+            sampling = sampling_params(data, CHAT_MAX_TOKENS, chat.tools)
+            pieces = await render_chat(core, model, chat.turns)
+            run = await OneShot.start(core, pieces, sampling, data.n, model, bool(data.stream), trace)
+            tools = chat.tools is not None
+            if not data.stream:
+                return chat_response(rid, created, model, *await _finished(request, run), tools=tools)
+            events = await _started(request, run)
         body = chat_stream(events, data.n, rid, created, model, _final_usage(data, run), tools)
         return EventStream(body)
 

@@ -11,7 +11,9 @@ dashboard, the OpenAI front, the CLI, the tests) use the services it names:
 - ``calls`` (:class:`CallService`): submit a call, a transform or a prompt; look one up;
 - ``engines`` (:class:`EngineService`): register, remove, the models served;
 - ``views`` (:class:`OperatorViews`): what the dashboard, ``/metrics`` and ``/healthz``
-  show.
+  show;
+- ``requests`` (:class:`RequestLog`): the OpenAI front's recent requests, a record written
+  by each when it ends (read through ``views``).
 
 Below them: the :class:`CallDriver` (``driver``: the one place a call's state advances,
 and is journaled), the :class:`GlobalScheduler` (orders tasks, picks engines, reports what
@@ -34,6 +36,7 @@ from parrot.platform.serve.calls.service import CallService
 from parrot.platform.serve.calls.transform_runner import TransformLimits, TransformRunner
 from parrot.platform.serve.contexts.manager import ContextManager
 from parrot.platform.serve.contexts.tree import MemoryPressure
+from parrot.platform.serve.engines.loading import EngineLoading
 from parrot.platform.serve.engines.registry import EngineRegistry
 from parrot.platform.serve.engines.service import EngineService
 from parrot.platform.serve.engines.settings import EngineSettings
@@ -45,6 +48,7 @@ from parrot.platform.serve.ops.activity import ActivityLog
 from parrot.platform.serve.ops.history import LoadHistory
 from parrot.platform.serve.ops.memory import MemoryTrimmer
 from parrot.platform.serve.ops.metrics import ServeMetrics
+from parrot.platform.serve.ops.requests import RequestLog
 from parrot.platform.serve.ops.views import OperatorViews
 from parrot.platform.serve.scheduler.global_scheduler import GlobalScheduler
 from parrot.platform.serve.scheduler.health import HealthSettings
@@ -82,8 +86,10 @@ class ServeCore:
         self.memory = MemoryTrimmer()  # gives the memory of big prompts and values back once freed
         self.history = history or LoadHistory()
         self.activity = activity or ActivityLog()
+        self.requests = RequestLog()
         values = VariableValues(self.admission.budget)
         self.contexts = ContextManager(pressure or MemoryPressure())
+        loading = EngineLoading()  # the engine `parrot serve` started, while it loads
         self.scheduler = GlobalScheduler(
             PromptBuilder(self.tokenizers),
             self.contexts,
@@ -91,6 +97,7 @@ class ServeCore:
             health,
             self.metrics,
             engine_settings.parent_wait_s,
+            lambda: loading.stage is not None,
         )
         self.driver = CallDriver(
             self.journal, self.admission, self.activity, values, self.scheduler, self.transforms
@@ -104,8 +111,10 @@ class ServeCore:
         )
         self.vars = VariableService(self.journal, self.admission, values, self.driver, self.metrics)
         self.streams = StreamService(self.vars, self.driver, self.admission.limits)
-        self.calls = CallService(self.journal, self.admission, self.vars, self.scheduler, self.driver)
-        self.engines = EngineService(registry, self.journal, self.scheduler)
+        self.calls = CallService(
+            self.journal, self.admission, self.vars, self.scheduler, self.driver, loading
+        )
+        self.engines = EngineService(registry, self.journal, self.scheduler, loading)
         self.views = OperatorViews(
             self.scheduler,
             registry,
@@ -114,6 +123,7 @@ class ServeCore:
             self.journal,
             self.history,
             self.activity,
+            self.requests,
         )
         self._trimmer: asyncio.Task | None = None
 
@@ -123,7 +133,8 @@ class ServeCore:
 
     async def start(self, engine_urls: tuple[str, ...] = (), own_engine: str | None = None) -> None:
         """Bring the store to the newest schema, restore what it holds, register engines
-        (``own_engine``: the one of ``engine_urls`` that ``parrot serve`` started itself)."""
+        (``own_engine``: the one of ``engine_urls`` that ``parrot serve`` started itself,
+        registered once it has loaded its model; the start does not wait for it)."""
         store = self.journal.store
         snapshot = None
         if store is not None:
@@ -133,7 +144,8 @@ class ServeCore:
             await self.contexts.claim_region(store)
         self.journal.start()
         self.scheduler.start()
-        await self.engines.restore(snapshot.engines if snapshot else [], engine_urls, own_engine)
+        loading = own_engine is not None and not await self.engines.loading.serves(own_engine)
+        await self.engines.restore(snapshot.engines if snapshot else [], engine_urls, own_engine, loading)
         if snapshot is not None:  # sessions, variables and calls; unfinished calls run again
             self.sessions.restore(snapshot.sessions)
             self.vars.restore(snapshot.vars, self.sessions)

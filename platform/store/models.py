@@ -34,6 +34,9 @@ class SessionRecord(Base):
     auth_hash: Mapped[str] = mapped_column(String(128))  # sha256 of the session_auth secret
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
     last_active_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+    # What its client named it, to find it by (None / NULL: sessions made without one).
+    label: Mapped[str | None] = mapped_column(String(200), nullable=True)
+    tags: Mapped[list | None] = mapped_column(JSON, nullable=True)
 
 
 class VariableRecord(Base):

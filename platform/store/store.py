@@ -123,9 +123,16 @@ class Store:
             return result.rowcount
 
     # -- sessions ------------------------------------------------------------------------
-    async def add_session(self, session_id: str, auth_hash: str) -> SessionRecord:
+    async def add_session(
+        self, session_id: str, auth_hash: str, label: str | None = None, tags: Sequence[str] = ()
+    ) -> SessionRecord:
         record = SessionRecord(
-            session_id=session_id, auth_hash=auth_hash, created_at=now(), last_active_at=now()
+            session_id=session_id,
+            auth_hash=auth_hash,
+            created_at=now(),
+            last_active_at=now(),
+            label=label,
+            tags=list(tags) or None,
         )
         async with self._begin() as db:
             db.add(record)

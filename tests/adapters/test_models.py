@@ -147,3 +147,18 @@ def test_bad_settings_are_clear_errors(server_url):
         llm.invoke("")
     with pytest.raises(ParrotError, match="no registered engine serves"):
         ParrotLLM(base_url=server_url, model="no-such-model").invoke("Hi")
+
+
+def test_the_models_label_the_sessions_they_open(fake_server):
+    """Issue 38: ``session_label`` and ``session_tags`` name the sessions a model opens, so
+    the dashboard finds them (a batch's one session too)."""
+    url, core = fake_server
+    llm = ParrotLLM(base_url=url, max_tokens=2, temperature=0, session_label="lc run", session_tags=["chain"])
+    assert llm.invoke("Say yes:")
+    (closed,) = core.views.session_summaries("lc run")  # deleted at the end of the run, still listed
+    assert (closed.live, closed.tags) == (False, ("chain",))
+    chat = ParrotChatModel(base_url=url, max_tokens=2, temperature=0, session_label="lc batch")
+    assert len(chat.batch(["Say yes.", "Say no."])) == 2
+    assert [s.calls for s in core.views.session_summaries("lc batch")] == [2]  # one session for both
+    with pytest.raises(ValidationError, match="session_label"):
+        ParrotLLM(base_url=url, session_label="")

@@ -199,4 +199,4 @@ def test_healthz_is_degraded_with_its_reason_while_no_engine_is_up(tmp_path, fak
     app = create_app(ServeCore(store=Store(sqlite_url(tmp_path / "gone"))), engine_urls=(fake_engine.url,))
     with ServerThread(app) as server:
         health = httpx.get(f"{server.url}/healthz").json()
-        assert health == {"status": "ok", "engines": 2, "engines_up": 1, "reason": None}
+        assert health == {"status": "ok", "engines": 2, "engines_up": 1, "reason": None, "stage": None}

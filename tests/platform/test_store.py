@@ -29,7 +29,7 @@ async def test_migrations_create_the_schema_and_are_idempotent(store):
         version = (await db.execute(text("select version_num from alembic_version"))).all()
     assert {"engines", "sessions", "semantic_vars", "semantic_calls", "alembic_version"} <= tables
     assert "servecore_state" in tables
-    assert version == [("0003",)]  # 0003: typed variables (issue 21)
+    assert version == [("0004",)]  # 0004: session labels (issue 38)
 
 
 async def test_records_survive_a_restart(store):
@@ -129,5 +129,21 @@ async def test_a_typed_variable_keeps_its_format_across_a_restart(store):
             "verdict": ({"choice": ["yes", "no"]}, None),
             "free": (None, "text"),
         }
+    finally:
+        await reopened.close()
+
+
+async def test_a_session_keeps_its_label_and_tags_across_a_restart(store):
+    """Issue 38: a session's label and tags are stored with it (migration 0004); one made
+    without them has NULL in both."""
+    await store.add_session("s1", "hash", "Harbour «log»", ["fog", "night"])
+    await store.add_session("s2", "hash")
+    await store.close()
+
+    reopened = Store(store.url, secrets=store.secrets)
+    await reopened.migrate()
+    try:
+        got = {s.session_id: (s.label, s.tags) for s in await reopened.sessions()}
+        assert got == {"s1": ("Harbour «log»", ["fog", "night"]), "s2": (None, None)}
     finally:
         await reopened.close()

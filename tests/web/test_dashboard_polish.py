@@ -21,7 +21,7 @@ from parrot.web import words
 from .conftest import WIDTHS
 from .test_browser import shoot, sign_in
 
-PAGES = ("/", "/sessions", "/contexts", "/engines", "/login")
+PAGES = ("/", "/sessions", "/requests", "/contexts", "/engines", "/login")
 ONE = Output(max_tokens=1, temperature=0)
 
 

@@ -17,6 +17,10 @@ COL, ROW = 170.0, 46.0  # layer and row pitch
 CALL_W, CALL_H = 132.0, 30.0
 VAR_W, VAR_H = 116.0, 24.0
 PAD = 12.0
+# Where the page is narrower than the DAG (a phone), it shrinks to fit down to this scale,
+# its 12 px labels still legible at ~7 px; a wider DAG then scrolls in its box, whose edge
+# shadows show that there is more.
+MIN_SCALE = 0.6
 
 
 @dataclass(frozen=True)
@@ -117,7 +121,8 @@ def render(dag: SessionDag, link: Callable[[str], str], selected: str | None = N
     shape = layout(dag)
     out = [
         f'<svg class="dag" xmlns="http://www.w3.org/2000/svg" viewBox="0 0 {num(shape.width)} '
-        f'{num(shape.height)}" width="{num(shape.width)}" height="{num(shape.height)}" role="img" '
+        f'{num(shape.height)}" width="{num(shape.width)}" height="{num(shape.height)}" '
+        f'style="min-width: {num(shape.width * MIN_SCALE)}px" role="img" '
         f'aria-label="DAG of session {text(dag.session_id)}">',
         '<defs><marker id="arrow" viewBox="0 0 8 8" refX="7" refY="4" markerWidth="7" markerHeight="7" '
         'orient="auto"><path d="M0,0 L8,4 L0,8 z" fill="#7b8794"/></marker></defs>',

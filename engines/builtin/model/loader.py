@@ -15,6 +15,7 @@ import json
 import os
 import shutil
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -59,23 +60,29 @@ def default_model_path() -> Path:
     )
 
 
-def resolve_model_folder(model: str | Path | None, cache_dir: Path) -> Path:
+def resolve_model_folder(
+    model: str | Path | None, cache_dir: Path, stage: Callable[[str], None] = lambda _: None
+) -> Path:
     """A Hugging Face model folder to load.
 
     None is the default model; a ``.gguf`` file is converted into ``cache_dir`` once and
     the cached folder returned afterwards; a folder with ``config.json`` is used as is; a
     Hugging Face hub id (``org/name``, where no such path exists) is its snapshot in the
-    hub's cache (:func:`hub_snapshot`).
+    hub's cache (:func:`hub_snapshot`). ``stage`` is told of a download or a conversion.
     """
     path = default_model_path() if model is None else Path(model).expanduser()
     if not path.exists() and model is not None and is_hub_id(str(model)):
+        stage(f"fetching {model} (from the Hugging Face cache, or downloading it)")
         path = hub_snapshot(str(model))
     if path.is_dir():
         if not (path / "config.json").is_file():
             raise ModelLoadError(f"model folder {path} has no config.json")
         return path
     if path.is_file() and path.suffix.lower() == ".gguf":
-        return convert_gguf(path, Path(cache_dir).expanduser())
+        cache_dir = Path(cache_dir).expanduser()
+        if not _is_complete(cache_folder_for(path, cache_dir)):
+            stage(f"converting {path.name} (once: later starts read the converted copy)")
+        return convert_gguf(path, cache_dir)
     if not path.exists():
         raise ModelLoadError(
             f"model {str(path)!r} does not exist: it is neither a model folder nor a .gguf file"

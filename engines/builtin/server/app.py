@@ -8,12 +8,14 @@ from __future__ import annotations
 
 import msgspec
 from litestar import Controller, Litestar, Request, Response, get, post
+from litestar.datastructures import State
 from litestar.logging.config import LoggingConfig
 from litestar.params import JSONBody
 from litestar.response import ServerSentEvent
 
 from parrot.engines.builtin import text_work
 from parrot.engines.builtin.engine import BuiltinEngine
+from parrot.engines.builtin.loading import EngineLoader
 from parrot.engines.builtin.metrics import CONTENT_TYPE
 from parrot.engines.builtin.server.deps import ENGINE, EngineDep, engine_state
 from parrot.engines.protocol import access_log
@@ -27,6 +29,7 @@ from parrot.engines.protocol.schemas import (
     AbortRangeRequest,
     AbortRequest,
     AbortResponse,
+    EngineHealth,
     FillRequest,
     FillResponse,
     FreeContextRequest,
@@ -152,6 +155,15 @@ class EngineAPI(Controller):
             raise NotFoundError("this model's tokenizer has no tokenizer.json")
         return Response(content=path.read_bytes(), media_type="application/json")
 
+    @get("/healthz", responses=error_responses(503))
+    async def healthz(self, state: State) -> Response[EngineHealth]:
+        """200 ``ok`` once the engine serves; 503 ``loading`` with the stage while its
+        model loads (the port is bound at once: see :mod:`parrot.engines.builtin.loading`)."""
+        held = state.engine
+        if isinstance(held, EngineLoader) and not held.loaded:
+            return Response(EngineHealth(status="loading", stage=held.stages.describe()), status_code=503)
+        return Response(EngineHealth(status="ok"))
+
     @get("/ping")
     async def ping(self, engine: EngineDep) -> dict:
         return engine.stats_now()
@@ -172,14 +184,17 @@ MAX_BODY_BYTES = 32 * 2**20
 
 
 def create_app(
-    engine: BuiltinEngine, manage_engine: bool = True, max_body_bytes: int = MAX_BODY_BYTES
+    engine: BuiltinEngine | EngineLoader, manage_engine: bool = True, max_body_bytes: int = MAX_BODY_BYTES
 ) -> Litestar:
-    """The engine's Litestar app; with ``manage_engine`` the engine thread runs for the app's lifetime."""
+    """The engine's Litestar app; with ``manage_engine`` the engine thread runs for the app's
+    lifetime. ``engine`` may still be loading (an :class:`EngineLoader`): the routes answer
+    503 until it is built."""
     if max_body_bytes < 1:
         raise ValueError(f"max_body_bytes must be positive, got {max_body_bytes}")
 
     def start() -> None:
-        engine.check_running()
+        if isinstance(engine, BuiltinEngine):
+            engine.check_running()
 
     def stop() -> None:
         engine.stop()

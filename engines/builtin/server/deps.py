@@ -1,7 +1,8 @@
 """Dependencies of the engine's HTTP routes: the one way a handler gets the engine.
 
-The app's state holds the engine (and the ids of its OpenAI requests' contexts); the
-controllers declare these providers once, and handlers take ``engine`` (``ids``) by name.
+The app's state holds the engine, or the loader building it, and the ids of its OpenAI
+requests' contexts; the controllers declare these providers once, and handlers take
+``engine`` (``ids``) by name.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from litestar.datastructures import State
 from litestar.di import NamedDependency, Provide
 
 from parrot.engines.builtin.engine import BuiltinEngine
+from parrot.engines.builtin.loading import EngineLoader
 
 
 class OpenAIContextIds:
@@ -24,12 +26,14 @@ class OpenAIContextIds:
         return -next(self._ids)
 
 
-def engine_state(engine: BuiltinEngine) -> State:
+def engine_state(engine: BuiltinEngine | EngineLoader) -> State:
     return State({"engine": engine, "openai_ids": OpenAIContextIds()})
 
 
 def provide_engine(state: State) -> BuiltinEngine:
-    return state.engine
+    """The engine; while a loader builds it, a 503 that names the stage."""
+    held = state.engine
+    return held.engine if isinstance(held, EngineLoader) else held
 
 
 def provide_openai_ids(state: State) -> OpenAIContextIds:

@@ -17,13 +17,20 @@ from dataclasses import dataclass
 
 import msgspec
 
-from parrot.engines.protocol.errors import BadRequestError, EngineUnavailableError, NotFoundError, ParrotError
+from parrot.engines.protocol.errors import (
+    BadRequestError,
+    EngineLoadingError,
+    EngineUnavailableError,
+    NotFoundError,
+    ParrotError,
+)
 from parrot.platform.serve.calls import graph, transforms
 from parrot.platform.serve.calls.accept import CallAcceptor, PreparedCall, in_batch
 from parrot.platform.serve.calls.drive import CallDriver
 from parrot.platform.serve.calls.graph import RequestChain
 from parrot.platform.serve.calls.recovery import rebuild_call
 from parrot.platform.serve.calls.typed_outputs import check_formats, check_paths, type_outputs
+from parrot.platform.serve.engines.loading import EngineLoading
 from parrot.platform.serve.errors import NoEngineError, UnknownModelError
 from parrot.platform.serve.journal import Journal
 from parrot.platform.serve.limits.admission import Admission
@@ -85,8 +92,10 @@ class CallService:
         variables: VariableService,
         scheduler: GlobalScheduler,
         driver: CallDriver,
+        loading: EngineLoading | None = None,
     ) -> None:
         self.journal = journal
+        self.loading = loading or EngineLoading()  # read: a call while the engine loads is told so
         self.admission = admission
         self.vars = variables
         self.scheduler = scheduler  # asked which engines serve a model
@@ -272,6 +281,8 @@ class CallService:
     def _require_engine(self, models: list[str]) -> None:
         """Refuse a call no engine can run now (503), rather than fail it later."""
         serving = self.scheduler.serving(tuple(models))
+        if self.loading.stage is not None and not any(s.up for s in serving):
+            raise EngineLoadingError(self.loading.describe())
         if not serving:
             served = sorted({s.model for s in self.scheduler.serving(()) if s.model})
             if not served:

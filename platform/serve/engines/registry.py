@@ -177,18 +177,28 @@ class EngineRegistry:
         return self.journal.record(lambda store: store.delete_engine(engine_id))
 
     async def restore(
-        self, records: list[EngineRecord], urls: tuple[str, ...], own: str | None = None
-    ) -> None:
+        self,
+        records: list[EngineRecord],
+        urls: tuple[str, ...],
+        own: str | None = None,
+        own_later: bool = False,
+    ) -> str | None:
         """Bring back the stored engines, then register ``urls`` not among them; ``own`` (one
-        of them) is the engine this ``parrot serve`` started, which replaces an earlier run's."""
+        of them) is the engine this ``parrot serve`` started, which replaces an earlier run's.
+        ``own_later``: it is still loading and is registered later (not here); the id of its
+        record, kept for it, is returned."""
         numbers = [int(n) for r in records if (n := r.engine_id.rpartition("-")[2]).isdigit()]
         self._ids = itertools.count(max(numbers, default=0) + 1)
         # An --engine URL naming a stored builtin engine brings its current credentials.
         given = {public_url(url): url for url in urls}
         own_url = None if own is None else public_url(own)
+        kept_id = None
         for record in records:
             if record.kind == BUILTIN and record.config.get("own") and record.url != own_url:
                 await self._drop_stale(record)
+                continue
+            if own_later and record.kind == BUILTIN and record.url == own_url:
+                kept_id = record.engine_id
                 continue
             try:
                 secrets = self.journal.store.engine_secrets(record) if self.journal.store else {}
@@ -210,8 +220,9 @@ class EngineRegistry:
             await self.register(spec, engine_id=record.engine_id, stored_model=record.model)
         known = {s.public_url for s in self.specs.values()}
         for url in urls:
-            if public_url(url) not in known:
+            if public_url(url) not in known and not (own_later and public_url(url) == own_url):
                 await self.register(EngineSpec(BUILTIN, url, own=public_url(url) == own_url))
+        return kept_id
 
     async def _drop_stale(self, record: EngineRecord) -> None:
         """The record of an engine an earlier ``parrot serve`` started (it died with that

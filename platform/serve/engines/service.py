@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from parrot.engines.protocol.errors import ParrotError
+from parrot.platform.serve.engines.loading import EngineLoading
 from parrot.platform.serve.engines.registry import BUILTIN, EngineRegistry, EngineSpec
 from parrot.platform.serve.journal import Journal
 from parrot.platform.serve.scheduler import snapshot
@@ -21,20 +22,35 @@ from parrot.platform.store.models import EngineRecord
 
 
 class EngineService:
-    def __init__(self, registry: EngineRegistry, journal: Journal, scheduler: GlobalScheduler) -> None:
+    def __init__(
+        self, registry: EngineRegistry, journal: Journal, scheduler: GlobalScheduler, loading: EngineLoading
+    ) -> None:
         self.registry = registry
         self.journal = journal
         self.scheduler = scheduler
+        self.loading = loading
 
     async def restore(
-        self, records: Sequence[EngineRecord], urls: tuple[str, ...], own: str | None = None
+        self,
+        records: Sequence[EngineRecord],
+        urls: tuple[str, ...],
+        own: str | None = None,
+        own_later: bool = False,
     ) -> None:
         """The stored engines, then ``urls`` (``--engine``, or ``own``: the engine ``parrot
-        serve`` started) not among them; the engine an earlier run started is replaced."""
-        await self.registry.restore(list(records), urls, own)
+        serve`` started) not among them; the engine an earlier run started is replaced.
+        ``own_later``: the own engine is loading its model; it is registered (under its
+        stored id, if any) once it has loaded."""
+        kept_id = await self.registry.restore(list(records), urls, own, own_later)
+        if own is not None and own_later:
 
-    async def register(self, spec: EngineSpec) -> EngineSlot:
-        slot, stored = await self.registry.register(spec)
+            async def register() -> None:
+                await self.register(EngineSpec(BUILTIN, own, own=True), engine_id=kept_id)
+
+            self.loading.watch(own, register)
+
+    async def register(self, spec: EngineSpec, engine_id: str | None = None) -> EngineSlot:
+        slot, stored = await self.registry.register(spec, engine_id=engine_id)
         try:
             await self.journal.commit(stored)
         except ParrotError:
@@ -64,4 +80,5 @@ class EngineService:
         return None
 
     async def close(self) -> None:
+        await self.loading.stop()
         await self.registry.close()

@@ -1,1 +1,1 @@
-"""What operators see: views, metrics, load history, activity log."""
+"""What operators see: views, metrics, load history, activity log, the OpenAI front's recent requests."""

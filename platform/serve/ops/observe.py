@@ -26,6 +26,7 @@ from parrot.platform.serve.calls.graph import (
 )
 from parrot.platform.serve.calls.state import CallState
 from parrot.platform.serve.contexts.tree import ContextTree
+from parrot.platform.serve.sessions.session import Session
 from parrot.platform.serve.variables.formats import FieldError
 from parrot.wire.formats import OutputFormat
 from parrot.wire.template import format_path
@@ -120,6 +121,13 @@ class SessionSummary:
     started_at: float | None  # the first call's submission (unix seconds)
     last_activity_at: float | None  # the latest call timing
     closed_at: float | None = None
+    label: str | None = None  # what its client named it
+    tags: tuple[str, ...] = ()
+
+    def matches(self, query: str | None) -> bool:
+        """Whether ``query`` (case aside) is part of its label, one of its tags or its id;
+        no query matches every session."""
+        return matches(query, self.label, self.session_id, *self.tags)
 
 
 @dataclass(frozen=True)
@@ -260,22 +268,29 @@ def count_states(calls: Iterable[RequestChain]) -> dict[DisplayState, int]:
     return states
 
 
-def summarize(
-    session_id: str, calls: Iterable[RequestChain], live: bool, closed_at: float | None = None
-) -> SessionSummary:
-    calls = list(calls)
+def summarize(session: Session, live: bool, closed_at: float | None = None) -> SessionSummary:
+    calls = list(session.calls.values())
     states = count_states(calls)
     times = [t for c in calls for t in c.timings.values()]
     submitted = [c.timings["submitted_at"] for c in calls if "submitted_at" in c.timings]
     return SessionSummary(
-        session_id,
+        session.session_id,
         live,
         len(calls),
         states,
         min(submitted, default=None),
         max(times, default=None),
         closed_at,
+        session.label,
+        session.tags,
     )
+
+
+def matches(query: str | None, *texts: str | None) -> bool:
+    """Whether ``query`` is part of one of ``texts``, case aside (the dashboard's search
+    boxes); an empty query matches everything."""
+    query = (query or "").strip().casefold()
+    return not query or any(query in text.casefold() for text in texts if text)
 
 
 # -- context trees -------------------------------------------------------------------------

@@ -1,6 +1,6 @@
 """What operators see: engines, counters for ``/metrics``, the load history, the sessions
-and their DAGs, the context trees; and the two loops that feed the history and the
-activity log.
+and their DAGs, the context trees, the OpenAI front's recent requests; and the two loops
+that feed the history and the activity log.
 
 Everything here is read-only and reads the scheduler through one narrow interface
 (:mod:`parrot.platform.serve.scheduler.snapshot`), never its queue, slots or trees, so the
@@ -23,6 +23,7 @@ from parrot.platform.serve.ops import observe
 from parrot.platform.serve.ops.activity import ActivityLog
 from parrot.platform.serve.ops.history import LoadHistory, LoadSample
 from parrot.platform.serve.ops.observe import ContextTreeView, DisplayState, SessionDag, SessionSummary
+from parrot.platform.serve.ops.requests import RequestLog, RequestRecord
 from parrot.platform.serve.scheduler import snapshot
 from parrot.platform.serve.scheduler.global_scheduler import GlobalScheduler
 from parrot.platform.serve.scheduler.snapshot import SchedulerSnapshot
@@ -60,6 +61,7 @@ class OperatorViews:
         journal: Journal,
         history: LoadHistory,
         activity: ActivityLog,
+        requests: RequestLog,
     ) -> None:
         self.scheduler = scheduler
         self.registry = registry
@@ -68,6 +70,7 @@ class OperatorViews:
         self.journal = journal
         self.history = history
         self.activity = activity
+        self.requests = requests
         self._loops: list[asyncio.Task] = []
 
     # -- engines and counters --------------------------------------------------------------
@@ -132,16 +135,14 @@ class OperatorViews:
         return self.history.samples()
 
     # -- sessions and contexts ---------------------------------------------------------------
-    def session_summaries(self) -> list[SessionSummary]:
-        """Live sessions (newest first), then recently closed ones (newest first). One-shot
-        sessions of the OpenAI front are not listed."""
-        live = [
-            observe.summarize(s.session_id, s.calls.values(), live=True)
-            for s in self.sessions.live()
-            if s.stored
-        ]
+    def session_summaries(self, query: str | None = None) -> list[SessionSummary]:
+        """Live sessions (newest first), then recently closed ones (newest first); with
+        ``query``, those whose label, a tag or id has it (:meth:`SessionSummary.matches`).
+        One-shot sessions of the OpenAI front are not listed (:meth:`recent_requests`)."""
+        live = [observe.summarize(s, live=True) for s in self.sessions.live() if s.stored]
         live.sort(key=lambda s: s.started_at or 0.0, reverse=True)
-        return live + [summary for summary, _ in reversed(self.sessions.recent)]
+        closed = [summary for summary, _ in reversed(self.sessions.recent)]
+        return [summary for summary in live + closed if summary.matches(query)]
 
     def session_dag(self, session_id: str, latest: int | None = None, keep: str | None = None) -> SessionDag:
         """The DAG of a live session, or of a recently closed one as it was when it closed
@@ -168,6 +169,16 @@ class OperatorViews:
     def context_tree(self, engine_id: str) -> ContextTreeView:
         """The contexts this ServeCore holds on an engine, as their prefix tree."""
         return snapshot.engine_contexts(self.scheduler, engine_id)
+
+    # -- the OpenAI front's requests -------------------------------------------------------
+    def recent_requests(self, query: str | None = None) -> list[RequestRecord]:
+        """The front's requests that ended lately (the last ``RequestLog.keep``), newest
+        first; with ``query``, those whose label, id, model or a tag has it."""
+        return self.requests.recent(query)
+
+    def request_record(self, request_id: str) -> RequestRecord:
+        """One of them (404 when it is not, or no longer, kept)."""
+        return self.requests.get(request_id)
 
     # -- loops -------------------------------------------------------------------------------
     def start(self) -> None:

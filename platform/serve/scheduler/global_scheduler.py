@@ -19,7 +19,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator, Coroutine, Sequence
+from collections.abc import AsyncIterator, Callable, Coroutine, Sequence
 
 from parrot.engines.protocol.errors import ParrotError
 from parrot.platform.serve.contexts.leases import Lease
@@ -56,8 +56,12 @@ class GlobalScheduler:
         health: HealthSettings | None = None,
         metrics: ServeMetrics | None = None,
         parent_wait_s: float = 10.0,
+        engine_loading: Callable[[], bool] = lambda: False,
     ) -> None:
-        """``contexts`` owns what the engines hold; this scheduler owns the engines' slots."""
+        """``contexts`` owns what the engines hold; this scheduler owns the engines' slots.
+        ``engine_loading``: whether the engine ``parrot serve`` started is still loading its
+        model (tasks no engine serves yet wait for it instead of failing)."""
+        self.engine_loading = engine_loading
         self.metrics = metrics or ServeMetrics()
         self.policy = policy or SchedulingPolicy()
         self.queue = TaskQueue(self.policy)
@@ -252,6 +256,8 @@ class GlobalScheduler:
         serving = self.serving(task.models)
         candidates = [s for s in serving if s.up]
         if not candidates:
+            if not serving and self.engine_loading():
+                return None  # registered once loaded (which wakes this loop)
             now = time.monotonic()
             task.stranded_at = task.stranded_at or now
             if serving and now - task.stranded_at < self.health.down_grace_s:

@@ -5,19 +5,23 @@ session of its own that is never stored: ``n`` latency-critical generations afte
 text pieces. The pieces (a chat's messages) are constant text: their boundaries are
 prefixes kept as contexts shared by every request, so the system prompt (and any shared
 chat history) of many requests is held once per engine, and the scheduler sees these
-requests next to the DAGs of Parrot sessions.
+requests next to the DAGs of Parrot sessions. A run given the request's trace ends it
+(:mod:`parrot.platform.serve.ops.requests`): its answer, failure or cancellation is what
+operators see of the request.
 """
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
+from contextlib import AbstractContextManager, nullcontext
 
 import msgspec
 
 from parrot.engines.protocol.openai_stream import Answer, Delta, Finish, usage
 from parrot.platform.serve.calls.graph import RequestChain
 from parrot.platform.serve.core import ServeCore
+from parrot.platform.serve.ops.requests import RequestStatus, RequestTrace
 from parrot.platform.serve.sessions.session import Session
 from parrot.wire.chat import ChatTurn
 from parrot.wire.openai_schemas import Usage
@@ -45,10 +49,11 @@ async def render_chat(core: ServeCore, model: str, messages: list[ChatTurn]) -> 
 
 
 class OneShot:
-    def __init__(self, core: ServeCore, session: Session) -> None:
+    def __init__(self, core: ServeCore, session: Session, trace: RequestTrace | None = None) -> None:
         self.core = core
         self.session = session
         self.calls: list[RequestChain] = []
+        self.trace = trace
 
     @classmethod
     async def start(
@@ -59,10 +64,14 @@ class OneShot:
         n: int,
         model: str,
         stream: bool = False,
+        trace: RequestTrace | None = None,
     ) -> OneShot:
-        """``stream``: the answer is streamed (its deltas are wanted as they come)."""
+        """``stream``: the answer is streamed (its deltas are wanted as they come);
+        ``trace``: the request's, to end with the run."""
         session, _ = await core.sessions.create(stored=False)
-        run = cls(core, session)
+        run = cls(core, session, trace)
+        if trace is not None:
+            trace.running(model, run.calls)
         try:
             for index in range(n):
                 seeded = sampling
@@ -79,12 +88,13 @@ class OneShot:
     async def answers(self) -> list[Answer]:
         """Wait for every choice (a failed one raises its error); the session is closed."""
         try:
-            out = []
-            for call in self.calls:
-                chain = call.chains[0]
-                text = await self.core.vars.wait_value(chain.gen.var)
-                out.append(Answer(text, chain.result.finish_reason, len(chain.result.token_ids)))
-            return out
+            with self._watch():
+                out = []
+                for call in self.calls:
+                    chain = call.chains[0]
+                    text = await self.core.vars.wait_value(chain.gen.var)
+                    out.append(Answer(text, chain.result.finish_reason, len(chain.result.token_ids)))
+                return out
         finally:
             await self.close()
 
@@ -94,13 +104,16 @@ class OneShot:
         queue: asyncio.Queue[Delta | Finish | BaseException] = asyncio.Queue()
         followers = [asyncio.create_task(self._follow(i, c, queue)) for i, c in enumerate(self.calls)]
         try:
-            finished = 0
-            while finished < len(self.calls):
-                event = await queue.get()
-                if isinstance(event, BaseException):
-                    raise event
-                finished += isinstance(event, Finish)
-                yield event
+            with self._watch():
+                finished = 0
+                while finished < len(self.calls):
+                    event = await queue.get()
+                    if isinstance(event, BaseException):
+                        raise event
+                    finished += isinstance(event, Finish)
+                    if finished == len(self.calls) and self.trace is not None:
+                        self.trace.end(RequestStatus.DONE)  # before the last event: its reader may stop there
+                    yield event
         finally:
             for follower in followers:
                 follower.cancel()
@@ -123,6 +136,10 @@ class OneShot:
             queue.put_nowait(error)
         else:
             queue.put_nowait(Finish(index, chain.result.finish_reason, len(chain.result.token_ids)))
+
+    def _watch(self) -> AbstractContextManager[None]:
+        """What ends the run's answer ends its request's trace (when it has one)."""
+        return self.trace.watch(done=True) if self.trace is not None else nullcontext()
 
     def usage(self, completion_tokens: int) -> Usage:
         first = next((c.chains[0].result for c in self.calls if c.chains[0].result is not None), None)

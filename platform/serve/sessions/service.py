@@ -83,18 +83,30 @@ class SessionService:
         return list(self._live.values())
 
     async def create(
-        self, stored: bool = True, client: str | None = None, wait: bool = True
+        self,
+        stored: bool = True,
+        client: str | None = None,
+        wait: bool = True,
+        label: str | None = None,
+        tags: Sequence[str] = (),
     ) -> tuple[Session, str]:
         """A new session and its ``session_auth``; ``client`` (its address) counts it
         towards that client's limit. ``wait=False``: its record's write is left to the
-        calls submitted next (``Session.unconfirmed``), whose commit it joins."""
+        calls submitted next (``Session.unconfirmed``), whose commit it joins. ``label``
+        and ``tags`` (checked at the edge) are stored with it, a repeated tag once."""
+        for index, text in enumerate(tags):  # stored: text every store keeps (no NUL)
+            self.admission.check_text(text, f"tags[{index}]")
+        self.admission.check_text(label, "the label")
         session_id = secrets.token_hex(8)
         auth = secrets.token_urlsafe(24)
         self.admission.open_session(session_id, client)
-        session = self._add(session_id, hash_auth(auth))
+        session = self._add(session_id, hash_auth(auth), label, tuple(dict.fromkeys(tags)))
         session.stored = stored
         if stored:
-            write = self.journal.record(lambda store: store.add_session(session_id, session.auth_hash))
+            label, tags = session.label, session.tags
+            write = self.journal.record(
+                lambda store: store.add_session(session_id, session.auth_hash, label, tags)
+            )
             if not wait:
                 session.unconfirmed = write
                 return session, auth
@@ -106,8 +118,10 @@ class SessionService:
                 raise
         return session, auth
 
-    def _add(self, session_id: str, auth_hash: str) -> Session:
-        session = Session(session_id, auth_hash)
+    def _add(
+        self, session_id: str, auth_hash: str, label: str | None = None, tags: tuple[str, ...] = ()
+    ) -> Session:
+        session = Session(session_id, auth_hash, label=label, tags=tags)
         self._live[session_id] = session
         return session
 
@@ -148,7 +162,7 @@ class SessionService:
             sid, calls = session.session_id, session.calls.values()
             self.recent.append(
                 (
-                    observe.summarize(sid, calls, live=False, closed_at=time.time()),
+                    observe.summarize(session, live=False, closed_at=time.time()),
                     observe.session_dag(sid, calls, session.vars.values(), live=False),
                 )
             )
@@ -168,7 +182,7 @@ class SessionService:
         """Sessions from the store, idle for as long as they were before the restart."""
         now_wall, now = time.time(), time.monotonic()
         for record in records:
-            session = self._add(record.session_id, record.auth_hash)
+            session = self._add(record.session_id, record.auth_hash, record.label, tuple(record.tags or ()))
             self.admission.open_session(record.session_id, None)  # its values count server-wide
             idle = now_wall - record.last_active_at.timestamp()
             session.last_active = now - max(0.0, idle)

@@ -20,6 +20,8 @@ class Session:
     stored: bool = True  # persisted; one-shot sessions of the OpenAI front are not
     stored_active: float = field(default_factory=time.monotonic)  # last_active as stored
     closed: bool = False  # deleted or expired: its work is stopped
+    label: str | None = None  # what its client named it, to find it by (stored with it)
+    tags: tuple[str, ...] = ()
     # The write of its record while nobody waited for it yet (a batch that opens its
     # session waits for it with its calls': one commit for both).
     unconfirmed: asyncio.Future | None = None
