@@ -155,8 +155,8 @@ def check_required_tools_do_not_run_away(oai: openai.OpenAI) -> None:
         assert len({json.dumps(k) for k in keys}) == len(keys), keys  # no call twice
         if max_tokens in (64, 400):
             assert calls and choice.finish_reason == "tool_calls", choice
-            # One call is ~20 tokens: the list ended at the repeat, not at the budget.
-            assert answer.usage.completion_tokens < 20 * (len(calls) + 1), answer.usage
+            # A call is ~20 tokens: the list ended once a call came again, not at the budget.
+            assert answer.usage.completion_tokens <= 25 * (len(calls) + 1), answer.usage
         elif max_tokens == 1:
             assert not calls and choice.finish_reason == "length", choice
         chunks = list(oai.chat.completions.create(**ask, **budget, stream=True))
@@ -165,6 +165,55 @@ def check_required_tools_do_not_run_away(oai: openai.OpenAI) -> None:
         assert streamed == "", streamed
         assert [(d.function.name, json.loads(d.function.arguments)) for d in deltas] == keys
         assert chunks[-1].choices[0].finish_reason == choice.finish_reason
+
+
+def check_schemas_decoding_cannot_enforce(oai: openai.OpenAI) -> None:
+    """Issue 36 §3: keywords the grammar library cannot enforce while decoding (``oneOf``,
+    ``uniqueItems``, ``not``, unknown string formats: a third of JSONSchemaBench's GitHub-Hard
+    refused before) are accepted; each whole answer is checked against the schema: a valid
+    one comes back, one that breaks the schema fails with 422 ``schema_unmet`` saying where
+    (the front: its call failed, 424 with that reason), never passed as valid. Streamed too:
+    the stream ends with the error."""
+    import jsonschema_rs
+
+    def ask(schema: dict, stream: bool = False):
+        fmt = {"type": "json_schema", "json_schema": {"name": "answer", "schema": schema}}
+        words = [{"role": "user", "content": "Answer in JSON about the harbour of Bergen."}]
+        call = oai.chat.completions.create
+        return call(model=model_of(oai), messages=words, response_format=fmt, stream=stream, **GREEDY)
+
+    accepted = {
+        "type": "object",
+        "properties": {
+            "name": {"oneOf": [{"type": "string", "maxLength": 12}, {"type": "integer"}]},
+            "docks": {"type": "array", "items": {"type": "integer"}, "maxItems": 3, "uniqueItems": True},
+            "path": {"type": "string", "format": "path", "maxLength": 12},
+            "kind": {"not": {"const": "airport"}, "enum": ["port", "airport", "marina"]},
+        },
+        "required": ["name", "kind"],
+        "additionalProperties": False,
+    }
+    answer = ask(accepted)
+    assert answer.choices[0].finish_reason == "stop", answer
+    jsonschema_rs.validate(accepted, json.loads(answer.choices[0].message.content))
+    # Two items from a one-value enum repeat: the answer must break uniqueItems.
+    broken = {"type": "array", "items": {"enum": ["tide"]}, "minItems": 2, "maxItems": 2, "uniqueItems": True}
+    try:
+        ask(broken)
+    except openai.APIStatusError as error:  # the engine's 422; the front's failed call (424)
+        assert (error.status_code, error.body["code"]) in ((422, "schema_unmet"), (424, "producer_failed"))
+        assert "non-unique" in error.body["message"], error.body
+    else:
+        raise AssertionError("an answer that breaks uniqueItems passed")
+    try:
+        list(ask(broken, stream=True))
+    except openai.APIError as error:
+        assert "non-unique" in str(error), error
+    else:
+        raise AssertionError("a streamed answer that breaks uniqueItems ended well")
+
+
+LOOKBEHIND = {"type": "string", "pattern": "(?<=a)b"}  # a regex the grammar library cannot read
 
 
 def deep_schema(depth: int) -> dict:
@@ -195,7 +244,7 @@ def bad_inputs() -> list[tuple[dict, int, str]]:
             "response_format.json_schema.schema is not a valid JSON schema",
         ),
         (
-            {"response_format": {"type": "json_schema", "json_schema": {"name": "a", "schema": {"if": {}}}}},
+            {"response_format": {"type": "json_schema", "json_schema": {"name": "a", "schema": LOOKBEHIND}}},
             400,
             "response_format.json_schema.schema: bad JSON schema",
         ),

@@ -263,6 +263,15 @@ class ModelLoadError(ParrotError):
     code = "model_load_error"
 
 
+class SchemaUnmetError(BadRequestError):
+    """A whole answer breaks its JSON schema where decoding could not enforce it (``oneOf``
+    taken as ``anyOf``, ``uniqueItems``, ``not``, ...: checked at the end); 422, the status
+    of a request that is well-formed but could not be carried out."""
+
+    status_code = 422
+    code = "schema_unmet"
+
+
 class ConstraintError(ParrotError):
     """The grammar refused a token that its own mask allowed (a bug, not the client's)."""
 

@@ -37,6 +37,7 @@ from parrot.engines.builtin.model.model_config import ModelConfig
 from parrot.engines.builtin.model_runner import ModelRunner
 from parrot.engines.builtin.tokenizer import Tokenizer
 from parrot.engines.protocol.errors import BadRequestError, EngineShutdownError
+from parrot.engines.protocol.grammar import check_whole_answer
 from parrot.engines.protocol.schemas import (
     AbortResponse,
     FillResponse,
@@ -261,6 +262,7 @@ class BuiltinEngine:
         )  # fmt: skip
         result = await self._job(self.core.submit_generate, args, sink)
         self.metrics.observe(result)
+        await check_whole_answer(sampling.format, result.text, result.finish_reason)  # what decoding skipped
         return _reply(result, GenerateResponse)
 
     async def generate_stream(
@@ -292,6 +294,7 @@ class BuiltinEngine:
                 yield event
             result = await sink.result
             self.metrics.observe(result)
+            await check_whole_answer(sampling.format, result.text, result.finish_reason)
             yield _reply(result, StreamEnd)
             finished = True
         finally:

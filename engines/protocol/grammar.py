@@ -10,9 +10,13 @@ What each kind becomes (:func:`to_grammar`):
   strings, ``,`` and ``:`` as separators (``{"a":1,"b":[true]}``). Free whitespace would
   let a small model pad its answer with newlines forever, and compact output makes every
   key and separator forced text, which jump-forward then fills without decode steps.
-  Unimplemented keywords (``if``/``then``, ...) are errors, not silently ignored
-  (llguidance's ``lenient: false``); annotations it does not know are ignored as JSON
-  Schema says.
+  What llguidance cannot enforce while decoding (``oneOf`` as such, ``uniqueItems``,
+  ``not``, ``dependencies``, ``if``/``then``, ``propertyNames``, string formats it does not
+  know, ...: a third of JSONSchemaBench's GitHub-Hard schemas, issue 36) is not refused:
+  such a schema compiles leniently (those keywords skipped, ``oneOf`` taken as ``anyOf``)
+  and every whole answer is checked against the schema itself (:func:`check_answer`,
+  ``jsonschema_rs`` with format checks): one that breaks it fails its call with a 422
+  that says where, never passes as valid.
 - ``json_object``: the same for the schema ``{"type": "object"}``: any object.
 - ``regex``: the whole text matches it (Rust ``regex`` syntax, as llguidance reads it).
 - ``choice``: a regex alternation of the strings, each escaped, so exactly one of them.
@@ -21,14 +25,17 @@ What each kind becomes (:func:`to_grammar`):
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import threading
+from collections import OrderedDict
 from typing import Any, Final
 
 import jsonschema_rs
 import llguidance
+import msgspec
 
-from parrot.engines.protocol.errors import BadFormatError, FormatTooLargeError
+from parrot.engines.protocol.errors import BadFormatError, FormatTooLargeError, SchemaUnmetError
 from parrot.wire.formats import OutputFormat
 
 DEFAULT_MAX_FORMAT_CHARS: Final = 65_536
@@ -36,6 +43,8 @@ MAX_FORMAT_FLAG: Final = "--max-format-chars"
 
 # How llguidance compiles JSON schemas here (see the module's docstring).
 JSON_OPTIONS: Final = {"whitespace_flexible": False, "lenient": False}
+# A schema the strict options refuse for what cannot be enforced while decoding.
+RELAXED_OPTIONS: Final = {**JSON_OPTIONS, "lenient": True, "coerce_one_of": True}
 ANY_OBJECT: Final = {"type": "object"}
 
 PROBE_WALK_BYTES: Final = 32  # bytes of a text the probe walks after the first mask
@@ -53,10 +62,7 @@ def to_grammar(fmt: OutputFormat) -> str:
     """The llguidance grammar of a format (not yet checked: see :func:`check_grammar`)."""
     M = llguidance.LLMatcher
     if fmt.json_schema is not None:
-        try:
-            return M.grammar_from_json_schema(fmt.json_schema, defaults=JSON_OPTIONS)
-        except ValueError as error:  # not a JSON object
-            raise BadFormatError(f"invalid JSON schema: {error}") from error
+        return _schema_grammar(fmt.json_schema)[0]
     if fmt.json_object:
         return M.grammar_from_json_schema(ANY_OBJECT, defaults=JSON_OPTIONS)
     if fmt.regex is not None:
@@ -66,6 +72,79 @@ def to_grammar(fmt: OutputFormat) -> str:
     if fmt.grammar is not None:
         return M.grammar_from_lark(fmt.grammar)
     raise BadFormatError("the format sets none of json_schema, json_object, regex, choice, grammar")
+
+
+def _compile_schema(schema: dict) -> tuple[str, jsonschema_rs.Validator | None]:
+    """The grammar of a JSON schema, and (where that grammar is the lenient one) the
+    validator every answer must pass: see the module's docstring."""
+    M = llguidance.LLMatcher
+    try:
+        strict = M.grammar_from_json_schema(schema, defaults=JSON_OPTIONS)
+    except ValueError as error:  # not a JSON object
+        raise BadFormatError(f"invalid JSON schema: {error}") from error
+    if not M.validate_grammar(strict, None):
+        return strict, None
+    relaxed = M.grammar_from_json_schema(schema, defaults=RELAXED_OPTIONS)
+    try:  # an answer can be checked only where the schema can be read whole, offline
+        answers = jsonschema_rs.validator_for(schema, validate_formats=True, registry=offline_registry())
+    except (ValueError, jsonschema_rs.ValidationError, jsonschema_rs.ReferencingError):
+        return strict, None  # (the strict grammar's error is the 400)
+    if M.validate_grammar(relaxed, None):
+        return strict, None  # relaxing does not help: the strict error says why
+    return relaxed, answers
+
+
+SCHEMAS_KEPT: Final = 256
+_schemas: OrderedDict[bytes, tuple[str, jsonschema_rs.Validator | None]] = OrderedDict()
+_schemas_lock = threading.Lock()
+
+
+def _schema_grammar(schema: Any) -> tuple[str, jsonschema_rs.Validator | None]:
+    """:func:`_compile_schema`, the latest ``SCHEMAS_KEPT`` kept (keyed by the schema's JSON as
+    given: its properties' order is the answer's), compiled outside the lock."""
+    if not isinstance(schema, dict):
+        try:  # llguidance's own answer to what is not a schema object
+            return llguidance.LLMatcher.grammar_from_json_schema(schema, defaults=JSON_OPTIONS), None
+        except ValueError as error:
+            raise BadFormatError(f"invalid JSON schema: {error}") from error
+    key = msgspec.json.encode(schema)
+    with _schemas_lock:
+        if (kept := _schemas.get(key)) is not None:
+            _schemas.move_to_end(key)
+            return kept
+    compiled = _compile_schema(schema)
+    with _schemas_lock:
+        _schemas[key] = compiled
+        while len(_schemas) > SCHEMAS_KEPT:
+            _schemas.popitem(last=False)
+    return compiled
+
+
+async def check_whole_answer(fmt: OutputFormat | None, text: str, finish_reason: str) -> None:
+    """:func:`check_answer` off the event loop (a schema evicted from the cache compiles
+    again), for answers of JSON schemas only."""
+    if fmt is not None and fmt.json_schema is not None and finish_reason == "stop":
+        await asyncio.to_thread(check_answer, fmt, text, finish_reason)
+
+
+def check_answer(fmt: OutputFormat | None, text: str, finish_reason: str) -> None:
+    """Raise :class:`SchemaUnmetError` (422) when a whole answer of a JSON schema that was
+    compiled leniently breaks the schema (what decoding could not enforce)."""
+    if fmt is None or fmt.json_schema is None or finish_reason != "stop":
+        return
+    answers = _schema_grammar(fmt.json_schema)[1]
+    if answers is None:
+        return  # the grammar enforced the whole schema
+    try:
+        problem = next(answers.iter_errors(msgspec.json.decode(text)), None)
+    except msgspec.DecodeError as error:
+        problem = error
+    if problem is not None:
+        what = getattr(problem, "message", str(problem))
+        raise SchemaUnmetError(
+            f"the answer breaks its JSON schema where decoding cannot enforce it (oneOf, "
+            f"uniqueItems, not, ... are checked on the whole answer): {what}"
+        )
 
 
 def check_size(fmt: OutputFormat, max_chars: int, flag: str = MAX_FORMAT_FLAG) -> None:

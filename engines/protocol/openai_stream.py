@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import msgspec
 from litestar.response.sse import ServerSentEventMessage
 
+from parrot.wire.errors import ParrotError
 from parrot.wire.openai_schemas import (
     AssistantMessage,
     ChatChoice,
@@ -100,6 +101,19 @@ def sse(payload: msgspec.Struct | str) -> ServerSentEventMessage:
     """One event as OpenAI sends it: ``data: <json>`` and a blank line, ``\n``-separated."""
     body = payload if isinstance(payload, str) else msgspec.json.encode(payload).decode()
     return ServerSentEventMessage(data=body, sep="\n")
+
+
+async def ending_with_errors(
+    chunks: AsyncIterator[ServerSentEventMessage],
+) -> AsyncIterator[ServerSentEventMessage]:
+    """A stream that fails after it began ends as OpenAI's do: a data event ``{"error":
+    {...}}`` (its clients raise it as an ``APIError``) instead of a cut connection."""
+    try:
+        async for chunk in chunks:
+            yield chunk
+    except ParrotError as error:
+        body = {"message": str(error), "type": error.code, "code": error.code, "status": error.status_code}
+        yield sse(msgspec.json.encode({"error": body}).decode())
 
 
 async def completion_stream(

@@ -35,6 +35,7 @@ from parrot.engines.protocol.openai_stream import (
     chat_stream,
     completion_response,
     completion_stream,
+    ending_with_errors,
 )
 from parrot.engines.protocol.stream_docs import JsonOrEventStream
 from parrot.platform.api.auth import openai_key_guard
@@ -147,7 +148,7 @@ class OpenAIController(Controller):
                 return completion_response(rid, created, model, *await _finished(request, run))
             events = await _started(request, run)
         body = completion_stream(events, rid, created, model, _final_usage(data, run))
-        return EventStream(body)
+        return EventStream(ending_with_errors(body))
 
     @post("/chat/completions", **_GENERATION)
     async def chat_completions(
@@ -168,7 +169,7 @@ class OpenAIController(Controller):
                 return chat_response(rid, created, model, *await _finished(request, run), tools=tools)
             events = await _started(request, run)
         body = chat_stream(events, data.n, rid, created, model, _final_usage(data, run), tools)
-        return EventStream(body)
+        return EventStream(ending_with_errors(body))
 
     @get("/models", responses=error_responses(ADMIN))
     async def models(self, core: Core) -> ModelList:

@@ -14,6 +14,7 @@ from openai_tool_checks import (
     check_oversized_format,
     check_parse_returns_the_model,
     check_required_tools_do_not_run_away,
+    check_schemas_decoding_cannot_enforce,
     check_streamed_tool_calls,
     check_structured_outputs,
     check_tool_loop,
@@ -55,6 +56,10 @@ def test_streamed_tool_calls(oai):
 
 def test_required_tools_do_not_run_away(oai):
     check_required_tools_do_not_run_away(oai)
+
+
+def test_schemas_decoding_cannot_enforce_are_checked_whole(oai):
+    check_schemas_decoding_cannot_enforce(oai)
 
 
 def test_bad_inputs_get_400_naming_the_field(front):

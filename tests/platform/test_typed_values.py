@@ -37,7 +37,7 @@ PLAN = {
     [
         (OutputFormat(json_schema={"type": "nope"}), "bad JSON schema: Invalid type: nope"),
         (OutputFormat(json_schema={"properties": {"a": {"pattern": "(("}}}), "bad JSON schema"),
-        (OutputFormat(json_schema={"type": "object", "if": {}}), r'Unimplemented keys: \["if"\]'),
+        (OutputFormat(json_schema={"type": "string", "pattern": "(?<=a)b"}), "look-around.*not supported"),
         (OutputFormat(regex="(unclosed"), "bad regex.*unclosed group"),
         (OutputFormat(regex="a{2,1}"), "bad regex"),
         (OutputFormat(grammar="start: x"), 'bad Lark grammar.*unknown name: "x"'),

@@ -22,7 +22,7 @@ from parrot.engines.protocol import access_log
 from parrot.engines.protocol.disconnect import unless_disconnected
 from parrot.engines.protocol.error_docs import BODY, error_responses
 from parrot.engines.protocol.error_responses import exception_handlers
-from parrot.engines.protocol.errors import BadRequestError, NotFoundError
+from parrot.engines.protocol.errors import BadRequestError, NotFoundError, ParrotError
 from parrot.engines.protocol.event_stream import EventStream
 from parrot.engines.protocol.json_body import JsonRequest, refuse_declared_oversize
 from parrot.engines.protocol.schemas import (
@@ -112,7 +112,12 @@ class EngineAPI(Controller):
                     yield {"event": "end", "data": msgspec.json.encode(event).decode()}
                     return
                 yield {"event": "token", "data": msgspec.json.encode(event).decode()}
-                event = await anext(stream)
+                try:
+                    event = await anext(stream)
+                except ParrotError as error:  # after the answer began: its end says why
+                    body = {"status": error.status_code, "code": error.code, "message": str(error)}
+                    yield {"event": "error", "data": msgspec.json.encode(body).decode()}
+                    return
 
         return EventStream(events())
 

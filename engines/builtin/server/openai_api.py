@@ -34,6 +34,7 @@ from parrot.engines.protocol.openai_stream import (
     chat_stream,
     completion_response,
     completion_stream,
+    ending_with_errors,
     usage,
 )
 from parrot.engines.protocol.schemas import GenerateResponse, StreamEnd, TokenStreamEvent
@@ -205,7 +206,7 @@ class OpenAIAPI(Controller):
         first = await anext(events)  # errors before the first token still get a 4xx
         final_usage = run.usage if data.stream_options and data.stream_options.include_usage else None
         body = completion_stream(run.deltas(first, events), rid, created, model, final_usage)
-        return EventStream(body)
+        return EventStream(ending_with_errors(body))
 
     @post(
         "/chat/completions",
@@ -243,7 +244,7 @@ class OpenAIAPI(Controller):
         first = await anext(events)
         final_usage = run.usage if data.stream_options and data.stream_options.include_usage else None
         body = chat_stream(run.deltas(first, events), data.n, rid, created, model, final_usage, tools)
-        return EventStream(body)
+        return EventStream(ending_with_errors(body))
 
     @get("/models")
     async def models(self, engine: EngineDep) -> ModelList:

@@ -189,6 +189,9 @@ class HttpEngine:
                     raise _engine_error(r.status_code, await r.aread(), self.public_url)
                 end = None
                 async for event in EventSource(r).aiter_sse():
+                    if event.event == "error":  # the job failed after its first token
+                        error = msgspec.json.decode(event.data)
+                        raise error_for(error["status"], error["code"], error["message"])
                     if event.event == "end":
                         # Read on to the response's end (it ends here): a response left
                         # unread closes its connection, and the next request opens one.

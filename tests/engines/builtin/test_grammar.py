@@ -81,7 +81,7 @@ def test_regex_and_lark_grammar(lltok, hf):
     ("fmt", "words"),
     [
         (OutputFormat(json_schema={"type": "foo"}), ["JSON schema", "foo"]),
-        (OutputFormat(json_schema={"type": "object", "if": {}}), ["JSON schema", "Unimplemented", "if"]),
+        (OutputFormat(json_schema={"type": "string", "pattern": "(?<=a)b"}), ["JSON schema", "look-around"]),
         (OutputFormat(json_schema={"properties": {"a": {"$ref": "#/defs/x"}}}), ["/defs/x"]),
         (OutputFormat(json_schema={"type": "string", "minLength": 5, "maxLength": 2}), ["minLength"]),
         (OutputFormat(json_schema={"type": "string", "pattern": "(a"}), ["unclosed group"]),
