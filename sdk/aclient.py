@@ -276,10 +276,11 @@ class AsyncClient(ClientBase):
         *,
         model: str | None = None,
         api_key: str | None = None,
+        metadata: Mapping[str, str] | None = None,
         **sampling: Any,
     ) -> AsyncIterator[CompletionDelta]:
         """See :meth:`parrot.sdk.client.Client.stream_chat`."""
-        return self._transport.stream(streams.stream_chat(messages, model, sampling, api_key))
+        return self._transport.stream(streams.stream_chat(messages, model, sampling, api_key, metadata))
 
     async def chat(
         self,
@@ -291,6 +292,7 @@ class AsyncClient(ClientBase):
         tool_choice: str | Mapping[str, Any] | None = None,
         parallel_tool_calls: bool | None = None,
         response_format: Mapping[str, Any] | None = None,
+        metadata: Mapping[str, str] | None = None,
         **sampling: Any,
     ) -> ChatReply:
         """See :meth:`parrot.sdk.client.Client.chat`."""
@@ -299,6 +301,7 @@ class AsyncClient(ClientBase):
             "tool_choice": tool_choice,
             "parallel_tool_calls": parallel_tool_calls,
             "response_format": response_format,
+            "metadata": metadata,
         }
         return await self.send(chat_completion(messages, model, sampling, api_key, **options))
 

@@ -112,6 +112,7 @@ def chat_completion(
     tool_choice: str | Mapping[str, Any] | None = None,
     parallel_tool_calls: bool | None = None,
     response_format: Mapping[str, Any] | None = None,
+    metadata: Mapping[str, str] | None = None,
 ) -> Op[ChatReply]:
     """``POST /v1/chat/completions``; the options left None are the server's defaults. The
     body is checked here against the type the server decodes (:class:`BadRequestError`)."""
@@ -122,6 +123,7 @@ def chat_completion(
         "tool_choice": tool_choice,
         "parallel_tool_calls": parallel_tool_calls,
         "response_format": response_format,
+        "metadata": dict(metadata) if metadata else None,
     }
     body |= {k: v for k, v in options.items() if v is not None}
     try:

@@ -266,11 +266,13 @@ class Client(ClientBase):
         *,
         model: str | None = None,
         api_key: str | None = None,
+        metadata: Mapping[str, str] | None = None,
         **sampling: Any,
     ) -> Iterator[CompletionDelta]:
         """The assistant's reply to ``messages`` (rendered by the server with the model's
-        chat template), as it is produced; see :meth:`stream_completion`."""
-        return self._transport.stream(streams.stream_chat(messages, model, sampling, api_key))
+        chat template), as it is produced; ``metadata`` as for :meth:`chat`; see
+        :meth:`stream_completion`."""
+        return self._transport.stream(streams.stream_chat(messages, model, sampling, api_key, metadata))
 
     def chat(
         self,
@@ -282,6 +284,7 @@ class Client(ClientBase):
         tool_choice: str | Mapping[str, Any] | None = None,
         parallel_tool_calls: bool | None = None,
         response_format: Mapping[str, Any] | None = None,
+        metadata: Mapping[str, str] | None = None,
         **sampling: Any,
     ) -> ChatReply:
         """The assistant's answer to ``messages`` (OpenAI's shapes: tool results and
@@ -289,12 +292,14 @@ class Client(ClientBase):
         ``tools`` (OpenAI function tools), ``tool_choice`` (``auto``, ``none``,
         ``required`` or a named function), ``parallel_tool_calls`` and
         ``response_format`` (``json_object`` / ``json_schema``) are sent when given;
-        ``sampling`` as for :meth:`stream_chat`."""
+        ``metadata`` (OpenAI's: a ``label`` and other keys, as tags) names the request on
+        the dashboard's requests page; ``sampling`` as for :meth:`stream_chat`."""
         options = {
             "tools": tools,
             "tool_choice": tool_choice,
             "parallel_tool_calls": parallel_tool_calls,
             "response_format": response_format,
+            "metadata": metadata,
         }
         return self.send(chat_completion(messages, model, sampling, api_key, **options))
 

@@ -106,12 +106,18 @@ def stream_completion(
 
 
 def stream_chat(
-    messages: Sequence[Mapping[str, str]], model: str | None, sampling: Mapping[str, Any], api_key: str | None
+    messages: Sequence[Mapping[str, str]],
+    model: str | None,
+    sampling: Mapping[str, Any],
+    api_key: str | None,
+    metadata: Mapping[str, str] | None = None,
 ) -> StreamOp[CompletionDelta]:
     """``POST /v1/chat/completions`` with ``stream``: the server renders ``messages``
-    (``role``, ``content``) with the model's own chat template."""
+    (``role``, ``content``) with the model's own chat template; ``metadata`` (OpenAI's:
+    ``label`` and other keys) names the request on the dashboard's requests page."""
     turns = [ChatMessage(role=m["role"], content=m["content"]) for m in messages]
-    body = ChatCompletionRequest(messages=turns, model=model, **_STREAM, **openai_sampling(sampling))
+    named = {"metadata": dict(metadata)} if metadata else {}
+    body = ChatCompletionRequest(messages=turns, model=model, **_STREAM, **named, **openai_sampling(sampling))
     return StreamOp("/v1/chat/completions", _chat_delta, body=body, token=api_key)
 
 

@@ -152,9 +152,8 @@ def latest_calls(graph: SessionDag, limit: int = MAX_DRAWN_CALLS) -> SessionDag:
     kept = {c.call_id for c in calls}
     touched = {v for c in calls for v in (*c.inputs, *c.outputs)}
     edges = [e for e in graph.edges if (e.source in kept or e.target in kept)]
-    return SessionDag(
-        graph.session_id, graph.live, calls, [v for v in graph.vars if v.var_id in touched], edges
-    )
+    variables = [v for v in graph.vars if v.var_id in touched]
+    return SessionDag(graph.session_id, graph.live, calls, variables, edges, graph.label, graph.tags)
 
 
 def node_link(session_id: str, node_id: str) -> str:

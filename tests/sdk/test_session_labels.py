@@ -49,3 +49,16 @@ def test_a_bad_label_raises_the_servers_reason(fake_server_url):
             client.session(label="x" * 201)
         with pytest.raises(BadRequestError, match=r"length >= 1 \(tags\[0\]\)"):
             client.session(tags=[""])
+
+
+def test_a_chat_and_a_streamed_chat_are_labelled_by_their_metadata(server, fake_server):
+    """The SDK's one-call chats (the OpenAI front) carry OpenAI's ``metadata``: the request
+    is found on the requests page by its label, its other keys as tags."""
+    _, core = fake_server
+    asked = [{"role": "user", "content": "Which tide is next?"}]
+    server.chat(asked, metadata={"label": "tide desk", "shift": "night"}, max_tokens=2)
+    "".join(d.text for d in server.stream_chat(asked, metadata={"label": "tide stream"}, max_tokens=2))
+    (plain,) = core.views.recent_requests("tide desk")
+    assert plain.asked.label == "tide desk" and plain.asked.tags == ("shift=night",)
+    (streamed,) = core.views.recent_requests("tide stream")
+    assert streamed.asked.stream and streamed.asked.label == "tide stream"

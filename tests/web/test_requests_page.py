@@ -177,6 +177,9 @@ def test_a_labelled_session_is_found_by_typing_its_label(page, dashboard_url, ar
         shoot(page, artifacts, "sessions-search")
         page.goto(f"{url}/sessions?q=HARBOUR-master")  # a tag finds it too, case aside
         expect(found).to_be_visible()
+        found.locator("a").first.click()  # its page names it too
+        expect(page.locator('h1 .session-label[data-label="session"]')).to_have_text(label)
+        expect(page.locator("p.tags .chip.tag")).to_have_text("harbour-master")
 
 
 def test_the_requests_pages_fit_a_phone(page, oai, dashboard_url):

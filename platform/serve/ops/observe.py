@@ -110,6 +110,8 @@ class SessionDag:
     calls: list[DagCall]
     vars: list[DagVar]
     edges: list[DagEdge]
+    label: str | None = None  # the session's, as its client named it
+    tags: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -239,10 +241,12 @@ def session_dag(
     live: bool,
     latest: int | None = None,
     keep: str | None = None,
+    named: tuple[str | None, tuple[str, ...]] = (None, ()),
 ) -> SessionDag:
     """The DAG of these calls and variables; with ``latest``, only the latest calls (and the
     variables they touch, and the node ``keep`` if any): what a page draws of a big session,
-    made in time linear in what it draws, not in the session."""
+    made in time linear in what it draws, not in the session. ``named``: the session's label
+    and tags."""
     ordered = sorted(calls, key=lambda c: c.seq)
     if latest is not None and len(ordered) > latest:
         cut = len(ordered) - latest
@@ -255,7 +259,7 @@ def session_dag(
         edges += [DagEdge(v, call.call_id) for v in inputs]
         edges += [DagEdge(call.call_id, v.var_id) for v in call.output_vars()]
     return SessionDag(
-        session_id, live, [dag_call(c) for c in ordered], [dag_var(v) for v in variables], edges
+        session_id, live, [dag_call(c) for c in ordered], [dag_var(v) for v in variables], edges, *named
     )
 
 

@@ -151,7 +151,8 @@ class OperatorViews:
         session = self.sessions.get(session_id)
         if session is not None:
             calls, variables = session.calls.values(), session.vars.values()
-            return observe.session_dag(session_id, calls, variables, True, latest, keep)
+            named = (session.label, session.tags)
+            return observe.session_dag(session_id, calls, variables, True, latest, keep, named)
         for summary, dag in self.sessions.recent:
             if summary.session_id == session_id:
                 return dag

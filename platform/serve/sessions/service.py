@@ -163,7 +163,9 @@ class SessionService:
             self.recent.append(
                 (
                     observe.summarize(session, live=False, closed_at=time.time()),
-                    observe.session_dag(sid, calls, session.vars.values(), live=False),
+                    observe.session_dag(
+                        sid, calls, session.vars.values(), live=False, named=(session.label, session.tags)
+                    ),
                 )
             )
         self.driver.stop(session)
