@@ -141,17 +141,27 @@ def takes_shared_prefix(
     )
 
 
-def stage_decodes(items: list[StepItem], block_size: int, vectors: np.ndarray, table: np.ndarray) -> None:
-    """Single-token decodes as the whole-step paths read them (CUDA graphs, the fused CPU step):
-    ``vectors[:, row]`` = (token id, position, KV slot, keys attended) and ``table[row]`` starts
-    with the blocks from position 0, the new key's included. int64 arrays [4, >= rows] and
-    [>= rows, >= blocks]; other entries are left as they are."""
-    for row, item in enumerate(items):
-        pos, blocks = item.start, item.context.blocks
-        used = pos // block_size + 1
-        slot = blocks[pos // block_size] * block_size + pos % block_size
-        vectors[:, row] = (item.context.token_ids[pos], pos, slot, pos + 1)
-        table[row, :used] = blocks[:used]
+def stage_decodes(
+    items: list[StepItem], block_size: int, vectors: np.ndarray, table: np.ndarray
+) -> list[int]:
+    """The items' tokens as the whole-step paths read them (CUDA graphs: single-token
+    decodes; the fused CPU step: a few tokens an item too), a row a token: ``vectors[:, row]``
+    = (token id, position, KV slot, keys attended) and ``table[row]`` starts with the blocks
+    from position 0, the row's own key included. A row of an item's later token attends the
+    keys of its earlier ones, stored in the same layer before any row attends (causal, as a
+    prefill). int64 arrays [4, >= rows] and [>= rows, >= blocks]; other entries are left as
+    they are. Returns each item's last row (-1 for an item that computes nothing)."""
+    last, row = [], 0
+    for item in items:
+        blocks = item.context.blocks
+        for pos in range(item.start, item.start + item.num_tokens):
+            used = pos // block_size + 1
+            slot = blocks[pos // block_size] * block_size + pos % block_size
+            vectors[:, row] = (item.context.token_ids[pos], pos, slot, pos + 1)
+            table[row, :used] = blocks[:used]
+            row += 1
+        last.append(row - 1 if item.num_tokens else -1)
+    return last
 
 
 def _shared_groups(items, computed, block_size, policy, kv_start) -> list[tuple[list[int], int, int]]:

@@ -10,8 +10,10 @@ products stay torch's own kernels, and the small ops are plain loops over the st
 The step is part of the engine's C++ extension (native.py: compiled once, where it cannot
 be, the engine logs why and runs every step eagerly).
 
-Which steps qualify, like the CUDA graphs: every item decodes one token, and the step takes
-no shared-prefix group (whose prefix the eager path attends once for the whole group).
+Which steps qualify: every item computes a few tokens at most (a decode, the text
+jump-forward forces, a short fill; each token a row attending the keys before it) or none
+(it only samples), and the step takes no shared-prefix group (whose prefix the eager path
+attends once for the whole group).
 Which models: float32 activations on the CPU with packed weights (``gguf``, ``int4``,
 ``int8``: the defaults there), in the families without Gemma's layout (its norms, GeGLU,
 sliding windows): Llama, Mistral, Qwen2, Qwen3, Phi-3. The exact mode keeps the eager path, whose products
@@ -39,6 +41,10 @@ from parrot.engines.builtin.native import load_extension
 log = logging.getLogger(__name__)
 
 INT4, INT8 = 0, 1  # the C++ Linear's kinds
+# A fused step's rows (tokens) at most, and an item's: jump-forward's forced text and short
+# fills stay fused (their rows attend the keys before them, as in a prefill); a longer
+# prompt is a prefill for the eager step's attention kernel.
+MAX_ROWS, MAX_ITEM_TOKENS = 64, 16
 KV_DTYPES = (torch.float32, torch.bfloat16)  # the caches the C++ step reads
 
 
@@ -86,20 +92,29 @@ class FusedDecodeStep:
             )  # fmt: skip
 
     def fits(self, items: list[StepItem]) -> bool:
-        """Whether this step runs fused: single-token decodes only, no shared-prefix group."""
-        if not items or any(item.num_tokens != 1 for item in items):
+        """Whether this step runs fused: items of a few tokens (decodes, the tokens
+        jump-forward forces, a short fill) or none (sampling only), no shared-prefix group.
+        A longer prompt is a prefill: the eager step's attention kernel does it better."""
+        rows = sum(item.num_tokens for item in items)
+        if not rows or rows > MAX_ROWS or any(item.num_tokens > MAX_ITEM_TOKENS for item in items):
             return False
         return not takes_shared_prefix(items, self.block_size, self.policy, torch.device("cpu"))
 
     def run(self, items: list[StepItem]) -> torch.Tensor:
-        """The items' final-normed hidden rows [len(items), hidden]; their KV is stored."""
+        """The items' final-normed last hidden rows [len(items), hidden] (garbage for an item
+        that computes nothing); the KV of every token is stored."""
         bs = self.block_size
-        width = max(item.start for item in items) // bs + 1  # block table columns
-        vectors = np.empty((4, len(items)), dtype=np.int64)  # ids, positions, slots, kv lens
-        table = np.zeros((len(items), width), dtype=np.int64)
-        stage_decodes(items, bs, vectors, table)
+        rows = sum(item.num_tokens for item in items)
+        width = max(item.start + item.num_tokens - 1 for item in items if item.num_tokens) // bs + 1
+        vectors = np.empty((4, rows), dtype=np.int64)  # ids, positions, slots, kv lens
+        table = np.zeros((rows, width), dtype=np.int64)  # [rows, blocks]
+        last = stage_decodes(items, bs, vectors, table)
         ids, positions, slots, kv_lens = torch.from_numpy(vectors)
-        return self.step.step(ids, positions, slots, torch.from_numpy(table), kv_lens, self.pool.kv_cache, bs)
+        cache = self.pool.kv_cache
+        hidden = self.step.step(ids, positions, slots, torch.from_numpy(table), kv_lens, cache, bs)
+        if rows == len(items):  # one token an item: the rows are the items'
+            return hidden
+        return hidden[torch.tensor([max(row, 0) for row in last])]  # [len(items), hidden]
 
 
 def _projections(layer) -> tuple:

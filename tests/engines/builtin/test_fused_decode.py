@@ -18,7 +18,7 @@ from test_weight_formats import build, relative_error
 from parrot.engines.builtin.batch import SharedPrefixPolicy, StepItem
 from parrot.engines.builtin.context_pool import Context, ContextPool
 from parrot.engines.builtin.engine_config import EngineConfig
-from parrot.engines.builtin.fused_decode import fused_decode_step, unsupported_reason
+from parrot.engines.builtin.fused_decode import MAX_ITEM_TOKENS, fused_decode_step, unsupported_reason
 from parrot.engines.builtin.model_runner import ModelRunner
 
 CPU = torch.device("cpu")
@@ -107,11 +107,16 @@ def test_a_fused_step_computes_what_the_eager_step_computes(
     runner = ModelRunner(model, pool, SharedPrefixPolicy(), CPU, fused)
     contexts = contexts_with_a_fork(model, pool)
     assert contexts[-1].blocks[:5] == contexts[-2].blocks[:5]  # the fork reads its parent's blocks
-    for _ in range(6):  # the tables grow past block boundaries
+    # The tables grow past block boundaries. Steps of a token an item, and of a few (the text
+    # jump-forward forces: each row attends the keys of the rows before it, as a prefill).
+    for step, width in enumerate((1, 3, 1, 2, 5, 1)):
         items = []
-        for ctx in contexts:
+        for n, ctx in enumerate(contexts):
+            tokens = width if n % 2 == 0 else 1
+            for extra in range(tokens - 1):
+                pool.append_token(ctx, (17 * step + 5 * n + extra) % 100 + 3)
             assert pool.ensure_blocks(ctx, len(ctx.token_ids))
-            items.append(StepItem(ctx, ctx.num_computed, 1, sample=True))
+            items.append(StepItem(ctx, ctx.num_computed, tokens, sample=True))
         before = pool.kv_cache.clone()
         expected = eager.run(items)
         expected_cache = pool.kv_cache.clone()
@@ -120,8 +125,12 @@ def test_a_fused_step_computes_what_the_eager_step_computes(
         assert got.path == "fused" and expected.path == "eager"
         assert relative_error(got.last_hidden, expected.last_hidden) < bound
         # the new keys and values went to the items' slots, and nowhere else
-        new = [ctx.blocks[ctx.num_computed // 4] * 4 + ctx.num_computed % 4 for ctx in contexts]
-        written = pool.kv_cache[:, :, new]  # [layers, 2, items, kv heads, head_dim]
+        new = [
+            ctx.blocks[pos // 4] * 4 + pos % 4
+            for ctx in contexts
+            for pos in range(ctx.num_computed, len(ctx.token_ids))
+        ]
+        written = pool.kv_cache[:, :, new]  # [layers, 2, tokens, kv heads, head_dim]
         assert relative_error(written.float(), expected_cache[:, :, new].float()) < bound
         untouched = torch.ones(pool.kv_cache.shape[2], dtype=torch.bool)
         untouched[new] = False
@@ -131,7 +140,7 @@ def test_a_fused_step_computes_what_the_eager_step_computes(
             pool.append_token(ctx, token)
 
 
-def test_only_steps_of_single_token_decodes_without_a_shared_prefix_run_fused(folder):
+def test_only_steps_of_short_items_without_a_shared_prefix_run_fused(folder):
     model, pool = build(folder, "float32", "int4", num_blocks=64, block_size=4)
     contexts = contexts_with_a_fork(model, pool)
     decodes = [StepItem(ctx, ctx.num_computed, 1, sample=True) for ctx in contexts]
@@ -143,9 +152,15 @@ def test_only_steps_of_single_token_decodes_without_a_shared_prefix_run_fused(fo
     prompt = Context(context_id=20, token_ids=[5] * 6, materialized=True)
     pool.contexts[20] = prompt
     assert pool.ensure_blocks(prompt, 6)
-    assert not never_shared.fits([*decodes[:2], StepItem(prompt, 0, 6, sample=True)])  # a prefill
+    assert never_shared.fits([*decodes[:2], StepItem(prompt, 0, 6, sample=True)])  # a short fill
     stored = StepItem(contexts[0], contexts[0].num_computed + 1, 0, sample=True)
-    assert not never_shared.fits([decodes[1], stored])  # samples its stored state
+    assert never_shared.fits([decodes[1], stored])  # one samples its stored state
+    assert not never_shared.fits([stored])  # nothing to compute
+    long = Context(context_id=21, token_ids=[5] * (MAX_ITEM_TOKENS + 1), materialized=True)
+    pool.contexts[21] = long
+    assert pool.ensure_blocks(long, MAX_ITEM_TOKENS + 1)
+    prefill = StepItem(long, 0, MAX_ITEM_TOKENS + 1, sample=True)
+    assert not never_shared.fits([*decodes[:2], prefill])  # a prefill: the eager step's
     # the fork and its parent share 20 tokens: with the path always taken, the step is eager
     always = SharedPrefixPolicy(min_saved_tokens=0, min_prefix_tokens=1)
     assert not fused_decode_step(model, pool, policy(always), CPU).fits(decodes)
