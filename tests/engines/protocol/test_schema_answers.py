@@ -23,7 +23,7 @@ SKIPPED_WHILE_DECODING = [
     ({"type": "object", "if": {"required": ["a"]}, "then": {"required": ["b"]}}, '{"b":1}', '{"a":1}', '"b"'),
     ({"type": "object", "propertyNames": {"maxLength": 2}}, '{"ab":1}', '{"abc":1}', "abc"),
     ({"type": "string", "format": "uri-reference"}, '"a/b"', '"a b"', "uri-reference"),
-    ({"type": "object", "properties": {"a": {}}, "minProperties": 2}, '{"a":1,"b":2}', '{"a":1}', "less than 2"),
+    ({"type": "object", "properties": {"a": {}}, "minProperties": 2}, '{"a":1,"b":2}', '{"a":1}', "than 2"),
 ]
 
 
