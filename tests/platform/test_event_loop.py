@@ -68,7 +68,9 @@ def probe(url: str, busy: Callable[[], bool], at_most_s: float) -> list[float]:
 def test_healthz_answers_while_a_64_input_catastrophic_regex_transform_runs(tmp_path):
     """Before: each of the 64 values had its own 0.5 s regex timeout, run one after another
     on the event loop (32 s without an answer). Now the transform runs in a worker thread
-    (the regex search releases the GIL) and fails when its one budget is spent."""
+    (the regex search releases the GIL) and fails when its one budget is spent. Measured
+    again, up to ``ATTEMPTS`` times, while the probes' p99 is over ``STALL_S``: a stall by
+    the transform repeats, a hiccup of the host does not (CI once saw one 800 ms probe of 71)."""
     budget = 1.5
     with (
         servecore(tmp_path, PARROT_TRANSFORM_BUDGET=str(budget)) as url,
@@ -82,26 +84,25 @@ def test_healthz_answers_while_a_64_input_catastrophic_regex_transform_runs(tmp_
             "steps": [{"type": "regex", "pattern": CATASTROPHIC}, {"type": "join"}],
             "output": "matched",
         }
-        started = time.monotonic()
-        call = api.post("/v1/semantic_transform", json=body, headers=auth)
-        assert call.status_code == 201, call.text
-        state = {}
+        p99s = []
+        while len(p99s) < ATTEMPTS and not (p99s and p99s[-1] < STALL_S):
+            started = time.monotonic()
+            call = api.post("/v1/semantic_transform", json=body, headers=auth)
+            assert call.status_code == 201, call.text
+            call_id, state = call.json()["call_id"], {}
 
-        def running() -> bool:
-            state.update(
-                api.get(
-                    f"/v1/semantic_call/{call.json()['call_id']}", params={"session_id": sid}, headers=auth
-                ).json()
-            )
-            return state["state"] != "failed"
+            def running(call_id: str = call_id, state: dict = state) -> bool:
+                answer = api.get(f"/v1/semantic_call/{call_id}", params={"session_id": sid}, headers=auth)
+                state.update(answer.json())
+                return state["state"] != "failed"
 
-        latencies = probe(f"{url}/healthz", running, at_most_s=budget + 5)
-        took = time.monotonic() - started
-        assert state["state"] == "failed" and "time budget of 1.5 s" in state["error"], state
-        assert took < budget + 3, f"the transform took {took:.1f} s: not one budget for all its values"
-        assert len(latencies) >= 10, latencies
-        p99 = percentile(latencies, 0.99)
-        assert p99 < STALL_S, f"/healthz p99 {p99 * 1000:.0f} ms during the transform ({len(latencies)})"
+            latencies = probe(f"{url}/healthz", running, at_most_s=budget + 5)
+            took = time.monotonic() - started
+            assert state["state"] == "failed" and "time budget of 1.5 s" in state["error"], state
+            assert took < budget + 3, f"the transform took {took:.1f} s: not one budget for all its values"
+            assert len(latencies) >= 10, latencies
+            p99s.append(percentile(latencies, 0.99))
+        assert p99s[-1] < STALL_S, f"/healthz p99 {ms(p99s)} during the transform"
         var = api.get(
             f"/v1/semantic_var/{call.json()['outputs']['matched']}", params={"session_id": sid}, headers=auth
         )
