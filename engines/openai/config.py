@@ -33,6 +33,9 @@ class OpenAIEngineConfig:
     - ``api``: ``"chat"`` (``/chat/completions``, text mapped onto messages, see
       :mod:`parrot.engines.openai.chat_messages`) or ``"completions"`` (``/completions``, text verbatim).
     - ``capacity``: requests in flight to the endpoint at once (more wait in the engine).
+      None: a llama.cpp server's parallel slots (its ``/props``), else ``default_capacity``.
+    - ``plan_slots``: on a llama.cpp server, choose each request's slot by the prompts the
+      slots hold (:mod:`parrot.engines.openai.slots`); off: the server chooses.
     - ``timeout_s``: the longest wait for the endpoint (connect, or between bytes of an answer).
     - ``max_retries``: retries by the ``openai`` client after a retryable failure (408, 409,
       429, 5xx, timeout, connection error; ``x-should-retry`` decides when sent), waiting
@@ -45,7 +48,9 @@ class OpenAIEngineConfig:
     model: str
     api_key: str | None = field(default=None, repr=False)
     api: str = CHAT
-    capacity: int = 16
+    capacity: int | None = None
+    default_capacity: int = 16
+    plan_slots: bool = True
     timeout_s: float = 60.0
     max_retries: int = 4
     cooldown_s: float = 10.0
@@ -70,7 +75,9 @@ class OpenAIEngineConfig:
             raise BadRequestError(f"api must be one of {list(APIS)}, got {self.api!r}")
         if self.api_key is not None and not isinstance(self.api_key, str):
             raise BadRequestError("api_key must be a string")
-        _check_int("capacity", self.capacity, 1)
+        if self.capacity is not None:
+            _check_int("capacity", self.capacity, 1)
+        _check_int("default_capacity", self.default_capacity, 1)
         _check_int("max_retries", self.max_retries, 0)
         _check_number("timeout_s", self.timeout_s, positive=True)
         _check_number("cooldown_s", self.cooldown_s)

@@ -12,9 +12,15 @@ tokenizer.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
-from parrot.engines.protocol.errors import BadRequestError, ContextConflictError, UnknownContextError
+from parrot.engines.protocol.errors import (
+    BadRequestError,
+    ContextConflictError,
+    ParrotError,
+    UnknownContextError,
+)
 
 
 @dataclass(eq=False)
@@ -39,7 +45,8 @@ class TextContext:
         while node is not None:
             if visible > node.parent_len:
                 chunks.append(node.own[: visible - node.parent_len])
-            visible = node.parent_len
+            # A fork may see less of its parent than the parent sees of its own parent.
+            visible = min(visible, node.parent_len)
             node = node.parent
         return "".join(reversed(chunks))
 
@@ -100,6 +107,41 @@ class ContextStore:
                 f"context {context_id} does not exist: fill it first, or pass parent_context_id to fork"
             )
         return self.context_for(context_id, parent_id, parent_len)
+
+    def target(
+        self,
+        context_id: int,
+        parent_id: int | None,
+        parent_len: int | None,
+        token_ids: list[int] | None,
+        tail: str | None,
+    ) -> tuple[TextContext, bool]:
+        """The context a generation runs in, with its prompt ``tail`` appended; and whether
+        it was created for it."""
+        if token_ids:
+            raise BadRequestError("an openai engine's contexts are text: give the prompt as text")
+        created = self.get(context_id) is None
+        ctx = self.existing(context_id, parent_id, parent_len, tail or "")
+        if tail:
+            ctx.append(tail)
+        return ctx, created
+
+    def mark_checkpoints(self, ctx: TextContext, marks: Sequence[tuple[int, int]], created: bool) -> None:
+        """Checkpoints ``(context id, length)`` of ``ctx``; none of them (nor ``ctx``, if
+        ``created``) when one fails."""
+        try:
+            for context_id, length in marks:
+                self.checkpoint(context_id, ctx, length)
+        except ParrotError:
+            self.forget(ctx.context_id if created else None, marks)
+            raise
+
+    def forget(self, context_id: int | None, marks: Sequence[tuple[int, int]]) -> None:
+        """Undo a request that failed: the context it created, and its checkpoints."""
+        if context_id is not None:
+            self.free(context_id)
+        for cid, _ in marks:
+            self.free(cid)
 
     def checkpoint(self, context_id: int, parent: TextContext, length: int) -> None:
         """A new context: the first ``length`` characters of ``parent``."""

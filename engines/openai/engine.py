@@ -20,20 +20,21 @@ The API key is sent to the endpoint and nowhere else: not in ``repr``, errors or
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import logging
-import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
-from typing import Any, Final, NoReturn, TypeVar
+from typing import Any, Final, TypeVar
 
 import httpx2
 import openai
 
+from parrot.engines.openai.admission import Admission
+from parrot.engines.openai.backends import Backend, detect, refuses_priority, request_fields
 from parrot.engines.openai.config import CHAT, OpenAIEngineConfig
 from parrot.engines.openai.contexts import ContextStore, TextContext
 from parrot.engines.openai.failures import Failure, classify
+from parrot.engines.openai.health import EndpointHealth
 from parrot.engines.openai.request import build_request, choice_text, usage_counts
+from parrot.engines.openai.slots import Slot
 from parrot.engines.protocol.errors import (
     BadEngineAnswerError,
     BadRequestError,
@@ -70,20 +71,18 @@ class OpenAIEngine:
         # URLs it requests, and a password must be in none of them.
         base_url, credentials = split_credentials(config.base_url)
         auth = httpx2.BasicAuth(*credentials) if credentials else None
-        transport = openai.DefaultAsyncHttpxClient(event_hooks={"request": [self._count_retry]}, auth=auth)
+        self._http = openai.DefaultAsyncHttpxClient(event_hooks={"request": [self._count_retry]}, auth=auth)
         self._client = openai.AsyncOpenAI(
             base_url=base_url,
             api_key=config.key,
             max_retries=config.max_retries,
             timeout=config.timeout_s,
-            http_client=transport,
+            http_client=self._http,
         )
         self._contexts = ContextStore()
-        self._slots = asyncio.Semaphore(config.capacity)
-        self._running = self._waiting = 0
-        self._done = self._failed = self._retries = 0
-        self._unhealthy: str | None = None  # why, while unhealthy
-        self._down_until = 0.0  # monotonic; ping raises before it
+        self.health = EndpointHealth(self._where, config.cooldown_s)
+        self.backend: Backend | None = None  # found at the first ping that answers
+        self.admission = Admission(config.capacity or config.default_capacity)
         self._model_listed: bool | None = None
 
     def __repr__(self) -> str:
@@ -91,11 +90,17 @@ class OpenAIEngine:
         return f"OpenAIEngine(base_url={d['base_url']!r}, model={d['model']!r}, api={d['api']!r})"
 
     def describe(self) -> dict:
-        return self.config.describe()
+        return {**self.config.describe(), "capacity": self.capacity}
+
+    @property
+    def capacity(self) -> int:
+        """Requests at once: as configured, else the llama.cpp server's slots, else the default."""
+        slots = self.backend.slots if self.backend is not None else None
+        return self.config.capacity or slots or self.config.default_capacity
 
     @property
     def healthy(self) -> bool:
-        return self._unhealthy is None
+        return self.health.healthy
 
     # -- the Engine protocol -----------------------------------------------------------
     async def fill(
@@ -120,7 +125,7 @@ class OpenAIEngine:
         created = self._contexts.get(context_id) is None
         ctx = self._contexts.context_for(context_id, parent_context_id, parent_len)
         ctx.append(text)
-        self._checkpoints(ctx, checkpoints, created)
+        self._contexts.mark_checkpoints(ctx, checkpoints, created)
         return FillResponse(context_id=context_id, filled_tokens=len(text), context_len=len(ctx))
 
     async def generate(
@@ -136,20 +141,23 @@ class OpenAIEngine:
         checkpoints: Sequence[tuple[int, int]] = (),
         parent_timeout_ms: int = 0,  # in-process: a parent exists before its forks are asked for
     ) -> GenerateResponse:
-        ctx, created = self._target(context_id, parent_context_id, parent_len, token_ids, text)
+        ctx, created = self._contexts.target(context_id, parent_context_id, parent_len, token_ids, text)
         try:
-            self._checkpoints(ctx, checkpoints, created)
-            request = self._request(ctx, sampling)
-            answer = await self._call(lambda: self._create(request, stream=False))
-            choices = getattr(answer, "choices", None)
-            if not choices:
-                raise ParrotError(f"{self._where} answered without a choice")
-            choice = choices[0]
+            self._contexts.mark_checkpoints(ctx, checkpoints, created)
+            prompt = self._prompt(ctx)
+            async with self.admission.request(prompt, sampling.max_tokens) as slot:
+                request = self._request(prompt, sampling, slot, priority)
+                answer = await self._call(lambda: self._send(request, stream=False))
+                choices = getattr(answer, "choices", None)
+                if not choices:
+                    raise ParrotError(f"{self._where} answered without a choice")
+                out = choice_text(self.config.api, choices[0])
+                self.admission.answered(slot, prompt, out, answer)
         except BaseException:
             if created:
-                self._forget(context_id, checkpoints)
+                self._contexts.forget(context_id, checkpoints)
             raise
-        out = choice_text(self.config.api, choice)
+        choice = choices[0]
         ctx.append(out)
         prompt_tokens, cached = usage_counts(answer.usage)
         return GenerateResponse(
@@ -176,18 +184,19 @@ class OpenAIEngine:
         stream_interval_ms: int = 0,  # in-process: an event costs no HTTP; the backend's pace
     ) -> AsyncIterator[TokenStreamEvent | StreamEnd]:
         """A :class:`TokenStreamEvent` per text delta (``token_id=-1``), then :class:`StreamEnd`."""
-        ctx, created = self._target(context_id, parent_context_id, parent_len, token_ids, text)
+        ctx, created = self._contexts.target(context_id, parent_context_id, parent_len, token_ids, text)
         pieces: list[str] = []
         finished = False
         try:
-            self._checkpoints(ctx, checkpoints, created)
-            request = self._request(ctx, sampling)
+            self._contexts.mark_checkpoints(ctx, checkpoints, created)
+            prompt = self._prompt(ctx)
             state: dict[str, Any] = {"finish": None, "usage": None}
-            async with self._slot():
+            async with self.admission.request(prompt, sampling.max_tokens) as slot:
+                request = self._request(prompt, sampling, slot, priority)
                 failure = None
                 try:
                     chunks = 0
-                    async with await self._create(request, stream=True) as stream:
+                    async with await self._send(request, stream=True) as stream:
                         async for chunk in stream:
                             chunks += 1
                             delta = self._read_chunk(chunk, state)
@@ -203,14 +212,15 @@ class OpenAIEngine:
                         failure = Failure(EngineUnavailableError(f"{failure.error} (mid-stream)"), hard=True)
                     # outside the except block: the client's exception (which holds the
                     # request, key included) is not chained to the error raised here
-                    self._fail(failure)
-            self._succeeded()
+                    self.health.fail(failure)
+                self.admission.answered(slot, prompt, "".join(pieces), state.get("last"))
+            self.health.succeeded()
             finished = True
         finally:
             if finished or not created:
                 ctx.append("".join(pieces))
             else:
-                self._forget(context_id, checkpoints)
+                self._contexts.forget(context_id, checkpoints)
         prompt_tokens, cached = usage_counts(state["usage"])
         yield StreamEnd(
             finish_reason=state["finish"] or "stop",
@@ -237,93 +247,101 @@ class OpenAIEngine:
         """Load and health. Probes ``GET /models`` (short timeout); raises
         :class:`EngineUnavailableError` when the endpoint is unreachable or rejects the key,
         and during the cool-down after a hard failure."""
-        remaining = self._down_until - time.monotonic()
-        if self._unhealthy is not None and remaining > 0:
-            raise EngineUnavailableError(
-                f"{self._where} is unhealthy ({self._unhealthy}); next probe in {remaining:.1f} s"
-            )
+        self.health.check()
         timeout = min(self.config.timeout_s, timeout_s or PING_TIMEOUT_S)
         failure = None
+        models: list[Any] = []
         try:  # one probe: the monitor pings again soon
             page = await self._client.with_options(max_retries=0).models.list(timeout=timeout)
-            self._model_listed = any(m.id == self.config.model for m in page.data)
+            models = list(page.data)
+            self._model_listed = any(m.id == self.config.model for m in models)
         except _CLIENT_ERRORS as error:
             failure = classify(error, self._where, timeout, self._redact)
         if failure is not None and failure.hard:
-            self._unhealthy = str(failure.error)
+            self.health.unhealthy = str(failure.error)
+            self.backend = None  # it may come back as another server, or with other flags
             raise failure.error
         if failure is not None:
             self._model_listed = None  # it answered, with a 4xx (no /models here): reachable
-        self._unhealthy = None
+        self.health.answered()
+        if self.backend is None:
+            self._found(await detect(self._http, self.config.base_url, models, self.config.model))
         return self.stats()
 
     def stats(self) -> dict:
         return {
             "model": self.config.model,
             "kind": "openai",
-            **self.config.describe(),
+            **self.describe(),
+            **(self.backend or Backend()).describe(),
+            "max_running": self.capacity,
             "healthy": self.healthy,
             "model_listed": self._model_listed,
-            "num_running": self._running,
-            "num_waiting": self._waiting,
+            "num_running": self.admission.running,
+            "num_waiting": self.admission.waiting,
             "num_contexts": len(self._contexts),
             "context_chars": self._contexts.own_chars(),
-            "requests_done": self._done,
-            "requests_failed": self._failed,
-            "retries": self._retries,
+            "requests_done": self.health.done,
+            "requests_failed": self.health.failed,
+            "retries": self.health.retries,
+            "waited_for_prefix": self.admission.waited_for_prefix,
         }
+
+    def _found(self, backend: Backend) -> None:
+        """The endpoint is ``backend``: plan a llama.cpp server's slots (unless configured
+        otherwise), with as many requests at once as it has slots unless a capacity is set."""
+        if self.backend is None or backend.kind != self.backend.kind:
+            slots = f" of {backend.slots} slots" if backend.slots else ""
+            log.info("%s is a %s server%s", self._where, backend.kind, slots)
+        self.backend = backend
+        slots = backend.slots if self.config.plan_slots else None
+        self.admission.configure(self.capacity, slots, bounded=self.config.capacity is not None)
+
+    def kept_prefix(self, prompt: str) -> int:
+        """Characters of ``prompt`` that one of the server's slots holds (or is computing)."""
+        return self.admission.kept_prefix(prompt)
 
     async def aclose(self) -> None:
         await self._client.close()
 
     # -- internals ---------------------------------------------------------------------
-    def _target(
-        self,
-        context_id: int,
-        parent_id: int | None,
-        parent_len: int | None,
-        token_ids: list[int] | None,
-        tail: str | None,
-    ) -> tuple[TextContext, bool]:
-        """The context a generation runs in, with its prompt ``tail`` appended."""
-        if token_ids:
-            raise BadRequestError("an openai engine's contexts are text: give the prompt as text")
-        created = self._contexts.get(context_id) is None
-        ctx = self._contexts.existing(context_id, parent_id, parent_len, tail or "")
-        if tail:
-            ctx.append(tail)
-        return ctx, created
-
-    def _checkpoints(self, ctx: TextContext, marks: Sequence[tuple[int, int]], created: bool) -> None:
-        try:
-            for context_id, length in marks:
-                self._contexts.checkpoint(context_id, ctx, length)
-        except ParrotError:
-            self._forget(ctx.context_id if created else None, marks)
-            raise
-
-    def _forget(self, context_id: int | None, marks: Sequence[tuple[int, int]]) -> None:
-        """Undo a request that failed: the context it created, and its checkpoints."""
-        if context_id is not None:
-            self._contexts.free(context_id)
-        for cid, _ in marks:
-            self._contexts.free(cid)
-
-    def _request(self, ctx: TextContext, sampling: SamplingParams) -> dict[str, Any]:
+    def _prompt(self, ctx: TextContext) -> str:
         if len(ctx) == 0:
             raise BadRequestError(
                 f"context {ctx.context_id} is empty: fill it (or fork a filled parent) before generating"
             )
-        return build_request(self.config, ctx.text(), sampling)
+        return ctx.text()
+
+    def _request(self, prompt: str, sampling: SamplingParams, slot: Slot | None, priority: int) -> dict:
+        request = build_request(self.config, prompt, sampling)
+        fields = request_fields(self.backend or Backend(), slot.index if slot else None, priority)
+        if fields:
+            request["extra_body"] = {**request.get("extra_body", {}), **fields}
+        return request
 
     def _create(self, request: dict[str, Any], stream: bool) -> Awaitable[Any]:
         extra = {"stream": True, "stream_options": {"include_usage": True}} if stream else {}
         api = self._client.chat.completions if self.config.api == CHAT else self._client.completions
         return api.create(**request, **extra)
 
+    async def _send(self, request: dict[str, Any], stream: bool) -> Any:
+        """The request's answer (a stream: opened); sent again without ``priority`` when
+        the endpoint refuses it (vLLM without priority scheduling), which it then never gets."""
+        try:
+            return await self._create(request, stream)
+        except openai.BadRequestError as error:
+            if "priority" not in request.get("extra_body", {}) or not refuses_priority(400, str(error)):
+                raise
+        log.warning("%s refuses request priorities: they are no longer sent to it", self._where)
+        self.backend = (self.backend or Backend()).without_priority()
+        body = {k: v for k, v in request["extra_body"].items() if k != "priority"}
+        return await self._create({**request, "extra_body": body}, stream)
+
     def _read_chunk(self, chunk: Any, state: dict[str, Any]) -> str:
         if getattr(chunk, "usage", None) is not None:
             state["usage"] = chunk.usage
+        if (chunk.model_extra or {}).get("timings"):
+            state["last"] = chunk  # llama.cpp's timings come with its last chunks
         text = ""
         for choice in chunk.choices or ():
             if choice.index == 0:
@@ -331,54 +349,20 @@ class OpenAIEngine:
                 state["finish"] = choice.finish_reason or state["finish"]
         return text
 
-    @contextlib.asynccontextmanager
-    async def _slot(self) -> AsyncIterator[None]:
-        """One of ``capacity`` requests in flight."""
-        self._waiting += 1
-        try:
-            await self._slots.acquire()
-        finally:
-            self._waiting -= 1
-        self._running += 1
-        try:
-            yield
-        finally:
-            self._running -= 1
-            self._slots.release()
-
     async def _call(self, attempt: Callable[[], Awaitable[T]]) -> T:
-        """One request (the client retries it), in a capacity slot."""
-        async with self._slot():
-            try:
-                result = await attempt()
-            except _CLIENT_ERRORS as error:
-                failure = classify(error, self._where, self.config.timeout_s, self._redact)
-            else:
-                self._succeeded()
-                return result
-            self._fail(failure)  # outside the except block: not chained to the client's exception
-
-    def _fail(self, failure: Failure) -> NoReturn:
-        self._failed += 1
-        if failure.hard:
-            self._mark_unhealthy(str(failure.error))
-        raise failure.error
+        """One request (the client retries it)."""
+        try:
+            result = await attempt()
+        except _CLIENT_ERRORS as error:
+            failure = classify(error, self._where, self.config.timeout_s, self._redact)
+        else:
+            self.health.succeeded()
+            return result
+        self.health.fail(failure)  # outside the except block: not chained to the client's exception
 
     async def _count_retry(self, request: httpx2.Request) -> None:
         if request.headers.get("x-stainless-retry-count", "0") != "0":
-            self._retries += 1
-
-    def _succeeded(self) -> None:
-        self._done += 1
-        if self._unhealthy is not None:
-            log.info("%s answers again", self._where)
-        self._unhealthy = None
-        self._down_until = 0.0
-
-    def _mark_unhealthy(self, reason: str) -> None:
-        self._unhealthy = reason
-        self._down_until = time.monotonic() + self.config.cooldown_s
-        log.warning("%s is unhealthy for %g s: %s", self._where, self.config.cooldown_s, reason)
+            self.health.retries += 1
 
     def _redact(self, text: str) -> str:
         key = self.config.api_key

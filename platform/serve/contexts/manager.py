@@ -93,8 +93,12 @@ class ContextManager:
         return self._trees[slot]
 
     def matched(self, slot: EngineSlot, symbols: Sequence) -> int:
-        """How much of ``symbols`` a context on ``slot`` holds (or is computing)."""
-        return self._trees[slot].matched(symbols)
+        """How much of ``symbols`` a context on ``slot`` holds (or is computing); on an
+        endpoint that keeps prompts after their contexts are gone (a llama.cpp server's
+        slots, as its engine knows them), what it keeps, if more."""
+        held = self._trees[slot].matched(symbols)
+        kept = getattr(slot.client, "kept_prefix", None) if slot.text else None
+        return max(held, kept(symbols)) if kept is not None else held
 
     async def free_orphans(self, engine_name: str, client) -> int:
         return await free_orphans(engine_name, client, self.orphan_regions)

@@ -87,7 +87,8 @@ def _connect(spec: EngineSpec, settings: EngineSettings, ping_timeout_s: float) 
                 model=spec.model,
                 api_key=spec.api_key,
                 api=spec.api,
-                capacity=spec.capacity or settings.openai_capacity,
+                capacity=spec.capacity,  # None: a llama.cpp server's slots, else the default
+                default_capacity=settings.openai_capacity,
             )
         )
     raise BadRequestError(f"engine kind must be {BUILTIN!r} or {OPENAI!r}, got {spec.kind!r}")
@@ -149,9 +150,9 @@ class EngineRegistry:
         slot = EngineSlot(engine_id, model, client, text=tokenize is None, tokenize=tokenize)
         self.specs[engine_id] = spec
         self.clients[engine_id] = client
-        # A builtin engine says how many jobs it runs at once (its ping); an endpoint does not.
-        default = None if spec.kind == BUILTIN else self.settings.openai_capacity
-        self.scheduler.add_engine(slot, task_limit=spec.capacity or default, info=info, up=up)
+        # Without a capacity, an engine says how many tasks it runs at once in its pings
+        # (a builtin engine's running-job limit; an endpoint's llama.cpp slots, or the default).
+        self.scheduler.add_engine(slot, task_limit=spec.capacity, info=info, up=up)
         done = self.journal.record(
             lambda store: store.save_engine(
                 engine_id, spec.kind, spec.url, model, spec.config(), {"api_key": spec.api_key or ""}

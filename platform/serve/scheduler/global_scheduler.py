@@ -280,7 +280,7 @@ class GlobalScheduler:
             symbols = task.prompts[slot.prompt_key].symbols
             matched = self.contexts.matched(slot, symbols)
             ahead = self.policy.placement(task, matched, slot.load, len(symbols))
-            return (*self.roles.rank(task, slot), ahead)
+            return (*self.roles.rank(task, slot), ahead, slot.placed)  # ties: spread prompts
 
         return min(free, key=key)
 

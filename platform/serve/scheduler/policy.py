@@ -68,8 +68,11 @@ class SchedulingPolicy:
     def placement(self, task: CompletionTask, matched: int, load: int, prompt: int) -> int:
         """Sort key of candidate engines (smallest wins): the work ahead of the task there,
         in tokens (``load``: what its running tasks may add; ``prompt``: the task's prompt,
-        of which ``matched`` is cached there)."""
-        return load + prompt - (matched if self.context_affinity else 0)
+        of which ``matched`` is cached there). A prefix shorter than ``cluster_min_shared``
+        (a template's first words) does not count: engines alike then get distinct prompts in
+        turn, instead of one engine all prompts that start the same way."""
+        shared = matched if self.context_affinity and matched >= self.cluster_min_shared else 0
+        return load + prompt - shared
 
 
 class EngineRoles:

@@ -35,6 +35,7 @@ class EngineSlot:
     throughput_load: int = 0  # the part of ``load`` that is throughput tasks'
     latency_running: set[str] = field(default_factory=set)  # keys of latency-critical tasks
     latency_ended_at: float = float("-inf")  # monotonic time the last of them ended
+    placed: int = 0  # tasks placed here so far: among engines alike, the one given fewest
 
     @property
     def latency_tasks(self) -> int:
@@ -55,6 +56,7 @@ class EngineSlot:
     def take(self, task: CompletionTask, need: int) -> None:
         """``task`` was placed here, and may add ``need`` KV tokens."""
         self.running[task.key] = task
+        self.placed += 1
         self.load += need
         if task.latency:  # as placed (a latency get may come while it runs): see release
             self.latency_running.add(task.key)

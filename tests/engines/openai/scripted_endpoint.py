@@ -92,6 +92,8 @@ class ScriptedEndpoint:
         self.replies = list(replies) or [Reply()]
         self.requests: list[tuple[float, str, dict, dict]] = []  # (time, path, json body, headers)
         self.models_status = 200
+        self.owned_by = "t"  # "llamacpp", "vllm": the server kind the engine finds
+        self.props: dict | None = None  # llama.cpp's GET /props (None: 404)
 
     async def __call__(self, scope, receive, send) -> None:
         if scope["type"] == "lifespan":
@@ -107,11 +109,15 @@ class ScriptedEndpoint:
                 break
         headers = {k.decode().lower(): v.decode() for k, v in scope["headers"]}
         path = scope["path"]
+        if path == "/props":
+            found = self.props is not None
+            await _send_json(send, 200 if found else 404, self.props if found else error("no /props"))
+            return
         if path.endswith("/models"):
             status = self.models_status
             body = {
                 "object": "list",
-                "data": [{"id": MODEL, "object": "model", "created": 0, "owned_by": "t"}],
+                "data": [{"id": MODEL, "object": "model", "created": 0, "owned_by": self.owned_by}],
             }
             await _send_json(send, status, body if status == 200 else {"error": {"message": "no"}})
             return

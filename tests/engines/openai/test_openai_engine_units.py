@@ -22,13 +22,16 @@ def test_config_defaults_describe_and_hidden_key():
         base_url=" https://user:pw@api.example.com/v1/?x=1 ", model="gpt", api_key="sk-abcdef"
     )
     assert config.base_url == "https://user:pw@api.example.com/v1/?x=1"
-    assert (config.api, config.capacity, config.timeout_s, config.max_retries) == ("chat", 16, 60.0, 4)
+    # No capacity: a llama.cpp server's slots once its first ping says, else the default.
+    assert (config.api, config.capacity, config.default_capacity) == ("chat", None, 16)
+    assert (config.timeout_s, config.max_retries, config.plan_slots) == (60.0, 4, True)
     assert config.describe() == {
         "base_url": "https://api.example.com/v1",  # no credentials, query or trailing slash
         "model": "gpt",
         "api": "chat",
-        "capacity": 16,
+        "capacity": None,
     }
+    assert OpenAIEngine(config).describe()["capacity"] == 16
     assert "sk-abcdef" not in repr(config) and "pw" not in str(config.describe())
     assert OpenAIEngineConfig(base_url=URL, model="m").key == "none"
     assert OpenAIEngineConfig(base_url=URL, model="m", api_key="").key == "none"
@@ -82,6 +85,22 @@ def test_text_contexts_fork_by_reference_and_survive_a_freed_parent():
     with pytest.raises(UnknownContextError, match="fill it first"):
         store.existing(6, None)
     assert store.own_chars() == len("Q1") + len(" A1")
+
+
+def test_a_fork_shorter_than_its_parents_view_of_the_grandparent_sees_only_its_own_length():
+    """The ServeCore forks a prompt from a checkpoint at the length matched, which may fall
+    inside the text the checkpoint sees of its own parent (two system prompts sharing their
+    first words). Before: the fork saw the checkpoint's whole view, and the endpoint got the
+    other system prompt before this one's (measured: 2,312 characters sent for 1,192)."""
+    store = ContextStore()
+    first = store.context_for(1, None)
+    first.append("<|im_start|>system\nYou are librarian 0. word0 word0 word0")
+    store.checkpoint(2, first, len(first))  # the constant system prompt of the first call
+    second = store.context_for(3, 2, parent_len=len("<|im_start|>system\nYou are librarian "))
+    second.append("1. word1 word1 word1")
+    assert second.text() == "<|im_start|>system\nYou are librarian 1. word1 word1 word1"
+    assert len(second.text()) == len(second)
+    assert store.context_for(4, 2, parent_len=3).text() == "<|i"
 
 
 @pytest.mark.parametrize(
