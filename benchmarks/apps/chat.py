@@ -29,15 +29,15 @@ def messages(system: str, question: str) -> list[dict[str, str]]:
     return [{"role": "system", "content": system}, {"role": "user", "content": question}]
 
 
-def check_chat_template(engine_url: str) -> None:
+def check_chat_template(engine_url: str, llama: bool = False) -> None:
     """The engine renders :func:`messages` exactly as :func:`answer`'s template does
-    (its ``POST /render_chat`` applies the chat template of ``/v1/chat/completions``)."""
+    (its ``POST /render_chat`` applies the chat template of ``/v1/chat/completions``; a
+    llama.cpp server's ``POST /apply-template``)."""
     system, question = "You are terse.", "Say one word."
-    response = httpx.post(
-        f"{engine_url}/render_chat", json={"messages": messages(system, question)}, timeout=60
-    )
+    route = "/apply-template" if llama else "/render_chat"
+    response = httpx.post(f"{engine_url}{route}", json={"messages": messages(system, question)}, timeout=60)
     response.raise_for_status()
-    rendered = "".join(response.json()["pieces"])
+    rendered = response.json()["prompt"] if llama else "".join(response.json()["pieces"])
     ours = prompt_of(answer.template, {"system": system, "question": question})
     if rendered != ours:
         raise RuntimeError(

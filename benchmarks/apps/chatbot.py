@@ -36,16 +36,17 @@ class ChatbotConfig:
     system_tokens: int
     output_tokens: int
     engines: int = 1
+    prompts: int = 1  # distinct system prompts (the users spread over them at random)
 
     @property
     def label(self) -> str:
-        return f"{self.users} users, {self.system_tokens}-tok system prompt, {self.output_tokens} out"
+        system = f"{self.prompts} x {self.system_tokens}" if self.prompts > 1 else f"{self.system_tokens}"
+        return f"{self.users} users, {system}-tok system prompt, {self.output_tokens} out"
 
 
 @dataclass(frozen=True)
 class ChatbotScenario:
-    system: str
-    questions: list[str]
+    turns: list[tuple[str, str]]  # (system prompt, question) of each user
     output_tokens: int
 
 
@@ -57,7 +58,7 @@ async def timed(coro) -> float:
 
 def _metrics(latencies: list[float], s: ChatbotScenario) -> Metrics:
     """All users start together: the last answer came after the longest latency."""
-    tokens = len(s.questions) * s.output_tokens
+    tokens = len(s.turns) * s.output_tokens
     return {"tok_per_s": tokens / max(latencies), "latency_s": sum(latencies) / len(latencies)}
 
 
@@ -78,23 +79,33 @@ class Chatbot:
             "full": [ChatbotConfig(32, 1536, 32), ChatbotConfig(64, 2048, 32)],
         }[size]
 
+    def fleet_configs(self, size: Size) -> list[ChatbotConfig]:
+        """Issue 39's shared prompts: 16 users over 4 distinct ~1,000-word system prompts."""
+        return {
+            "smoke": [ChatbotConfig(4, 64, 4, prompts=2)],
+            "quick": [ChatbotConfig(16, 640, 16, prompts=4)],
+            "full": [ChatbotConfig(16, 1300, 32, prompts=4)],
+        }[size]
+
     def scenario(self, config: ChatbotConfig, doc: Document, rng: random.Random, tag: str) -> ChatbotScenario:
-        entries = doc.passages(rng, 1, config.system_tokens - PREAMBLE_TOKENS)[0]
+        entries = doc.passages(rng, config.prompts, config.system_tokens - PREAMBLE_TOKENS)
+        systems = [SYSTEM.format(tag=f"{tag}-{n}", entries=e) for n, e in enumerate(entries)]
         questions = [QUESTION.format(word=w) for w in doc.words(rng, config.users)]
-        return ChatbotScenario(SYSTEM.format(tag=tag, entries=entries), questions, config.output_tokens)
+        turns = [(rng.choice(systems) if config.prompts > 1 else systems[0], q) for q in questions]
+        return ChatbotScenario(turns, config.output_tokens)
 
     async def run_parrot(self, parrot: ParrotClient, s: ChatbotScenario) -> Metrics:
-        async def user(question: str) -> float:
+        async def user(system: str, question: str) -> float:
             start = time.perf_counter()
             # One request, as the baseline's: the call's session made and deleted by it.
-            await parrot.call(answer, s.system, question, reply=fixed_output(s.output_tokens), timeout=WAIT_S)
+            await parrot.call(answer, system, question, reply=fixed_output(s.output_tokens), timeout=WAIT_S)
             return time.perf_counter() - start
 
-        return _metrics(await asyncio.gather(*(user(q) for q in s.questions)), s)
+        return _metrics(await asyncio.gather(*(user(*turn) for turn in s.turns)), s)
 
     async def run_requests(self, client: RequestClient, s: ChatbotScenario) -> Metrics:
         latencies = await asyncio.gather(
-            *(timed(client.chat(messages(s.system, q), s.output_tokens)) for q in s.questions)
+            *(timed(client.chat(messages(system, q), s.output_tokens)) for system, q in s.turns)
         )
         return _metrics(latencies, s)
 

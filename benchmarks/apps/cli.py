@@ -40,6 +40,16 @@ def _positive(text: str) -> int:
     return value
 
 
+def _counts(text: str) -> tuple[int, ...]:
+    try:
+        values = tuple(int(v) for v in text.split(",") if v.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected counts like 1,2,3, got {text!r}") from None
+    if not values or min(values) < 1:
+        raise argparse.ArgumentTypeError("give at least one count, each at least 1")
+    return values
+
+
 def _label(text: str) -> str:
     if not re.fullmatch(r"[a-z0-9][a-z0-9-]*", text):
         raise argparse.ArgumentTypeError(f"a label is lower-case letters, digits and -, got {text!r}")
@@ -90,6 +100,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="one more flag for every engine started (repeatable; --engine-arg=--latency-max-batch=4)",
     )
     parser.add_argument(
+        "--fleet",
+        type=_counts,
+        default=(),
+        metavar="N,M",
+        help="run on N (then M, ...) llama.cpp replicas (`make bench-peers`) instead of parrot engines, "
+        "against request-level clients round-robin and least-busy on the same replicas",
+    )
+    parser.add_argument("--fleet-slots", type=_positive, default=4, help="parallel slots of each replica")
+    parser.add_argument(
         "--logs",
         type=Path,
         default=None,
@@ -126,6 +145,8 @@ def run(args: argparse.Namespace) -> None:
         engine_args=tuple(args.engine_arg),
         logs=args.logs,
         label=args.label or "",
+        fleet=args.fleet,
+        fleet_slots=args.fleet_slots,
     )
     write = not args.quick if args.docs is None else args.docs
     names = list(WORKLOADS) if args.workload == "all" else [args.workload]

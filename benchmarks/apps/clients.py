@@ -8,16 +8,19 @@ far apart (both sides of a benchmark pay it alike).
   streamed chats through Parrot's OpenAI front).
 - :class:`RequestClient`: a request-level client of OpenAI-compatible servers (the
   engine's own ``/v1``, or Parrot's OpenAI front): one request per LLM call, greedy with a
-  fixed number of output tokens; round-robin over several servers (a plain load balancer).
+  fixed number of output tokens; over several servers round-robin (a plain load balancer)
+  or to the one with the fewest of its requests in flight (``least-busy``: a
+  least-connections balancer).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import itertools
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -28,6 +31,7 @@ from parrot.sdk import AsyncClient, AsyncVar, Output
 from parrot.sdk.http import AsyncTransport, Op, StreamOp
 
 T = TypeVar("T")
+ROUND_ROBIN, LEAST_BUSY = "round-robin", "least-busy"  # how a request-level client picks a server
 TIMEOUT_S = 1800.0
 WAIT_S = 3600.0  # what a get asks the server to wait at most (the API's limit): a slow run is no error
 
@@ -107,17 +111,30 @@ async def timed_stream(texts: AsyncIterator[str], tokens: int, start: float | No
 class RequestClient:
     """A request-level client of OpenAI-compatible servers (see the module docstring)."""
 
-    def __init__(self, urls: Sequence[str], rtt_s: float) -> None:
+    def __init__(self, urls: Sequence[str], rtt_s: float, pick: str = ROUND_ROBIN) -> None:
         self.rtt_s = rtt_s
         self._urls = itertools.cycle([f"{u}/v1" for u in urls])
+        self._in_flight = dict.fromkeys((f"{u}/v1" for u in urls), 0)  # (least-busy)
+        self._pick = pick
         self._http = httpx.AsyncClient(
             timeout=TIMEOUT_S, limits=httpx.Limits(max_connections=None, max_keepalive_connections=256)
         )
 
+    @contextlib.contextmanager
+    def _server(self) -> Iterator[str]:
+        """The server a request goes to, counted in flight while it runs."""
+        url = next(self._urls) if self._pick == ROUND_ROBIN else min(self._in_flight, key=self._in_flight.get)
+        self._in_flight[url] += 1
+        try:
+            yield url
+        finally:
+            self._in_flight[url] -= 1
+
     async def _post(self, route: str, body: dict) -> dict:
         if self.rtt_s:
             await asyncio.sleep(self.rtt_s)
-        response = await self._http.post(next(self._urls) + route, json=body)
+        with self._server() as url:
+            response = await self._http.post(url + route, json=body)
         response.raise_for_status()
         return response.json()
 
@@ -144,13 +161,14 @@ class RequestClient:
         if self.rtt_s:
             await asyncio.sleep(self.rtt_s)
         body = {**body, "stream": True, **sampling(tokens)}
-        async with aconnect_sse(self._http, "POST", next(self._urls) + route, json=body) as source:
-            source.response.raise_for_status()
-            async for event in source.aiter_sse():
-                if event.data == "[DONE]":
-                    break
-                for choice in event.json().get("choices", []):
-                    yield choice.get("delta", {}).get("content") or choice.get("text") or ""
+        with self._server() as url:
+            async with aconnect_sse(self._http, "POST", url + route, json=body) as source:
+                source.response.raise_for_status()
+                async for event in source.aiter_sse():
+                    if event.data == "[DONE]":
+                        break
+                    for choice in event.json().get("choices", []):
+                        yield choice.get("delta", {}).get("content") or choice.get("text") or ""
 
     async def close(self) -> None:
         await self._http.aclose()

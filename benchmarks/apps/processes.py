@@ -15,6 +15,9 @@ from pathlib import Path
 
 import httpx
 
+from benchmarks._servers import LLAMA_SERVER
+from parrot.engines.builtin.model.loader import default_model_path
+
 ADMIN_TOKEN = "bench"
 START_TIMEOUT_S = 600.0  # a first engine start converts the model
 
@@ -83,11 +86,13 @@ class Stack:
         self.databases = 0
         self.servers: list[Server] = []
 
-    def _start(self, name: str, args: Sequence[str]) -> Server:
+    def _start(self, name: str, args: Sequence[str], program: Sequence[str] | None = None) -> Server:
+        """``parrot ARGS`` (or ``program ARGS``) on a free port."""
         port = free_port()
         log = self.workdir / f"{name}.log"
         env = {**os.environ, "PARROT_ADMIN_TOKEN": ADMIN_TOKEN, "PARROT_DATA_DIR": str(self.workdir)}
-        cmd = [sys.executable, "-m", "parrot.cli.main", "--log-level", self.log_level, *args]
+        parrot = [sys.executable, "-m", "parrot.cli.main", "--log-level", self.log_level]
+        cmd = [*(program or parrot), *args]
         with log.open("w") as out:
             proc = subprocess.Popen(
                 [*cmd, "--port", str(port)], env=env, stdout=out, stderr=subprocess.STDOUT
@@ -103,13 +108,35 @@ class Stack:
             server.wait_ready(lambda s=server: httpx.get(f"{s.url}/ping", timeout=5).status_code == 200)
         return [s.url for s in started]
 
+    def replicas(self, count: int, slots: int, slot_ctx: int) -> list[str]:
+        """``count`` llama.cpp servers (the peer ``make bench-peers`` builds) on the bundled
+        GGUF, one thread and ``slots`` parallel slots of ``slot_ctx`` tokens each, with
+        their ``/metrics`` (the token counters of a run)."""
+        if not LLAMA_SERVER.exists():
+            raise SystemExit(f"--fleet needs llama-server at {LLAMA_SERVER}: run `make bench-peers`")
+        args = ["--model", str(default_model_path()), "--host", "127.0.0.1", "--threads", "1"]
+        args += ["--threads-batch", "1", "--parallel", str(slots), "--ctx-size", str(slots * slot_ctx)]
+        args += ["--metrics", "--cont-batching"]
+        started = [self._start(f"llama{n}", args, program=[str(LLAMA_SERVER)]) for n in range(count)]
+        for server in started:
+            server.wait_ready(lambda s=server: httpx.get(f"{s.url}/health", timeout=5).status_code == 200)
+        return [s.url for s in started]
+
     def serves(
-        self, engine_urls: Sequence[str], variants: dict[str, Sequence[str]], capacity: int | None = None
+        self,
+        engine_urls: Sequence[str],
+        variants: dict[str, Sequence[str]],
+        capacity: int | None = None,
+        openai: bool = False,
     ) -> dict[str, str]:
         """A ServeCore per variant (``parrot serve --engine URL ... FLAGS``), all started
         together, each with its own database; their URLs by variant name. With
         ``capacity``, the engines are registered with that many tasks at once instead
-        (``POST /v1/engines``; ``--engine`` registers them with the server's default)."""
+        (``POST /v1/engines``; ``--engine`` registers them with the server's default).
+        ``openai``: the engines are OpenAI-compatible servers (llama.cpp replicas),
+        registered as ``openai`` engines of the completions API (their capacity learned)."""
+        if openai:
+            return self._serves_openai(engine_urls, variants, capacity)
         started = {}
         for name, flags in variants.items():
             file = "".join(c if c.isalnum() else "-" for c in name)
@@ -137,6 +164,25 @@ class Stack:
                 return httpx.get(f"{s.url}/healthz", timeout=5).json().get("engines") == len(engine_urls)
 
             server.wait_ready(ready)
+        return {name: server.url for name, server in started.items()}
+
+    def _serves_openai(
+        self, engine_urls: Sequence[str], variants: dict[str, Sequence[str]], capacity: int | None
+    ) -> dict[str, str]:
+        started = {}
+        for name, flags in variants.items():
+            self.databases += 1
+            db = self.workdir / f"fleet-{self.databases}.db"
+            args = ["serve", "--db", f"sqlite+aiosqlite:///{db}", "--no-engine", *flags]
+            started[name] = self._start(f"serve-{self.databases}", args)
+        auth = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
+        for server in started.values():
+            server.wait_ready(lambda s=server: httpx.get(f"{s.url}/healthz", timeout=5).status_code == 200)
+            for url in engine_urls:
+                body = {"kind": "openai", "base_url": f"{url}/v1", "model": "smol", "api": "completions"}
+                if capacity is not None:
+                    body["capacity"] = capacity
+                httpx.post(f"{server.url}/v1/engines", json=body, headers=auth, timeout=60).raise_for_status()
         return {name: server.url for name, server in started.items()}
 
     def stop(self, urls: Sequence[str]) -> None:

@@ -18,7 +18,7 @@ from benchmarks.apps.workload import Metric
 from benchmarks.spread import Spread
 
 IMAGES = DOC.parent / "img"
-SIDE_NAMES = {"baseline": "baseline", "parrot": "Parrot", "front": "OpenAI front"}
+SIDE_NAMES = {"baseline": "baseline", "least-busy": "least-busy", "parrot": "Parrot", "front": "OpenAI front"}
 
 
 def spread_of(samples: Sequence[Sample], key: str) -> Spread:
@@ -95,6 +95,8 @@ def main_table(results: Results) -> str:
         head += [f"baseline {m.label}"]
         for side in others:
             head += [f"{SIDE_NAMES[side]} {m.label}", f"{SIDE_NAMES[side]} speed-up"]
+        if "least-busy" in others:
+            head.append("Parrot over least-busy")
     cpu = "+".join(k for k in CPU_ORDER if all(k in x.cpu for x in results.main))
     head += ["tokens generated", "tokens computed", "engine steps (fill, graph; ms a step)", f"CPU s {cpu}"]
     rows = []
@@ -106,6 +108,9 @@ def main_table(results: Results) -> str:
             for side in others:
                 value = spread_of(by_side.get(side, []), m.key)
                 row += [_value(m, value), compared(m, base, value)]
+            if "least-busy" in others:  # Parrot against the better balancer too
+                busy, ours = (spread_of(by_side.get(s, []), m.key) for s in ("least-busy", "parrot"))
+                row.append(compared(m, busy, ours))
         works = [median_work(by_side[s]) for s in sides if s in by_side]
         same = len({x.generated for x in works}) == 1
         row.append(" / ".join(str(x.generated) for x in works) + ("" if same else " (differ!)"))
@@ -236,14 +241,16 @@ def section_name(base: str, options: Options) -> str:
     its own (``apps-chatbot``, ``apps-chatbot-quick``, ``apps-chatbot-quick-cuda``), so a
     ``--quick --docs`` run or one on another machine does not replace a full run's."""
     size = "" if options.size == "full" else options.size
-    return "-".join(part for part in (base, size, options.label) if part)
+    fleet = "fleet" if options.fleet else ""
+    return "-".join(part for part in (base, size, fleet, options.label) if part)
 
 
 def command_of(workload: str, options: Options) -> str:
     """The ``parrot bench`` command line that names a run's size and label."""
     size = "" if options.size == "full" else f" --{options.size}"
     label = f" --label {options.label}" if options.label else ""
-    return f"parrot bench {workload}{size}{label}"
+    fleet = f" --fleet {','.join(map(str, options.fleet))}" if options.fleet else ""
+    return f"parrot bench {workload}{size}{fleet}{label}"
 
 
 def report(results: Results, write: bool) -> str:

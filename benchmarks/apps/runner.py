@@ -21,7 +21,7 @@ from typing import Any, Literal
 
 import httpx
 
-from benchmarks.apps.clients import ParrotClient, RequestClient
+from benchmarks.apps.clients import ROUND_ROBIN, ParrotClient, RequestClient
 from benchmarks.apps.text import Document, new_tag, run_rng
 from benchmarks.apps.workload import Metrics, Workload
 
@@ -31,11 +31,13 @@ SETTLE_TIMEOUT_S = 120.0
 @dataclass(frozen=True)
 class Side:
     """``parrot``: the SDK (and OpenAI front) of the ServeCore at ``urls[0]``;
-    ``requests``: a request-level client of the OpenAI-compatible servers ``urls``."""
+    ``requests``: a request-level client of the OpenAI-compatible servers ``urls``, which
+    picks one per request as ``pick`` says (round-robin or least-busy)."""
 
     name: str
     kind: Literal["parrot", "requests"]
     urls: tuple[str, ...]
+    pick: str = ROUND_ROBIN
 
 
 @dataclass(frozen=True)
@@ -73,21 +75,42 @@ class Sample:
 WORK_COUNTERS = ("tokens_generated", "tokens_computed", "steps", "fill_steps", "graph_steps", "step_seconds")
 
 
+# A llama.cpp server's counters (GET /metrics) by the names of the builtin engine's.
+LLAMA_METRICS = {
+    "tokens_generated": "llamacpp:tokens_predicted_total",
+    "tokens_computed": "llamacpp:prompt_tokens_total",
+    "steps": "llamacpp:n_decode_total",
+    "num_running": "llamacpp:requests_processing",
+    "num_waiting": "llamacpp:requests_deferred",
+}
+
+
+async def engine_stats(http: httpx.AsyncClient, url: str) -> dict[str, float]:
+    """A builtin engine's ``/ping``, or a llama.cpp server's ``/metrics`` under its names."""
+    answer = await http.get(f"{url}/ping")
+    if answer.status_code != 404:
+        return answer.json()
+    lines = (await http.get(f"{url}/metrics")).text.splitlines()
+    values = dict(line.split()[:2] for line in lines if line.startswith("llamacpp:"))
+    return {ours: float(values.get(theirs, 0)) for ours, theirs in LLAMA_METRICS.items()}
+
+
 async def settled_work(http: httpx.AsyncClient, engine_urls: Sequence[str]) -> Work:
     """The engines' counters once nothing runs or waits on them (the work of a run is
     all counted, and the next run starts on idle engines)."""
     deadline = time.monotonic() + SETTLE_TIMEOUT_S
     while True:
-        stats = [(await http.get(f"{url}/ping")).json() for url in engine_urls]
+        stats = [await engine_stats(http, url) for url in engine_urls]
         busy = sum(s["num_running"] + s["num_waiting"] for s in stats)
         if not busy or time.monotonic() > deadline:
-            return Work(*(sum(s.get(k, 0) for s in stats) for k in WORK_COUNTERS))
+            counts = [sum(s.get(k, 0) for s in stats) for k in WORK_COUNTERS]
+            return Work(*(round(c) for c in counts[:-1]), counts[-1])
         await asyncio.sleep(0.1)
 
 
 async def run_side(workload: Workload, side: Side, scenario: Any, rtt_s: float) -> Metrics:
     if side.kind == "requests":
-        async with RequestClient(side.urls, rtt_s) as client:
+        async with RequestClient(side.urls, rtt_s, side.pick) as client:
             return await workload.run_requests(client, scenario)
     async with ParrotClient(side.urls[0], rtt_s) as parrot:
         return await workload.run_parrot(parrot, scenario)

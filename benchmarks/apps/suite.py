@@ -15,10 +15,12 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.apps.chat import check_chat_template
+from benchmarks.apps.clients import LEAST_BUSY
 from benchmarks.apps.processes import Stack
 from benchmarks.apps.runner import Sample, Side, measure
 from benchmarks.apps.text import Document
 from benchmarks.apps.workload import Size, Workload
+from parrot.engines.builtin.model.loader import default_cache_dir, resolve_model_folder
 
 # parrot serve --no-...
 POLICIES = ("app-fifo", "task-groups", "context-affinity", "criteria", "engine-roles")
@@ -39,6 +41,8 @@ class Options:
     engine_args: tuple[str, ...] = ()  # more flags for every engine started
     logs: Path | None = None  # keep the servers' debug logs (engine step traces) here
     label: str = ""  # names the run's docs sections beside the others' (e.g. cuda)
+    fleet: tuple[int, ...] = ()  # llama.cpp replicas to run on, each count in turn (issue 39)
+    fleet_slots: int = 4  # parallel slots of each replica
 
 
 @dataclass
@@ -70,8 +74,56 @@ def describe_setup(count: int, options: Options) -> str:
     return engines
 
 
+class OnReplicas:
+    """A configuration run on ``replicas`` llama.cpp servers (its label says so)."""
+
+    def __init__(self, config: Any, replicas: int) -> None:
+        self.config, self.replicas = config, replicas
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.config, name)
+
+    @property
+    def label(self) -> str:
+        return f"{self.replicas} replica{'s' * (self.replicas > 1)}: {self.config.label}"
+
+
+def run_on_fleet(workload: Workload, options: Options) -> Results:
+    """Every configuration on 1, 2, ... llama.cpp replicas (``options.fleet``): Parrot with
+    the replicas as its OpenAI engines against request-level clients on the same replicas,
+    round-robin and least-busy."""
+    results = Results(workload, options)
+    fleet = getattr(workload, "fleet_configs", None)
+    configs = fleet(options.size) if fleet else [c for c in workload.configs(options.size) if c.engines == 1]
+    tokenizer = (resolve_model_folder(None, default_cache_dir()) / "tokenizer.json").read_text()
+    doc = Document.tokenized_with(tokenizer)
+    with (
+        tempfile.TemporaryDirectory(prefix="parrot-fleet-") as tmp,
+        Stack(options.logs or Path(tmp), "debug" if options.logs else "warning") as stack,
+    ):
+        for count in options.fleet:
+            urls = stack.replicas(count, options.fleet_slots, slot_ctx=4096)
+            check_chat_template(urls[0], llama=True)
+            results.setups[count] = f"{count} x llama-server (1 thread, {options.fleet_slots} slots)"
+            serve = stack.serves(urls, {"parrot": []}, options.capacity, openai=True)["parrot"]
+            sides = [
+                Side("baseline", "requests", tuple(urls)),
+                Side("least-busy", "requests", tuple(urls), LEAST_BUSY),
+                Side("parrot", "parrot", (serve,)),
+            ]
+            probes = {"ServeCore": lambda: stack.cpu_seconds("serve")}
+            probes["engine"] = lambda: stack.cpu_seconds("llama")
+            on = [OnReplicas(c, count) for c in configs]
+            rtts, runs, warm = options.rtts_ms, options.runs, options.warm_up
+            results.main += asyncio.run(measure(workload, on, sides, rtts, runs, doc, urls, probes, warm))
+            stack.stop([serve, *urls])
+    return results
+
+
 def run_workload(workload: Workload, options: Options) -> Results:
     """Run ``workload`` as ``options`` say; servers are started and stopped here."""
+    if options.fleet:
+        return run_on_fleet(workload, options)
     results = Results(workload, options)
     configs = workload.configs(options.size)
     by_engines = itertools.groupby(sorted(configs, key=lambda c: c.engines), key=lambda c: c.engines)

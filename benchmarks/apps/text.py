@@ -48,7 +48,12 @@ class Document:
         """The book, tokenized with the tokenizer of the engine at ``engine_url``."""
         response = httpx.get(f"{engine_url}/tokenizer", timeout=60)
         response.raise_for_status()
-        tokenizer = Tokenizer.from_str(response.text)
+        return cls.tokenized_with(response.text)
+
+    @classmethod
+    def tokenized_with(cls, tokenizer_json: str) -> Document:
+        """The book, tokenized with this ``tokenizer.json``."""
+        tokenizer = Tokenizer.from_str(tokenizer_json)
         text = TEXT.read_text()
         offsets = tuple(tokenizer.encode(text, add_special_tokens=False).offsets)
         words = tuple(dict.fromkeys(m.group(1).title() for m in HEADWORD.finditer(text)))

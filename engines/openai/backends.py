@@ -54,8 +54,11 @@ def kind_of(models: list[Any], model: str) -> str:
     return next((OWNERS[o] for o in owners if o in OWNERS), OTHER)
 
 
-async def detect(http: httpx2.AsyncClient, base_url: str, models: list[Any], model: str) -> Backend:
-    """The backend behind ``base_url``, from its models page and, for llama.cpp, ``/props``."""
+async def detect(
+    http: httpx2.AsyncClient, base_url: str, models: list[Any], model: str, key: str
+) -> Backend:
+    """The backend behind ``base_url``, from its models page and, for llama.cpp, ``/props``
+    (asked with the API key ``key``: a server started with ``--api-key`` wants it there too)."""
     kind = kind_of(models, model)
     if kind == VLLM:
         return Backend(VLLM, priority=True)
@@ -63,7 +66,8 @@ async def detect(http: httpx2.AsyncClient, base_url: str, models: list[Any], mod
         return Backend(kind)
     slots = None
     try:
-        answer = await http.get(f"{server_root(base_url)}/props", timeout=PROPS_TIMEOUT_S)
+        headers = {"Authorization": f"Bearer {key}"}
+        answer = await http.get(f"{server_root(base_url)}/props", headers=headers, timeout=PROPS_TIMEOUT_S)
         if answer.status_code == 200:
             value = answer.json().get("total_slots")
             slots = value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None

@@ -70,6 +70,7 @@ class OpenAIEngine:
         # Credentials inside base_url go to the transport as its auth: the client logs the
         # URLs it requests, and a password must be in none of them.
         base_url, credentials = split_credentials(config.base_url)
+        self._base_url = base_url  # (credentials go to the transport, never into a URL logged)
         auth = httpx2.BasicAuth(*credentials) if credentials else None
         self._http = openai.DefaultAsyncHttpxClient(event_hooks={"request": [self._count_retry]}, auth=auth)
         self._client = openai.AsyncOpenAI(
@@ -265,7 +266,8 @@ class OpenAIEngine:
             self._model_listed = None  # it answered, with a 4xx (no /models here): reachable
         self.health.answered()
         if self.backend is None:
-            self._found(await detect(self._http, self.config.base_url, models, self.config.model))
+            config = self.config
+            self._found(await detect(self._http, self._base_url, models, config.model, config.key))
         return self.stats()
 
     def stats(self) -> dict:

@@ -77,6 +77,24 @@ async def test_with_the_servers_timings_a_request_waits_only_when_that_is_quicke
         await asyncio.gather(first, second)
 
 
+async def test_a_short_shared_prefix_is_computed_again_beside_the_others():
+    """A 150-token prefix (an agents' team prompt) is cheap to compute again in a batch with
+    the others: its requests run at once in free slots instead of one after the other."""
+    planner = SlotPlanner(3, clock=Clock(step=0))
+    planner.rates.observe(
+        {"prompt_n": 300, "prompt_ms": 1800.0, "predicted_n": 8, "predicted_per_token_ms": 14.0},
+        prompt_chars=1200,
+        prompt_tokens=300,
+    )
+    team = "You are one of three agents of a team. " * 15  # 600 characters: 150 tokens
+    release, got = asyncio.Event(), []
+    tasks = [asyncio.create_task(hold(planner, f"{team} task {i}", release, got)) for i in range(3)]
+    await started(*tasks)
+    assert sorted(index for _, index in got) == [0, 1, 2] and planner.waiting == 0
+    release.set()
+    await asyncio.gather(*tasks)
+
+
 async def test_distinct_prompts_take_the_least_recently_used_free_slot_and_the_rest_wait_in_order():
     planner = SlotPlanner(2, clock=Clock())
     release, got = asyncio.Event(), []
