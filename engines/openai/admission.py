@@ -38,9 +38,9 @@ class Admission:
             self.planner = SlotPlanner(slots)
         self._limit = asyncio.Semaphore(capacity) if bounded or self.planner is None else None
 
-    def kept_prefix(self, prompt: str) -> int:
-        """Characters of ``prompt`` that one of the server's slots holds (or is computing)."""
-        return self.planner.kept_prefix(prompt) if self.planner is not None else 0
+    def kept_prefix(self, prompt: str) -> int | None:
+        """Characters of ``prompt`` a request could use in the planned slots now (None: none)."""
+        return self.planner.kept_prefix(prompt) if self.planner is not None else None
 
     @contextlib.asynccontextmanager
     async def request(self, prompt: str, max_tokens: int) -> AsyncIterator[Slot | None]:

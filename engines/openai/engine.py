@@ -299,8 +299,9 @@ class OpenAIEngine:
         slots = backend.slots if self.config.plan_slots else None
         self.admission.configure(self.capacity, slots, bounded=self.config.capacity is not None)
 
-    def kept_prefix(self, prompt: str) -> int:
-        """Characters of ``prompt`` that one of the server's slots holds (or is computing)."""
+    def kept_prefix(self, prompt: str) -> int | None:
+        """Characters of ``prompt`` a request could use in the server's slots now (None:
+        the server's slots are not planned here)."""
         return self.admission.kept_prefix(prompt)
 
     async def aclose(self) -> None:

@@ -13,16 +13,14 @@ The engine knows the prompts it sent, so it picks the slot itself and names it (
 
 - a prompt sharing a long prefix (at least ``min_shared`` characters and half of the
   prompt) with what a slot holds, or is computing, goes to that slot, waiting for it when it
-  is busy, as long as the prefix has ``min_wait_tokens`` or more and the wait is shorter
-  than computing the prefix again in a free slot:
+  is busy, as long as the wait is shorter than computing the prefix again in a free slot:
   both estimated from the server's own ``timings`` (milliseconds per prompt token and per
   output token, characters per token), the wait as what runs and waits in that slot (on a
-  CPU replica ~0.5 s for a 32-token answer, against ~10 s for a 1,100-token prefix). Until
-  the server has reported its timings, at most ``max_waiting`` requests wait for one slot;
-  Shorter prefixes are computed again: measured with 4 agent applications over 2 replicas
-  (a 200-token team prompt), waiting for one slot made every call of a phase run one after
-  the other, 0.92x of round-robin, while computing the prefix again in a batch with the
-  others costs little; 640-token system prompts gained 1.6-1.75x by waiting;
+  CPU replica ~0.5 s for a 32-token answer, against ~10 s for a 1,100-token prefix). A
+  prefix of ``min_wait_tokens`` or more may have ``max_waiting`` requests waiting for its
+  slot, a shorter one a single one: measured with agent applications (a 200-token team
+  prompt), a queue behind one slot ran a whole phase one call after the other, and drew
+  every call to one replica while the others idled (0.92x of round-robin on 2 replicas);
 - otherwise the free slot sharing the longest prefix with it (of ``min_shared`` characters
   or more), else the least recently used;
 - with no slot free, it waits for the first slot that frees.
@@ -130,17 +128,33 @@ class SlotPlanner:
             self._release(slot)
 
     def kept_prefix(self, prompt: str) -> int:
-        """The longest prefix of ``prompt`` a slot holds or is computing."""
-        return max(shared_prefix(prompt, s.text) for s in self.slots)
+        """The longest prefix of ``prompt`` that a request could use now: held by a free
+        slot, or by a busy one it would wait for (a replica whose slots holding it are
+        taken is no better placed than another)."""
+        best = 0
+        for slot in self.slots:
+            shared = shared_prefix(prompt, slot.text)
+            if not (slot.busy or slot.waiting) or len(slot.waiting) < self._waiters_allowed(shared):
+                best = max(best, shared)
+        return best
+
+    def _waiters_allowed(self, shared: int) -> int:
+        """Requests that may wait for a busy slot holding ``shared`` characters of theirs: a
+        long prefix is worth a queue, a short one a single waiter (each pair computes it
+        once, and the other requests of a burst spread over slots and replicas)."""
+        return self.max_waiting if shared / self.rates.chars >= self.min_wait_tokens else 1
 
     def choose(self, prompt: str, max_tokens: int = 0) -> Slot | None:
         """The slot ``prompt`` should run in (busy or not); None: whichever frees first."""
-        shared, best = max(((shared_prefix(prompt, s.text), s) for s in self.slots), key=lambda p: p[0])
         free = [s for s in self.slots if not s.busy and not s.waiting]
-        long = shared >= self.min_shared and 2 * shared >= len(prompt)
-        idle = not (best.busy or best.waiting)
-        if long and (idle or self._worth_waiting(best, prompt, shared, max_tokens, free)):
-            return best
+        holding = sorted(((shared_prefix(prompt, s.text), s) for s in self.slots), key=lambda p: -p[0])
+        holding = [(n, s) for n, s in holding if n >= self.min_shared and 2 * n >= len(prompt)]
+        for _, slot in holding:  # a free slot holding it, else a busy one worth waiting for
+            if slot in free:
+                return slot
+        for shared, slot in holding:
+            if self._worth_waiting(slot, prompt, shared, max_tokens, free):
+                return slot
         if not free or self._any:
             return None
         return max(free, key=lambda s: (self._worth(shared_prefix(prompt, s.text)), -s.used_at))
@@ -152,10 +166,10 @@ class SlotPlanner:
 
     def _worth_waiting(self, slot: Slot, prompt: str, shared: int, max_tokens: int, free: list[Slot]) -> bool:
         """Whether waiting for busy ``slot`` beats computing the shared prefix again elsewhere."""
-        if shared / self.rates.chars < self.min_wait_tokens:
-            return False  # computed again beside the others, in their batch: cheap (see above)
+        if len(slot.waiting) >= self._waiters_allowed(shared):
+            return False
         if not self.rates.known:
-            return len(slot.waiting) < self.max_waiting
+            return True
         if not free and not self._any:  # (no free slot: waiting for this one is no worse)
             return True
         queued = sum(ms for _, ms in slot.waiting)
@@ -183,7 +197,7 @@ class SlotPlanner:
         except asyncio.CancelledError:
             if waiter.done() and not waiter.cancelled():  # handed over as it was cancelled
                 self._release(waiter.result())
-            else:
+            elif entry in queue:  # (a release may have dropped it already)
                 queue.remove(entry)
             raise
         return self._take(handed, prompt, max_tokens)

@@ -94,11 +94,12 @@ class ContextManager:
 
     def matched(self, slot: EngineSlot, symbols: Sequence) -> int:
         """How much of ``symbols`` a context on ``slot`` holds (or is computing); on an
-        endpoint that keeps prompts after their contexts are gone (a llama.cpp server's
-        slots, as its engine knows them), what it keeps, if more."""
-        held = self._trees[slot].matched(symbols)
+        endpoint whose engine knows what the server keeps (a llama.cpp server's planned
+        slots, which keep prompts after their contexts are gone and compute a prefix again
+        in each slot), what a request could use there now."""
         kept = getattr(slot.client, "kept_prefix", None) if slot.text else None
-        return max(held, kept(symbols)) if kept is not None else held
+        usable = kept(symbols) if kept is not None else None
+        return self._trees[slot].matched(symbols) if usable is None else usable
 
     async def free_orphans(self, engine_name: str, client) -> int:
         return await free_orphans(engine_name, client, self.orphan_regions)

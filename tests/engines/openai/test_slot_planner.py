@@ -41,19 +41,21 @@ async def test_shared_prefix():
     assert shared_prefix(SYSTEM + "x", SYSTEM + "y") == len(SYSTEM)
 
 
-async def test_requests_sharing_a_prefix_wait_for_its_slot_then_spread_once_too_many_wait():
+async def test_requests_sharing_a_prefix_wait_for_its_slot_and_spread_once_too_many_wait():
     """Before the server's timings are known, at most ``max_waiting`` wait for one slot."""
     planner = SlotPlanner(3, max_waiting=2, clock=Clock())
     release, got = asyncio.Event(), []
     tasks = [asyncio.create_task(hold(planner, f"{SYSTEM} q{i:02d}", release, got)) for i in range(5)]
     await started(*tasks)
-    # q00 computes the prefix in a slot; q01 and q02 wait for that slot; q03 and q04 spread.
-    assert sorted(index for _, index in got) == [0, 1, 2] and planner.waiting == 2
-    assert planner.waited == 2 and planner.running == 3
+    # q00 computes the prefix in a slot, q01 and q02 wait for that slot; q03 computes it in
+    # another (a third waiter is one too many), and q04 waits for q03's slot.
+    assert sorted(index for _, index in got) == [0, 1] and planner.waiting == 3
+    assert planner.waited == 3 and planner.running == 2
     release.set()
     await asyncio.gather(*tasks)
     slots = dict(got)
-    assert slots["q01"] == slots["q02"] == slots["q00"] and planner.running == planner.waiting == 0
+    assert slots["q01"] == slots["q02"] == slots["q00"] != slots["q03"] == slots["q04"]
+    assert planner.running == planner.waiting == 0
 
 
 async def test_with_the_servers_timings_a_request_waits_only_when_that_is_quicker():
@@ -77,22 +79,30 @@ async def test_with_the_servers_timings_a_request_waits_only_when_that_is_quicke
         await asyncio.gather(first, second)
 
 
-async def test_a_short_shared_prefix_is_computed_again_beside_the_others():
+async def test_a_short_shared_prefix_has_one_waiter_and_the_next_requests_spread():
     """A 150-token prefix (an agents' team prompt) is cheap to compute again in a batch with
-    the others: its requests run at once in free slots instead of one after the other."""
-    planner = SlotPlanner(3, clock=Clock(step=0))
+    the others: one request waits for the slot computing it, the next ones take free slots
+    (a queue behind one slot ran a whole phase serially). The prefix counts as usable on
+    this server only while a request may still wait for it."""
+    planner = SlotPlanner(2, clock=Clock(step=0))
     planner.rates.observe(
         {"prompt_n": 300, "prompt_ms": 1800.0, "predicted_n": 8, "predicted_per_token_ms": 14.0},
         prompt_chars=1200,
         prompt_tokens=300,
     )
     team = "You are one of three agents of a team. " * 15  # 600 characters: 150 tokens
-    release, got = asyncio.Event(), []
-    tasks = [asyncio.create_task(hold(planner, f"{team} task {i}", release, got)) for i in range(3)]
-    await started(*tasks)
-    assert sorted(index for _, index in got) == [0, 1, 2] and planner.waiting == 0
+    release, got, tasks = asyncio.Event(), [], []
+    for i in range(4):
+        tasks.append(asyncio.create_task(hold(planner, f"{team} task {i}", release, got)))
+        await started(*tasks)
+        if i == 0:  # one request may still wait for the slot computing it
+            assert planner.kept_prefix(f"{team} task 9") > len(team)
+    # task 0 and task 2 run, computing the prefix each; task 1 and task 3 wait, one per slot
+    assert [index for _, index in got] == [0, 1] and planner.waiting == 2
+    assert planner.kept_prefix(f"{team} task 9") == 0  # its slots are taken: no better placed here
     release.set()
     await asyncio.gather(*tasks)
+    assert sorted(index for _, index in got) == [0, 0, 1, 1]
 
 
 async def test_distinct_prompts_take_the_least_recently_used_free_slot_and_the_rest_wait_in_order():
