@@ -295,12 +295,12 @@ class GlobalScheduler:
         engine does not hold (or is not computing) already. Counting the whole prompt made
         64 users of one 2,048-token system prompt look like 134k tokens on a 46k-token
         engine: they ran in three waves."""
-        symbols = task.prompts[slot.prompt_key].symbols
-        return task.need(slot.prompt_key) - self.contexts.matched(slot, symbols)
+        return task.need(slot.prompt_key) - self.contexts.matched(slot, task.prompts[slot.prompt_key].symbols)
 
     def _companions(self, task: CompletionTask, slot: EngineSlot) -> list[CompletionTask]:
         """Queued tasks that should go where ``task`` went: its task group, and (context
-        affinity) prompts sharing a long prefix with it, so the engine batches them."""
+        affinity) prompts sharing a long prefix with it that the engine can use there now (not
+        a llama.cpp server's busy slots), so the engine batches them."""
         out: list[CompletionTask] = []
         if self.policy.task_groups and task.group is not None:
             out += [t for t in self.queue.in_group(task.group) if slot.prompt_key in t.prompts]
@@ -310,7 +310,8 @@ class GlobalScheduler:
                 theirs = other.prompts.get(slot.prompt_key)
                 if other in out or theirs is None or other.latency != task.latency:
                     continue
-                if common_prefix(mine, theirs.symbols) >= self.policy.cluster_min_shared:
+                shared = min(common_prefix(mine, theirs.symbols), self.contexts.matched(slot, theirs.symbols))
+                if shared >= self.policy.cluster_min_shared:
                     out.append(other)
         return out
 
