@@ -145,8 +145,11 @@ class EngineRoles:
         return slot.throughput_load == 0 or slot.throughput_load + need <= self.window(slot)
 
     def rank(self, task: CompletionTask, slot: EngineSlot) -> tuple[int, int]:
-        """The roles' part of the placement key (smallest first), before the work ahead."""
-        if not (self.enabled and task.latency):
+        """The roles' part of the placement key (smallest first), before the work ahead.
+        Latency work does not gather on an OpenAI endpoint (``slot.text``): what a step costs
+        there is the server's business, and a llama.cpp replica of one thread ran four agent
+        applications gathered on it while another replica idled (0.6x of round-robin)."""
+        if not (self.enabled and task.latency) or slot.text:
             return (0, 0)
         gathering = self.is_latency_engine(slot) and slot.latency_tasks < self.settings.pack
         return (slot.throughput_load, 0 if gathering else 1)
