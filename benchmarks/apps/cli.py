@@ -23,14 +23,23 @@ WORKLOADS = {  # name: module in benchmarks.apps
 }
 
 
-def _milliseconds(text: str) -> tuple[int, ...]:
+def _integers(text: str, example: str, least: int) -> tuple[int, ...]:
+    """Comma-separated integers, each at least ``least``."""
     try:
         values = tuple(int(v) for v in text.split(",") if v.strip())
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected milliseconds like 0,50,200, got {text!r}") from None
-    if not values or min(values) < 0:
-        raise argparse.ArgumentTypeError("give at least one round trip, none negative")
+        raise argparse.ArgumentTypeError(f"expected {example}, got {text!r}") from None
+    if not values or min(values) < least:
+        raise argparse.ArgumentTypeError(f"give at least one value, each at least {least}")
     return values
+
+
+def _milliseconds(text: str) -> tuple[int, ...]:
+    return _integers(text, "milliseconds like 0,50,200", 0)
+
+
+def _counts(text: str) -> tuple[int, ...]:
+    return _integers(text, "counts like 1,2,3", 1)
 
 
 def _positive(text: str) -> int:
@@ -38,16 +47,6 @@ def _positive(text: str) -> int:
     if value < 1:
         raise argparse.ArgumentTypeError("must be at least 1")
     return value
-
-
-def _counts(text: str) -> tuple[int, ...]:
-    try:
-        values = tuple(int(v) for v in text.split(",") if v.strip())
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected counts like 1,2,3, got {text!r}") from None
-    if not values or min(values) < 1:
-        raise argparse.ArgumentTypeError("give at least one count, each at least 1")
-    return values
 
 
 def _label(text: str) -> str:
