@@ -86,6 +86,6 @@ def request_fields(backend: Backend, slot: int | None, priority: int) -> dict[st
     return fields
 
 
-def refuses_priority(status: int | None, message: str) -> bool:
-    """A vLLM 400 that says priority scheduling is off."""
-    return status == 400 and "priority" in message.lower()
+def refuses_priority(message: str) -> bool:
+    """A 400's message that says priority scheduling is off (vLLM's)."""
+    return "priority" in message.lower()

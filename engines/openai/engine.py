@@ -333,7 +333,7 @@ class OpenAIEngine:
         try:
             return await self._create(request, stream)
         except openai.BadRequestError as error:
-            if "priority" not in request.get("extra_body", {}) or not refuses_priority(400, str(error)):
+            if "priority" not in request.get("extra_body", {}) or not refuses_priority(str(error)):
                 raise
         log.warning("%s refuses request priorities: they are no longer sent to it", self._where)
         self.backend = (self.backend or Backend()).without_priority()
