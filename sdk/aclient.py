@@ -264,11 +264,17 @@ class AsyncClient(ClientBase):
         return await self.send(ops.render_chat(messages, model))
 
     def stream_completion(
-        self, prompt: str, *, model: str | None = None, api_key: str | None = None, **sampling: Any
+        self,
+        prompt: str,
+        *,
+        model: str | None = None,
+        api_key: str | None = None,
+        metadata: Mapping[str, str] | None = None,
+        **sampling: Any,
     ) -> AsyncIterator[CompletionDelta]:
         """``async for delta in client.stream_completion(...)``; see
         :meth:`parrot.sdk.client.Client.stream_completion`."""
-        return self._transport.stream(streams.stream_completion(prompt, model, sampling, api_key))
+        return self._transport.stream(streams.stream_completion(prompt, model, sampling, api_key, metadata))
 
     def stream_chat(
         self,

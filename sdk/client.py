@@ -253,12 +253,19 @@ class Client(ClientBase):
         return self.send(ops.render_chat(messages, model))
 
     def stream_completion(
-        self, prompt: str, *, model: str | None = None, api_key: str | None = None, **sampling: Any
+        self,
+        prompt: str,
+        *,
+        model: str | None = None,
+        api_key: str | None = None,
+        metadata: Mapping[str, str] | None = None,
+        **sampling: Any,
     ) -> Iterator[CompletionDelta]:
         """Generate after ``prompt`` (sent as it is), yielding the text as it is produced;
         ``sampling``: any :class:`SamplingParams` field but ``stop_token_ids``. ``api_key``
-        only where the server requires keys for its OpenAI-compatible routes."""
-        return self._transport.stream(streams.stream_completion(prompt, model, sampling, api_key))
+        only where the server requires keys for its OpenAI-compatible routes; ``metadata``
+        as for :meth:`chat`."""
+        return self._transport.stream(streams.stream_completion(prompt, model, sampling, api_key, metadata))
 
     def stream_chat(
         self,

@@ -98,10 +98,16 @@ def _chat_delta(event: ServerSentEvent) -> CompletionDelta | None:
 
 
 def stream_completion(
-    prompt: str, model: str | None, sampling: Mapping[str, Any], api_key: str | None
+    prompt: str,
+    model: str | None,
+    sampling: Mapping[str, Any],
+    api_key: str | None,
+    metadata: Mapping[str, str] | None = None,
 ) -> StreamOp[CompletionDelta]:
-    """``POST /v1/completions`` with ``stream``: ``prompt`` is sent as it is."""
-    body = CompletionRequest(prompt=prompt, model=model, **_STREAM, **openai_sampling(sampling))
+    """``POST /v1/completions`` with ``stream``: ``prompt`` is sent as it is; ``metadata``
+    as for :func:`stream_chat`."""
+    named = {"metadata": dict(metadata)} if metadata else {}
+    body = CompletionRequest(prompt=prompt, model=model, **_STREAM, **named, **openai_sampling(sampling))
     return StreamOp("/v1/completions", _completion_delta, body=body, token=api_key)
 
 

@@ -193,7 +193,12 @@ class ParrotChatModel(ParrotSettings, BaseChatModel):
         turns = openai_messages(messages)
         async with AsyncClient(config.base_url, timeout=timeout) as client:
             reply = await client.chat(
-                turns, model=self.model, api_key=self.api_key_value(), **options, **sampling
+                turns,
+                model=self.model,
+                api_key=self.api_key_value(),
+                metadata=self.request_metadata(),
+                **options,
+                **sampling,
             )
         return chat_result(reply)
 
@@ -237,7 +242,11 @@ class ParrotChatModel(ParrotSettings, BaseChatModel):
         config = self.client_config()
         with Client(config.base_url, timeout=config.timeout) as client:
             stream = client.stream_chat(
-                _turns(messages), model=self.model, api_key=self.api_key_value(), **sampling
+                _turns(messages),
+                model=self.model,
+                api_key=self.api_key_value(),
+                metadata=self.request_metadata(),
+                **sampling,
             )
             for delta in stream:
                 yield chat_generation_chunk(delta)
@@ -256,7 +265,11 @@ class ParrotChatModel(ParrotSettings, BaseChatModel):
         config = self.client_config()
         async with AsyncClient(config.base_url, timeout=config.timeout) as client:
             stream = client.stream_chat(
-                _turns(messages), model=self.model, api_key=self.api_key_value(), **sampling
+                _turns(messages),
+                model=self.model,
+                api_key=self.api_key_value(),
+                metadata=self.request_metadata(),
+                **sampling,
             )
             async for delta in stream:
                 yield chat_generation_chunk(delta)

@@ -103,7 +103,11 @@ class ParrotLLM(ParrotSettings, BaseLLM):
         config = self.client_config()
         with Client(config.base_url, timeout=config.timeout) as client:
             stream = client.stream_completion(
-                prompt, model=self.model, api_key=self.api_key_value(), **sampling
+                prompt,
+                model=self.model,
+                api_key=self.api_key_value(),
+                metadata=self.request_metadata(),
+                **sampling,
             )
             for delta in stream:
                 chunk = generation_chunk(delta)
@@ -122,7 +126,11 @@ class ParrotLLM(ParrotSettings, BaseLLM):
         config = self.client_config()
         async with AsyncClient(config.base_url, timeout=config.timeout) as client:
             stream = client.stream_completion(
-                prompt, model=self.model, api_key=self.api_key_value(), **sampling
+                prompt,
+                model=self.model,
+                api_key=self.api_key_value(),
+                metadata=self.request_metadata(),
+                **sampling,
             )
             async for delta in stream:
                 chunk = generation_chunk(delta)

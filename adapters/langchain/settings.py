@@ -52,8 +52,9 @@ class ParrotSettings(BaseModel):
     api_key: SecretStr | None = None
     """A key of the server's OpenAI-compatible routes (streaming), where it requires one."""
     session_label: str | None = Field(default=None, min_length=1, max_length=MAX_LABEL_CHARS)
-    """The label of the sessions the model opens (not of an enclosing SDK session's): the
-    dashboard's sessions page finds them by it."""
+    """The label of the sessions the model opens (not of an enclosing SDK session's) and of
+    the requests it sends to the OpenAI-compatible routes (tools, streaming): the
+    dashboard's sessions and requests pages find them by it."""
     session_tags: list[Annotated[str, Field(min_length=1, max_length=MAX_TAG_CHARS)]] = Field(
         default_factory=list, max_length=MAX_TAGS
     )
@@ -71,6 +72,16 @@ class ParrotSettings(BaseModel):
     def session_names(self) -> dict[str, Any]:
         """The label and tags of a session the model opens (``client.session(**...)``)."""
         return {"label": self.session_label, "tags": self.session_tags}
+
+    def request_metadata(self) -> dict[str, str] | None:
+        """The label and tags as OpenAI's ``metadata``, for the requests the model sends to
+        the OpenAI-compatible chat route (tools, streaming), which open no session: the
+        dashboard's requests page finds them by it. A tag ``key=value`` is that key, a bare
+        tag a key with no value."""
+        named = dict(tag.partition("=")[::2] for tag in self.session_tags)
+        if self.session_label:
+            named["label"] = self.session_label
+        return named or None
 
     def api_key_value(self) -> str | None:
         return self.api_key.get_secret_value() if self.api_key else None

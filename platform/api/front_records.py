@@ -4,8 +4,9 @@ tools it asks for, and a preview of its prompt.
 
 A request is labelled the way OpenAI clients can say it without a Parrot client: its
 ``metadata`` (OpenAI's object of string values: ``label``, and every other key as a tag
-``key=value``), else an ``X-Parrot-Label`` header. A label follows the rules of a session's
-(``POST /v1/session``): 1 to 200 characters, else a 400 that names where it came from.
+``key=value``, or ``key`` where its value is empty), else an ``X-Parrot-Label`` header. A
+label follows the rules of a session's (``POST /v1/session``): 1 to 200 characters, else a
+400 that names where it came from.
 """
 
 from __future__ import annotations
@@ -50,7 +51,7 @@ def request_facts(
 
 
 def _label(metadata: dict[str, str], header: str | None) -> tuple[str | None, tuple[str, ...]]:
-    tags = tuple(f"{key}={value}" for key, value in metadata.items() if key != "label")
+    tags = tuple(f"{key}={value}" if value else key for key, value in metadata.items() if key != "label")
     label, where = (metadata["label"], "metadata.label") if "label" in metadata else (header, LABEL_HEADER)
     if label is None:
         return None, tags

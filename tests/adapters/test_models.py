@@ -160,5 +160,14 @@ def test_the_models_label_the_sessions_they_open(fake_server):
     chat = ParrotChatModel(base_url=url, max_tokens=2, temperature=0, session_label="lc batch")
     assert len(chat.batch(["Say yes.", "Say no."])) == 2
     assert [s.calls for s in core.views.session_summaries("lc batch")] == [2]  # one session for both
+    # Streams go to the OpenAI-compatible routes, which open no session: the requests page
+    # finds them by the same label and tags.
+    assert "".join(llm.stream("Say yes:"))
+    assert [c.content for c in chat.stream("Say no.")]
+    (streamed,) = core.views.recent_requests("lc run")
+    asked = streamed.asked
+    assert (asked.route, asked.label, asked.tags) == ("/v1/completions", "lc run", ("chain",))
+    (chatted,) = core.views.recent_requests("lc batch")
+    assert (chatted.asked.route, chatted.asked.tags) == ("/v1/chat/completions", ())
     with pytest.raises(ValidationError, match="session_label"):
         ParrotLLM(base_url=url, session_label="")

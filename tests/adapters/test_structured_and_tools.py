@@ -6,9 +6,11 @@ with plain langchain-core, and ``compile_chain`` with a structured step."""
 from __future__ import annotations
 
 import json
+import uuid
 from operator import attrgetter, itemgetter
 from typing import TypedDict
 
+import httpx
 import pytest
 from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, SystemMessage, ToolMessage
 from langchain_core.output_parsers import StrOutputParser
@@ -119,6 +121,19 @@ def test_required_tools_with_parallel_calls_do_not_run_away(model):
     merged = sum(chunks[1:], chunks[0])
     assert merged.content == "" and [c["name"] for c in merged.tool_calls] == ["get_weather"]
     assert merged.tool_calls[0]["args"] == reply.tool_calls[0]["args"]
+
+
+def test_a_labelled_models_tool_requests_are_found_on_the_requests_page(model, parrot_url):
+    """Issue 38: calls with tools run on the OpenAI-compatible chat route, which opens no
+    session; the model's ``session_label`` and ``session_tags`` name them there."""
+    label = f"tide agent {uuid.uuid4().hex[:6]}"
+    named = model.model_copy(update={"session_label": label, "session_tags": ["harbour", "shift=night"]})
+    tools = named.bind_tools([get_weather], tool_choice="required")
+    assert tools.invoke("What is the weather in Oslo?").tool_calls
+    assert list(tools.stream("What is the weather in Bergen?"))
+    page = httpx.get(f"{parrot_url}/requests", params={"q": label}, timeout=30)
+    assert page.status_code == 200 and page.text.count("<tr data-request=") == 2
+    assert "harbour" in page.text and "shift=night" in page.text and "get_weather" in page.text
 
 
 def run_agent(model: ParrotChatModel, messages: list[BaseMessage], turns: int = 3) -> list[BaseMessage]:
