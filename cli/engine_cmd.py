@@ -12,6 +12,7 @@ from parrot.engines.builtin.grammars import GrammarLimits
 from parrot.engines.builtin.local_scheduler import SchedulerConfig
 from parrot.engines.builtin.model.cpu_paths import DENSE_DTYPES
 from parrot.engines.builtin.model.int_dot import INT_DOT_CHOICES
+from parrot.wire.tool_syntax import TOOL_FORMATS
 
 
 def add_parser(commands) -> None:
@@ -55,6 +56,14 @@ def add_parser(commands) -> None:
         choices=INT_DOT_CHOICES,
         help="quantized weights, small steps: int8 activations and integer products, as llama.cpp "
         "(default auto: where faster at start, as on AVX2-only CPUs)",
+    )
+    p.add_argument(
+        "--tool-format",
+        default=None,
+        choices=TOOL_FORMATS,
+        help="tools in chats: auto (default) asks for calls in the model's own syntax where its chat "
+        "template writes one (Qwen2.5/3, Hermes: <tool_call>; Llama 3.1+: JSON), else in Parrot's "
+        "generic JSON format; generic always uses the generic format",
     )
     p.add_argument("--block-size", type=int, default=16)
     p.add_argument("--kv-cache-memory", type=parse_size, default=None, help="KV cache budget, e.g. 2GiB")
@@ -158,6 +167,7 @@ def config_from_args(args: argparse.Namespace) -> EngineConfig:
         dense_rows=args.dense_rows,
         dense_dtype=args.dense_dtype,
         int8_activations=args.int8_activations,
+        tool_format=args.tool_format,
         block_size=args.block_size,
         kv_cache_bytes=args.kv_cache_memory,
         kv_dtype=args.kv_dtype,

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Final
+from typing import Annotated, Final, Literal
 
 import msgspec
 
@@ -43,10 +43,12 @@ class SamplingParams(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw
     # it. Travels with the sampling so every path to an engine carries it (as vLLM's
     # structured outputs do); a semantic call sets it from its output parameter's ``format``.
     format: OutputFormat | None = None
-    # The text is an answer in the generic tool format (an OpenAI request with tools): a
-    # call its list already holds ends the list, and the generation (issue 36: a small
-    # model asked for calls repeats its one call until max_tokens).
+    # The text is a tool answer (an OpenAI request with tools) in the tool syntax named
+    # (wire/tool_syntax.py): a call its list already holds ends the list, and the
+    # generation (issue 36: a small model asked for calls repeats its one call until
+    # max_tokens).
     tool_answer: bool = False
+    tool_syntax: Literal["generic", "hermes", "llama3_json"] = "generic"
 
     @property
     def is_greedy(self) -> bool:

@@ -107,7 +107,7 @@ class ToolPlan:
     def answer_schema(self) -> dict[str, Any]:
         """The JSON schema of an answer (see the module's docstring)."""
         defs: dict[str, Any] = {}
-        items = [_call_schema(t, i, defs) for i, t in enumerate(self.tools) if t in self.callable_tools()]
+        items = [call_schema(t, i, defs) for i, t in enumerate(self.tools) if t in self.callable_tools()]
         calls: dict[str, Any] = {"type": "array", "items": items[0] if len(items) == 1 else {"anyOf": items}}
         calls["minItems"] = 1
         if not self.parallel:
@@ -163,10 +163,13 @@ def check_parameters(tool: FunctionDefinition, index: int) -> None:
         )
 
 
-def _call_schema(tool: FunctionDefinition, index: int, defs: dict[str, Any]) -> dict[str, Any]:
-    """The schema of one call of ``tool``: its arguments are the declared ones (unless its
-    schema sets ``additionalProperties``); a parameter schema with references of its own
-    moves to ``defs`` (its references rewritten), since it is no longer the root."""
+def call_schema(
+    tool: FunctionDefinition, index: int, defs: dict[str, Any], arguments_key: str = "arguments"
+) -> dict[str, Any]:
+    """The schema of one call of ``tool`` (``{"name", arguments_key}``): its arguments are
+    the declared ones (unless its schema sets ``additionalProperties``); a parameter schema
+    with references of its own moves to ``defs`` (its references rewritten), since it is no
+    longer the root."""
     parameters = tool.parameters or copy.deepcopy(NO_ARGUMENTS)
     if "additionalProperties" not in parameters:  # only the declared arguments
         parameters = {**parameters, "additionalProperties": False}
@@ -180,8 +183,8 @@ def _call_schema(tool: FunctionDefinition, index: int, defs: dict[str, Any]) -> 
         parameters = {"$ref": f"#/$defs/{prefix}root"}
     return {
         "type": "object",
-        "properties": {"name": {"const": tool.name}, "arguments": parameters},
-        "required": ["name", "arguments"],
+        "properties": {"name": {"const": tool.name}, arguments_key: parameters},
+        "required": ["name", arguments_key],
         "additionalProperties": False,
     }
 

@@ -94,6 +94,16 @@ class AnswerStream:
         return tuple(calls)
 
     @property
+    def cut_at(self) -> int | None:
+        """Where the text ends once a call came again (its list closes there)."""
+        return self.body_start if self.repeated else None
+
+    @property
+    def pending_from(self) -> int | None:
+        """Where the call being written starts, within the list (its text may yet be cut)."""
+        return self.body_start if self.kind == "tool_calls" and not self.closed else None
+
+    @property
     def called_tools(self) -> bool:
         """The answer is a complete list of calls (``finish_reason: "tool_calls"``)."""
         return self.kind == "tool_calls" and self.closed and self.called > 0

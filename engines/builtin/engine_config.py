@@ -13,6 +13,7 @@ from parrot.engines.builtin.grammars import GrammarLimits
 from parrot.engines.builtin.local_scheduler import SchedulerConfig
 from parrot.engines.builtin.model.cpu_paths import DENSE_DTYPES
 from parrot.engines.builtin.model.int_dot import INT_DOT_CHOICES
+from parrot.wire.tool_syntax import TOOL_FORMATS
 
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?i?b?)?\s*$", re.IGNORECASE)
 _UNITS = {
@@ -59,6 +60,7 @@ ENV_FIELDS = {
     "PARROT_DENSE_DTYPE": "dense_dtype",
     "PARROT_INT8_ACTIVATIONS": "int8_activations",
     "PARROT_CACHE_DIR": "cache_dir",
+    "PARROT_TOOL_FORMAT": "tool_format",
 }
 
 
@@ -116,6 +118,10 @@ class EngineConfig:
     # CPU, packed weights: decode-only steps run whole in one C++ call (fused_decode.py), 1.9x
     # faster at batch 1 on the default model; False runs every step op by op (eagerly).
     fused_decode: bool = True
+    # Tools in chats (issue 36): auto asks for and reads calls in the model's own syntax where
+    # its chat template writes one Parrot knows (wire/tool_syntax.py), else in Parrot's generic
+    # format; generic always uses the generic format.
+    tool_format: str = "auto"
 
     def __post_init__(self) -> None:
         if self.block_size < 1 or self.block_size > 1024:
@@ -152,6 +158,9 @@ class EngineConfig:
                 raise ValueError(f"--weights {self.weights} runs on the CPU only (use exact on GPUs)")
             if self.weights == "gguf" and self.model is not None and not self.model.lower().endswith(".gguf"):
                 raise ValueError("--weights gguf needs a .gguf model file (or the default model)")
+        if self.tool_format not in TOOL_FORMATS:
+            choices = ", ".join(TOOL_FORMATS)
+            raise ValueError(f"tool_format must be one of {choices}, got {self.tool_format!r}")
         if any(size < 1 for size in self.cuda_graph_batch_sizes) or self.cuda_graph_max_len < 1:
             raise ValueError("CUDA graph batch sizes and cuda_graph_max_len must be positive")
         if self.scheduler.max_batched_tokens < 1 or self.scheduler.max_running < 1:

@@ -31,6 +31,7 @@ from parrot.engines.builtin.sampler import RepeatedCallStop, SequenceSampling, S
 from parrot.engines.builtin.tokenizer import IncrementalDetokenizer, Tokenizer
 from parrot.engines.protocol.schemas import FillResponse, TokenStreamEvent
 from parrot.wire.sampling import SamplingParams
+from parrot.wire.tool_syntax import SYNTAXES
 
 
 @dataclass(eq=False)
@@ -239,5 +240,5 @@ class Postprocessor:
 
 def _stop_checker(params: SamplingParams) -> StopChecker | None:
     if params.tool_answer:
-        return RepeatedCallStop(params.stop)
+        return RepeatedCallStop(params.stop, SYNTAXES[params.tool_syntax])
     return StopChecker(params.stop) if params.stop else None

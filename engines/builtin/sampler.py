@@ -14,7 +14,7 @@ from collections.abc import Sequence
 import torch
 
 from parrot.wire.sampling import SamplingParams
-from parrot.wire.tool_stream import AnswerStream
+from parrot.wire.tool_syntax import GENERIC, ToolSyntax
 
 
 class _DeviceTokenIds:
@@ -236,18 +236,18 @@ class StopChecker:
 
 
 class RepeatedCallStop(StopChecker):
-    """Stop strings, and for an answer in the generic tool format the end of its list of
-    calls where a call comes again (same name, same arguments): the text is cut after the
-    last new call and closed (``]}``), so the answer is whole and no token is spent on a
-    loop. A small model asked for calls with parallel calls on repeats its one call until
-    ``max_tokens`` (issue 36); the readers of the answer end the list there too
-    (:class:`~parrot.wire.tool_stream.AnswerStream`), so the answer is the same, sooner."""
+    """Stop strings, and for a tool answer (in the request's tool syntax) the end of its
+    list of calls where a call comes again (same name, same arguments): the text is cut
+    after the last new call and closed as the syntax closes a list (``]}`` in the generic
+    format), so the answer is whole and no token is spent on a loop. A small model asked
+    for calls with parallel calls on repeats its one call until ``max_tokens`` (issue 36);
+    the readers of the answer end the list there too (the syntax's reader), so the answer
+    is the same, sooner."""
 
-    closing = "]}"
-
-    def __init__(self, stops: Sequence[str]) -> None:
+    def __init__(self, stops: Sequence[str], syntax: ToolSyntax = GENERIC) -> None:
         super().__init__(stops)
-        self._answer = AnswerStream()
+        self.closing = syntax.closing
+        self._answer = syntax.reader()
         self._read = 0  # characters of the text fed to the answer so far
 
     def check(self, text: str) -> int | None:
@@ -257,12 +257,11 @@ class RepeatedCallStop(StopChecker):
             return cut
         self._answer.feed(text[self._read :])
         self._read = len(text)
-        return self._answer.body_start if self._answer.repeated else None
+        return self._answer.cut_at
 
     def holdback(self, text: str) -> int:
-        """Within the list, the call being written is held back until it is whole: the text
-        streamed never runs past a cut."""
+        """The call being written is held back until it is whole: the text streamed never
+        runs past a cut."""
         held = super().holdback(text)
-        if self._answer.kind == "tool_calls" and not self._answer.closed:
-            held = max(held, len(text) - self._answer.body_start)
-        return held
+        pending = self._answer.pending_from
+        return held if pending is None else max(held, len(text) - pending)

@@ -29,7 +29,11 @@ class Tokenizer:
             eos.add(self._tok.eos_token_id)
         self.eos_token_ids: frozenset[int] = frozenset(eos)
         self.vocab_size: int = len(self._tok)  # includes added tokens
-        self.has_chat_template = bool(getattr(self._tok, "chat_template", None))
+        template = getattr(self._tok, "chat_template", None)
+        self.has_chat_template = bool(template)
+        # The template's source (its named variants joined): what its tool syntax is read from.
+        joined = "\n".join(template.values()) if isinstance(template, dict) else template
+        self.chat_template: str = joined or ""
         marker = folder / NAME_MARKER
         self.name: str = marker.read_text().strip() if marker.is_file() else folder.name
 
@@ -46,26 +50,29 @@ class Tokenizer:
         """Text of ``token_ids``; special tokens (``<|im_end|>`` ...) are left out by default."""
         return self._tok.decode(list(token_ids), skip_special_tokens=skip_special_tokens)
 
-    def apply_chat_template(self, messages: list[dict[str, str]], add_generation_prompt: bool = True) -> str:
-        """The prompt text for a chat; raises ValueError when the model has no template."""
+    def apply_chat_template(
+        self, messages: list[dict], add_generation_prompt: bool = True, tools: list[dict] | None = None
+    ) -> str:
+        """The prompt text for a chat (``tools``: OpenAI function tools, for a template that
+        renders them); raises ValueError when the model has no template."""
         if not self.has_chat_template:
             raise ValueError(
                 f"model {self.name!r} has no chat template; use /v1/completions with a plain prompt"
             )
         return self._tok.apply_chat_template(
-            messages, tokenize=False, add_generation_prompt=add_generation_prompt
+            messages, tools=tools, tokenize=False, add_generation_prompt=add_generation_prompt
         )
 
 
-def chat_pieces(tokenizer: Tokenizer, messages: list[dict[str, str]]) -> list[str]:
+def chat_pieces(tokenizer: Tokenizer, messages: list[dict], tools: list[dict] | None = None) -> list[str]:
     """The chat prompt split at message boundaries: piece i ends after message i, as long
     as the template renders each shorter chat as a prefix of the longer one (templates
     that rewrite earlier turns get fewer, longer pieces). ``"".join`` is the whole prompt."""
-    full = tokenizer.apply_chat_template(messages, add_generation_prompt=True)
+    full = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tools=tools)
     pieces: list[str] = []
     done = ""
     for end in range(1, len(messages)):
-        prefix = tokenizer.apply_chat_template(messages[:end], add_generation_prompt=False)
+        prefix = tokenizer.apply_chat_template(messages[:end], add_generation_prompt=False, tools=tools)
         if not (prefix.startswith(done) and full.startswith(prefix)):
             break
         if len(prefix) > len(done):

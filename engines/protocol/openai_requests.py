@@ -1,7 +1,7 @@
 """An OpenAI request read into Parrot's terms, shared by every server that speaks the OpenAI
 API (the builtin engine's ``/v1`` and the ServeCore's front): its sampling (with the output
-format of ``response_format`` or of its tools), and a chat's turns in the generic tool format
-(:mod:`parrot.wire.tool_calls`).
+format of ``response_format`` or of its tools in the model's tool syntax), and a chat's turns
+and tool plan (:mod:`parrot.wire.tool_syntax` renders them).
 
 Bad input is a :class:`BadRequestError` (400) whose message names the field. Schemas are
 checked against the JSON Schema meta-schema here, so a schema that is not one is named by
@@ -28,9 +28,12 @@ from parrot.wire.openai_schemas import (
     JsonObjectFormat,
     JsonSchemaFormat,
     StructuredOutputs,
+    ToolChoice,
+    ToolDefinition,
 )
 from parrot.wire.sampling import SamplingParams
-from parrot.wire.tool_calls import ToolPlan, plan_tools, render_turns
+from parrot.wire.tool_calls import ToolPlan, plan_tools
+from parrot.wire.tool_syntax import GENERIC, Rendering, ToolSyntax
 
 
 def check_schema(schema: Any, field: str) -> None:
@@ -75,8 +78,8 @@ def structured_output(asked: StructuredOutputs) -> OutputFormat:
     return fmt
 
 
-def output_format(req, tools: ToolPlan | None = None) -> OutputFormat | None:
-    """What the answer must be: a tool answer (:meth:`ToolPlan.output_format`), the
+def output_format(req, tools: ToolPlan | None = None, syntax: ToolSyntax = GENERIC) -> OutputFormat | None:
+    """What the answer must be: a tool answer in the model's tool ``syntax``, the
     ``response_format`` (``text``: free), or vLLM's ``structured_outputs``."""
     asked = getattr(req, "response_format", None)
     extension = getattr(req, "structured_outputs", None)
@@ -90,7 +93,7 @@ def output_format(req, tools: ToolPlan | None = None) -> OutputFormat | None:
                 'response_format cannot be combined with tools (unless tool_choice is "none"): '
                 "the answer is a tool call or text"
             )
-        return tools.output_format()
+        return syntax.output_format(tools)
     if isinstance(asked, JsonObjectFormat):
         return OutputFormat(json_object=True)
     if isinstance(asked, JsonSchemaFormat):
@@ -99,8 +102,11 @@ def output_format(req, tools: ToolPlan | None = None) -> OutputFormat | None:
     return None
 
 
-def sampling_params(req, default_max_tokens: int, tools: ToolPlan | None = None) -> SamplingParams:
-    """The sampling of an OpenAI completion or chat request."""
+def sampling_params(
+    req, default_max_tokens: int, tools: ToolPlan | None = None, syntax: ToolSyntax = GENERIC
+) -> SamplingParams:
+    """The sampling of an OpenAI completion or chat request (a chat's tool answer in the
+    model's tool ``syntax``)."""
     max_tokens = getattr(req, "max_completion_tokens", None) or req.max_tokens or default_max_tokens
     stop = [req.stop] if isinstance(req.stop, str) else list(req.stop or [])
     fields = {
@@ -116,7 +122,12 @@ def sampling_params(req, default_max_tokens: int, tools: ToolPlan | None = None)
         "ignore_eos": req.ignore_eos,
     }
     sampling = msgspec.convert(fields, SamplingParams)
-    return msgspec.structs.replace(sampling, format=output_format(req, tools), tool_answer=tools is not None)
+    return msgspec.structs.replace(
+        sampling,
+        format=output_format(req, tools, syntax),
+        tool_answer=tools is not None,
+        tool_syntax=syntax.name,
+    )
 
 
 def content_text(content: str | list[dict] | None) -> str:
@@ -135,15 +146,19 @@ def content_text(content: str | list[dict] | None) -> str:
 
 @dataclass(frozen=True)
 class Chat:
-    """A chat request's turns, ready for a chat template, and its tool plan (None: the
-    answer is not a tool answer)."""
+    """A chat request's turns (with their tool calls and results) and its tool plan (None:
+    the answer is not a tool answer)."""
 
     turns: list[ChatTurn]
     tools: ToolPlan | None
 
+    def render(self, syntax: ToolSyntax) -> Rendering:
+        """The chat for a template that writes calls in ``syntax``."""
+        return syntax.render(self.turns, self.tools)
+
 
 def read_chat(req: ChatCompletionRequest) -> Chat:
-    """The turns of a chat request (tools and tool turns in the generic format) and its plan."""
+    """The turns of a chat request and its tool plan, checked."""
     turns = []
     called: set[str] = set()  # ids of the tool calls of earlier assistant messages
     for index, message in enumerate(req.messages):
@@ -166,12 +181,18 @@ def read_chat(req: ChatCompletionRequest) -> Chat:
                 name=message.name,
             )
         )
-    tools = [t.function for t in req.tools or ()]
-    for index, tool in enumerate(tools):
+    return Chat(turns, read_tools(req.tools, req.tool_choice, req.parallel_tool_calls))
+
+
+def read_tools(
+    tools: list[ToolDefinition] | None, tool_choice: ToolChoice | None, parallel: bool
+) -> ToolPlan | None:
+    """The tool plan of a request's tool fields, its schemas checked."""
+    functions = [t.function for t in tools or ()]
+    for index, tool in enumerate(functions):
         if tool.parameters is not None:
             check_schema(tool.parameters, f"tools[{index}].function.parameters")
     try:
-        plan = plan_tools(tools, req.tool_choice, req.parallel_tool_calls)
+        return plan_tools(functions, tool_choice, parallel)
     except ValueError as error:
         raise BadRequestError(str(error)) from None
-    return Chat(render_turns(turns, plan), plan)

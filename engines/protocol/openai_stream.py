@@ -30,7 +30,7 @@ from parrot.wire.openai_schemas import (
     Usage,
 )
 from parrot.wire.tool_calls import ToolAnswer
-from parrot.wire.tool_stream import AnswerStream, read_answer
+from parrot.wire.tool_syntax import ToolSyntax
 
 
 @dataclass(frozen=True)
@@ -73,22 +73,22 @@ def completion_response(
     return CompletionResponse(id=rid, created=created, model=model, choices=choices, usage=use)
 
 
-def chat_message(answer: Answer, tools: bool) -> tuple[AssistantMessage, str]:
-    """The message and finish reason of a chat answer. With ``tools``, the answer is in the
-    generic tool format, read as its stream would be (:func:`read_answer`): its calls
-    (``finish_reason: "tool_calls"`` once the list is complete; the whole ones of a list
-    cut by ``max_tokens``, with ``length``) or its response."""
-    if not tools:
+def chat_message(answer: Answer, tools: ToolSyntax | None) -> tuple[AssistantMessage, str]:
+    """The message and finish reason of a chat answer. With ``tools`` (the tool syntax the
+    answer is in), it is read as its stream would be: its calls (``finish_reason:
+    "tool_calls"`` once the list is complete; the whole ones of a list cut by
+    ``max_tokens``, with ``length``) and any text before them, or its text."""
+    if tools is None:
         return AssistantMessage(content=answer.text), answer.finish_reason
-    parsed, called = read_answer(answer.text)
+    parsed, called = tools.read(answer.text)
     if parsed.tool_calls:
         reason = "tool_calls" if called else answer.finish_reason
-        return AssistantMessage(content=None, tool_calls=list(parsed.tool_calls)), reason
+        return AssistantMessage(content=parsed.content, tool_calls=list(parsed.tool_calls)), reason
     return AssistantMessage(content=parsed.content), answer.finish_reason
 
 
 def chat_response(
-    rid: str, created: int, model: str, answers: list[Answer], use: Usage, tools: bool = False
+    rid: str, created: int, model: str, answers: list[Answer], use: Usage, tools: ToolSyntax | None = None
 ) -> ChatCompletionResponse:
     choices = []
     for index, answer in enumerate(answers):
@@ -150,12 +150,13 @@ async def chat_stream(
     created: int,
     model: str,
     final_usage: Callable[[int], Usage] | None,
-    tools: bool = False,
+    tools: ToolSyntax | None = None,
 ) -> AsyncIterator[ServerSentEventMessage]:
     """``chat.completion.chunk`` s: the role of each choice, the text deltas, the finish of
-    each, then (with ``final_usage``) a usage chunk, then [DONE]. With ``tools``, each
-    choice's text is read as a generic tool answer (:class:`AnswerStream`): a response
-    streams as content, tool calls come as ``tool_calls`` deltas when they are complete."""
+    each, then (with ``final_usage``) a usage chunk, then [DONE]. With ``tools`` (the tool
+    syntax the answers are in), each choice's text is read as a tool answer (its
+    ``reader``): text streams as content, tool calls come as ``tool_calls`` deltas when
+    they are complete."""
 
     def chunk(choices: list[ChatChunkChoice], use: Usage | None = None) -> ServerSentEventMessage:
         return sse(ChatCompletionChunk(id=rid, created=created, model=model, choices=choices, usage=use))
@@ -165,7 +166,7 @@ async def chat_stream(
 
     for i in range(n):
         yield chunk([ChatChunkChoice(index=i, delta=ChatDelta(role="assistant", content=""))])
-    answers = [AnswerStream() for _ in range(n)] if tools else None
+    answers = [tools.reader() for _ in range(n)] if tools is not None else None
 
     def given(index: int, answer: ToolAnswer) -> Iterator[ServerSentEventMessage]:
         """Chunks of what a choice's answer gives now: content, then each call whole."""

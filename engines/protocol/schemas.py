@@ -7,6 +7,7 @@ from typing import Annotated
 import msgspec
 
 from parrot.wire.chat import ChatTurn
+from parrot.wire.openai_schemas import MAX_TOOLS, ToolChoice, ToolDefinition
 from parrot.wire.sampling import SamplingParams
 
 ContextId = Annotated[int, msgspec.Meta(ge=0, le=2**63 - 1)]
@@ -139,8 +140,14 @@ class TokenizeResponse(msgspec.Struct, kw_only=True):
     token_ids: list[int]
 
 
-class RenderChatRequest(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+class RenderChatRequest(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, omit_defaults=True):
+    """A chat to render, with the tool fields of its OpenAI request: the engine renders the
+    tools and tool turns in its model's tool syntax (:mod:`parrot.wire.tool_syntax`)."""
+
     messages: Annotated[list[ChatTurn], msgspec.Meta(min_length=1, max_length=4096)]
+    tools: Annotated[list[ToolDefinition], msgspec.Meta(max_length=MAX_TOOLS)] | None = None
+    tool_choice: ToolChoice | None = None
+    parallel_tool_calls: bool = True
 
 
 class RenderChatResponse(msgspec.Struct, kw_only=True):
@@ -149,6 +156,7 @@ class RenderChatResponse(msgspec.Struct, kw_only=True):
     Pieces let a shared system prompt or a shared chat history be one cached context."""
 
     pieces: list[str]
+    tool_syntax: str = "generic"  # how the answer is to write calls (wire/tool_syntax.py)
 
 
 class EngineHealth(msgspec.Struct, kw_only=True):

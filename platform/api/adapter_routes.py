@@ -14,6 +14,7 @@ from litestar.params import FromPath, FromQuery, JSONBody
 
 from parrot.engines.protocol.error_docs import BODY, PARAMS, SESSION, error_responses
 from parrot.engines.protocol.errors import NotFoundError
+from parrot.engines.protocol.schemas import RenderChatRequest
 from parrot.platform.api.auth import Sessions
 from parrot.platform.api.deps import Core
 from parrot.platform.serve.calls.graph import RequestChain
@@ -48,7 +49,7 @@ class AdapterController(Controller):
     @post("/render_chat", status_code=200, responses=error_responses(BODY, 404, 503))
     async def render_chat_text(self, data: JSONBody[RenderChat], core: Core) -> RenderedChat:
         model = _served_model(core, data.model)
-        pieces = await render_chat(core, model, data.messages)
+        pieces, _ = await render_chat(core, model, RenderChatRequest(messages=data.messages))
         return RenderedChat(model=model, prompt="".join(pieces), pieces=pieces)
 
     @get("/session/{session_id:str}/usage", responses=error_responses(PARAMS, SESSION))

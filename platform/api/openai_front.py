@@ -37,6 +37,7 @@ from parrot.engines.protocol.openai_stream import (
     completion_stream,
     ending_with_errors,
 )
+from parrot.engines.protocol.schemas import RenderChatRequest
 from parrot.engines.protocol.stream_docs import JsonOrEventStream
 from parrot.platform.api.auth import openai_key_guard
 from parrot.platform.api.deps import Core
@@ -161,10 +162,17 @@ class OpenAIController(Controller):
         with trace.watch():
             model = _model(core, data.model)
             chat = read_chat(data)
-            sampling = sampling_params(data, CHAT_MAX_TOKENS, chat.tools)
-            pieces = await render_chat(core, model, chat.turns)
+            asked = RenderChatRequest(
+                messages=chat.turns,
+                tools=data.tools,
+                tool_choice=data.tool_choice,
+                parallel_tool_calls=data.parallel_tool_calls,
+            )
+            pieces, syntax = await render_chat(core, model, asked, chat.tools)
+            sampling = sampling_params(data, CHAT_MAX_TOKENS, chat.tools, syntax)
+            tools = syntax if chat.tools is not None else None
+            trace.read_tools_with(tools)
             run = await OneShot.start(core, pieces, sampling, data.n, model, bool(data.stream), trace)
-            tools = chat.tools is not None
             if not data.stream:
                 return chat_response(rid, created, model, *await _finished(request, run), tools=tools)
             events = await _started(request, run)

@@ -17,6 +17,7 @@ from fake_engine.tokens import tokenizer_json
 from parrot.engines.protocol.disconnect import unless_disconnected
 from parrot.engines.protocol.error_responses import exception_handlers
 from parrot.engines.protocol.event_stream import EventStream
+from parrot.engines.protocol.openai_requests import read_tools
 from parrot.engines.protocol.schemas import (
     AbortRangeRequest,
     AbortRequest,
@@ -34,6 +35,7 @@ from parrot.engines.protocol.schemas import (
     TokenizeResponse,
     TokenStreamEvent,
 )
+from parrot.wire.tool_syntax import GENERIC
 
 
 def create_app(engine: Callable[[], FakeEngine]) -> Litestar:
@@ -121,7 +123,8 @@ def create_app(engine: Callable[[], FakeEngine]) -> Litestar:
 
     @post("/render_chat", status_code=200)
     async def render_chat(data: JSONBody[RenderChatRequest]) -> RenderChatResponse:
-        messages = [{"role": m.role, "content": m.content} for m in data.messages]
+        plan = read_tools(data.tools, data.tool_choice, data.parallel_tool_calls)
+        messages = GENERIC.render(data.messages, plan).messages  # its template knows no tools
         return RenderChatResponse(pieces=engine().tokenizer.chat_pieces(messages))
 
     @get("/ping")

@@ -17,8 +17,9 @@ from parrot.engines.protocol.errors import (
     InvalidTokenError,
     UnknownContextError,
 )
-from parrot.engines.protocol.schemas import StreamEnd, TokenStreamEvent
+from parrot.engines.protocol.schemas import RenderChatRequest, StreamEnd, TokenStreamEvent
 from parrot.platform.serve.engines.client import HttpEngine
+from parrot.wire.chat import ChatTurn
 from parrot.wire.sampling import SamplingParams
 
 pytestmark = pytest.mark.asyncio(loop_scope="function")
@@ -123,9 +124,8 @@ async def test_the_tokenizer_it_serves_gives_the_tokens_it_takes(http):
         == await http.tokenize(text)
         == list(text.encode())
     )
-    pieces = await http.render_chat(
-        [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}]
-    )
+    turns = [ChatTurn(role="system", content="Be brief."), ChatTurn(role="user", content="Hi")]
+    pieces = (await http.render_chat(RenderChatRequest(messages=turns))).pieces
     assert len(pieces) == 2 and pieces[-1].endswith("<|assistant|>")
 
 

@@ -21,6 +21,7 @@ from parrot.engines.protocol.errors import BadRequestError, NotFoundError
 from parrot.platform.api.app import create_app
 from parrot.platform.serve.core import ServeCore
 from parrot.platform.serve.ops.requests import RequestFacts, RequestLog, RequestStatus
+from parrot.wire.tool_syntax import GENERIC, SYNTAXES
 
 
 def facts(n: int, label: str | None = None, tags: tuple[str, ...] = (), model: str = "m") -> RequestFacts:
@@ -100,7 +101,8 @@ def choice(text: str | None, reason: str | None, first_token_at: float | None, e
 @pytest.mark.parametrize(("tool_choice", "first_reason"), [("required", "tool_calls"), ("none", "stop")])
 def test_a_complete_list_of_tool_calls_is_recorded_as_the_client_was_told(tool_choice, first_reason):
     """``tool_calls`` for an answer that is a complete list of calls (as the front tells
-    its client), the engine's reason otherwise; tokens summed over the choices."""
+    its client), the engine's reason otherwise; tokens summed over the choices. Answers in a
+    model's own syntax are read in it."""
     calls = '{"tool_calls": [{"name": "tide_at", "arguments": {"port": "Harlingen"}}]}'
     choices = [
         choice(calls, "stop", 5.2, "engine-1"),
@@ -110,6 +112,7 @@ def test_a_complete_list_of_tool_calls_is_recorded_as_the_client_was_told(tool_c
     log = RequestLog()
     asked = facts(1)
     trace = log.trace(replace(asked, n=3, tools=("tide_at",), tool_choice=tool_choice))
+    trace.read_tools_with(GENERIC if tool_choice != "none" else None)  # as the front does
     trace.started_at = 5.0
     trace.running("m", choices)
     trace.end(RequestStatus.DONE)
@@ -117,6 +120,12 @@ def test_a_complete_list_of_tool_calls_is_recorded_as_the_client_was_told(tool_c
     assert record.finish_reasons == (first_reason, "length", None)
     assert (record.prompt_tokens, record.cached_tokens, record.completion_tokens) == (40, 32, 14)
     assert record.engines == ("engine-0", "engine-1") and record.ttft_s == pytest.approx(0.1)
+    native = log.trace(replace(facts(2), tools=("tide_at",), tool_choice=tool_choice))
+    native.read_tools_with(SYNTAXES["hermes"] if tool_choice != "none" else None)
+    hermes = '<tool_call>\n{"name": "tide_at", "arguments": {"port": "Harlingen"}}\n</tool_call>'
+    native.running("m", [choice(hermes, "stop", 5.2, "engine-1")])
+    native.end(RequestStatus.DONE)
+    assert log.get(facts(2).request_id).finish_reasons == (first_reason,)
 
 
 # -- through the front, on the fake engine -----------------------------------------------

@@ -18,6 +18,7 @@ from parrot.engines.builtin.engine import BuiltinEngine
 from parrot.engines.builtin.loading import EngineLoader
 from parrot.engines.builtin.metrics import CONTENT_TYPE
 from parrot.engines.builtin.server.deps import ENGINE, EngineDep, engine_state
+from parrot.engines.builtin.server.openai_api import tool_syntax
 from parrot.engines.protocol import access_log
 from parrot.engines.protocol.disconnect import unless_disconnected
 from parrot.engines.protocol.error_docs import BODY, error_responses
@@ -25,6 +26,7 @@ from parrot.engines.protocol.error_responses import exception_handlers
 from parrot.engines.protocol.errors import BadRequestError, NotFoundError, ParrotError
 from parrot.engines.protocol.event_stream import EventStream
 from parrot.engines.protocol.json_body import JsonRequest, refuse_declared_oversize
+from parrot.engines.protocol.openai_requests import Chat, read_tools
 from parrot.engines.protocol.schemas import (
     AbortRangeRequest,
     AbortRequest,
@@ -142,14 +144,13 @@ class EngineAPI(Controller):
 
     @post("/render_chat", status_code=200, responses=error_responses(BODY))
     async def render_chat(self, data: JSONBody[RenderChatRequest], engine: EngineDep) -> RenderChatResponse:
-        """The model's chat template applied for a ServeCore, in message-boundary pieces."""
-        messages = [{"role": m.role, "content": m.content} for m in data.messages]
-        try:
-            return RenderChatResponse(pieces=await text_work.chat_prompt_pieces(engine.tokenizer, messages))
-        except ValueError as error:  # no chat template
-            raise BadRequestError(str(error)) from None
-        except Exception as error:  # a template that rejects the conversation (raise_exception)
-            raise BadRequestError(f"the model's chat template rejects these messages: {error}") from None
+        """The model's chat template applied for a ServeCore, in message-boundary pieces;
+        tools and tool turns in the model's tool syntax, which the answer names."""
+        plan = read_tools(data.tools, data.tool_choice, data.parallel_tool_calls)
+        syntax = tool_syntax(engine)
+        chat = Chat(data.messages, plan).render(syntax)
+        pieces = await text_work.chat_prompt_pieces(engine.tokenizer, chat)
+        return RenderChatResponse(pieces=pieces, tool_syntax=syntax.name)
 
     @get("/tokenizer", media_type="application/json", responses=error_responses(404))
     async def tokenizer_file(self, engine: EngineDep) -> Response:

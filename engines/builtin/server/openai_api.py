@@ -50,13 +50,26 @@ from parrot.wire.openai_schemas import (
 )
 from parrot.wire.sampling import SamplingParams
 from parrot.wire.tool_calls import ToolPlan
+from parrot.wire.tool_syntax import GENERIC, ToolSyntax, syntax_of_template
 
 
 def _sampling(
-    req, prompt_len: int, max_model_len: int, default_max: int | None, tools: ToolPlan | None = None
+    req,
+    prompt_len: int,
+    max_model_len: int,
+    default_max: int | None,
+    tools: ToolPlan | None = None,
+    syntax: ToolSyntax = GENERIC,
 ) -> SamplingParams:
     """Without a max_tokens, chat generates up to the end of the model's context."""
-    return sampling_params(req, default_max or max(1, max_model_len - prompt_len), tools)
+    return sampling_params(req, default_max or max(1, max_model_len - prompt_len), tools, syntax)
+
+
+def tool_syntax(engine: BuiltinEngine) -> ToolSyntax:
+    """The syntax this engine's model writes tool calls in (its template's, or Parrot's)."""
+    return syntax_of_template(engine.tokenizer.chat_template, engine.config.tool_format)
+
+
 
 
 def _check_model(engine: BuiltinEngine, model: str | None) -> None:
@@ -225,16 +238,13 @@ class OpenAIAPI(Controller):
         if data.logprobs:
             raise BadRequestError("logprobs are not supported")
         chat = read_chat(data)
-        messages = [{"role": t.role, "content": t.content} for t in chat.turns]
-        try:
-            text = await text_work.chat_prompt(engine.tokenizer, messages)
-        except ValueError as error:
-            raise BadRequestError(str(error)) from None
+        syntax = tool_syntax(engine)
+        text = await text_work.chat_prompt(engine.tokenizer, chat.render(syntax))
         tokens = await text_work.tokenize(engine.tokenizer, text)
-        sampling = _sampling(data, len(tokens), engine.core.max_model_len, None, chat.tools)
+        sampling = _sampling(data, len(tokens), engine.core.max_model_len, None, chat.tools, syntax)
         run = _Run(engine, ids, tokens, sampling, data.n)
         rid, created, model = f"chatcmpl-{uuid.uuid4().hex}", int(time.time()), engine.model_name
-        tools = chat.tools is not None
+        tools = syntax if chat.tools is not None else None
         if not data.stream:
             # A client that gives up stops the generation (its contexts are freed).
             answers = await unless_disconnected(request, run.answers())

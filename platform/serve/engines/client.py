@@ -33,7 +33,6 @@ from parrot.engines.protocol.schemas import (
     TokenStreamEvent,
 )
 from parrot.engines.protocol.urls import public_url, split_credentials
-from parrot.wire.chat import ChatTurn
 from parrot.wire.errors import error_for
 from parrot.wire.sampling import SamplingParams
 
@@ -230,9 +229,9 @@ class HttpEngine:
             raise EngineUnavailableError(f"engine {self.public_url} unreachable: {error!r}") from error
         return r.text if r.status_code == 200 else None
 
-    async def render_chat(self, messages: list[ChatTurn]) -> list[str]:
-        raw = await self._post("/render_chat", RenderChatRequest(messages=messages))
-        return msgspec.json.decode(raw, type=RenderChatResponse).pieces
+    async def render_chat(self, chat: RenderChatRequest) -> RenderChatResponse:
+        raw = await self._post("/render_chat", chat)
+        return msgspec.json.decode(raw, type=RenderChatResponse)
 
     async def ping(self, timeout_s: float | None = None) -> dict:
         try:

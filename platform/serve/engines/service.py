@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from parrot.engines.protocol.errors import ParrotError
+from parrot.engines.protocol.schemas import RenderChatRequest, RenderChatResponse
 from parrot.platform.serve.engines.loading import EngineLoading
 from parrot.platform.serve.engines.registry import BUILTIN, EngineRegistry, EngineSpec
 from parrot.platform.serve.journal import Journal
@@ -70,13 +71,13 @@ class EngineService:
     def models(self) -> list[str]:
         return sorted({e.model for e in snapshot.take(self.scheduler).engines if e.model})
 
-    async def render_chat(self, model: str, messages: list) -> list[str] | None:
-        """A chat's prompt pieces in ``model``'s own chat template, by an engine of that
-        model that offers it (None: none does)."""
+    async def render_chat(self, model: str, chat: RenderChatRequest) -> RenderChatResponse | None:
+        """A chat's prompt pieces in ``model``'s own chat template (tools in its tool
+        syntax), by an engine of that model that offers it (None: none does)."""
         for slot in self.scheduler.serving((model,)):
             render = getattr(slot.client, "render_chat", None)
             if slot.up and render is not None:
-                return await render(messages)
+                return await render(chat)
         return None
 
     async def close(self) -> None:

@@ -22,7 +22,7 @@ from enum import StrEnum
 from parrot.engines.protocol.errors import ClientGoneError, NotFoundError, ParrotError
 from parrot.platform.serve.calls.graph import RequestChain
 from parrot.platform.serve.ops.observe import matches
-from parrot.wire.tool_stream import read_answer
+from parrot.wire.tool_syntax import ToolSyntax
 
 KEEP = 500  # records the log holds
 PREVIEW_CHARS = 300  # of a request's prompt, kept in its record
@@ -49,11 +49,6 @@ class RequestFacts:
     output: str | None = None  # the answer's format: "json_schema: place", "json_object", ...
     tools: tuple[str, ...] = ()  # the names of the tools it offers
     tool_choice: str | None = None  # with tools: "auto", "none", "required", "function: name"
-
-    @property
-    def tool_answer(self) -> bool:
-        """Its answers are in the tool format (tools, and a choice that allows them)."""
-        return bool(self.tools) and self.tool_choice != "none"
 
 
 @dataclass(frozen=True)
@@ -126,7 +121,13 @@ class RequestTrace:
         self._started = time.monotonic()
         self.model: str | None = None
         self.calls: Sequence[RequestChain] = ()
+        self.tool_syntax: ToolSyntax | None = None  # the syntax of its tool answers, if any
         self.ended = False
+
+    def read_tools_with(self, syntax: ToolSyntax | None) -> None:
+        """Its answers are tool answers in ``syntax`` (None: they are not), known once its
+        chat is rendered: its record says ``tool_calls`` where the client was told so."""
+        self.tool_syntax = syntax
 
     def running(self, model: str, calls: Sequence[RequestChain]) -> None:
         """It runs on ``model`` as ``calls`` (one per choice; the list may still grow)."""
@@ -159,7 +160,7 @@ class RequestTrace:
     def _finish_reason(self, result) -> str | None:
         if result is None:
             return None
-        if self.facts.tool_answer and read_answer(result.text)[1]:
+        if self.tool_syntax is not None and self.tool_syntax.read(result.text)[1]:
             return "tool_calls"  # as the front tells the client of a complete list of calls
         return result.finish_reason
 

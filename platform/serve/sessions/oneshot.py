@@ -19,33 +19,44 @@ from contextlib import AbstractContextManager, nullcontext
 import msgspec
 
 from parrot.engines.protocol.openai_stream import Answer, Delta, Finish, usage
+from parrot.engines.protocol.schemas import RenderChatRequest
 from parrot.platform.serve.calls.graph import RequestChain
 from parrot.platform.serve.core import ServeCore
 from parrot.platform.serve.ops.requests import RequestStatus, RequestTrace
 from parrot.platform.serve.sessions.session import Session
-from parrot.wire.chat import ChatTurn
+from parrot.wire.errors import BadEngineAnswerError
 from parrot.wire.openai_schemas import Usage
 from parrot.wire.sampling import SamplingParams
-from parrot.wire.tool_calls import render_turns
+from parrot.wire.tool_calls import ToolPlan
+from parrot.wire.tool_syntax import GENERIC, SYNTAXES, ToolSyntax
 
 CHATML_START, CHATML_END = "<|im_start|>", "<|im_end|>"
 
 
-def chatml_pieces(messages: list[ChatTurn]) -> list[str]:
+def chatml_pieces(messages: list[dict]) -> list[str]:
     """The chat in ChatML, a piece per message, then the assistant's generation prompt:
     the rendering for engines without a chat template of their own (OpenAI engines map it
     back onto chat messages)."""
-    pieces = [f"{CHATML_START}{m.role}\n{m.content}{CHATML_END}\n" for m in messages]
+    pieces = [f"{CHATML_START}{m['role']}\n{m['content']}{CHATML_END}\n" for m in messages]
     return [*pieces, f"{CHATML_START}assistant\n"]
 
 
-async def render_chat(core: ServeCore, model: str, messages: list[ChatTurn]) -> list[str]:
-    """The prompt pieces of a chat for ``model``: its own template, applied by an engine
-    of that model that offers it, else ChatML. Assistant tool calls and tool results are
-    rendered in Parrot's generic tool format first (templates know plain turns only)."""
-    messages = render_turns(messages, None)
-    pieces = await core.engines.render_chat(model, messages)
-    return pieces if pieces is not None else chatml_pieces(messages)
+async def render_chat(
+    core: ServeCore, model: str, chat: RenderChatRequest, plan: ToolPlan | None = None
+) -> tuple[list[str], ToolSyntax]:
+    """The prompt pieces of a chat for ``model``, and the tool syntax its answer is to be
+    in: its own template, applied by an engine of that model that offers it (tools and tool
+    turns in the model's syntax, the engine's choice), else ChatML with tools and tool turns
+    in Parrot's generic format (``plan``: the chat's tool plan, from the same fields)."""
+    rendered = await core.engines.render_chat(model, chat)
+    if rendered is None:
+        return chatml_pieces(GENERIC.render(chat.messages, plan).messages), GENERIC
+    if rendered.tool_syntax not in SYNTAXES:
+        raise BadEngineAnswerError(
+            f"the engine of {model!r} renders tools in a syntax this ServeCore does not know: "
+            f"{rendered.tool_syntax!r} (known: {', '.join(SYNTAXES)})"
+        )
+    return rendered.pieces, SYNTAXES[rendered.tool_syntax]
 
 
 class OneShot:

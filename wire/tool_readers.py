@@ -1,0 +1,184 @@
+"""Answers in a model's own tool syntax (:mod:`parrot.wire.tool_syntax`) read as they stream.
+
+The readers behave as the generic format's (:class:`~parrot.wire.tool_stream.AnswerStream`):
+text for the user streams as content as it comes; each call comes out whole once its JSON
+is complete; a call the answer already holds (same name, same arguments) ends the list; the
+syntax's own text never comes out as content, and a call cut by ``max_tokens`` is dropped,
+never half given. ``given_calls`` counts the calls the reader's user has sent.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from parrot.wire.openai_schemas import FunctionCall, ToolCall
+from parrot.wire.tool_calls import COMPACT, ToolAnswer, new_call_id
+
+_DECODER = json.JSONDecoder()
+
+
+def _call(item: Any, arguments_key: str) -> ToolCall | None:
+    """The call of a decoded ``{"name": ..., arguments_key: {...}}`` (None: not a call)."""
+    if not isinstance(item, dict) or not isinstance(item.get("name"), str):
+        return None
+    arguments = item.get(arguments_key, item.get("arguments", {}))
+    text = arguments if isinstance(arguments, str) else json.dumps(arguments, **COMPACT)
+    return ToolCall(id=new_call_id(), function=FunctionCall(name=item["name"], arguments=text))
+
+
+class _Calls:
+    """The calls read so far, and whether one came again (the list ends there)."""
+
+    def __init__(self) -> None:
+        self.seen: set[tuple[str, str]] = set()
+        self.count = 0
+        self.repeated = False
+        self.given_calls = 0
+
+    def take(self, call: ToolCall) -> bool:
+        """Whether ``call`` is new (False: a repetition, which ends the list)."""
+        try:
+            arguments = json.dumps(json.loads(call.function.arguments or "{}"), sort_keys=True)
+        except json.JSONDecodeError:
+            arguments = call.function.arguments or ""
+        key = (call.function.name, arguments)
+        if key in self.seen:
+            self.repeated = True
+            return False
+        self.seen.add(key)
+        self.count += 1
+        return True
+
+
+class TaggedCallReader(_Calls):
+    """Calls in tags (``<tool_call>{...}</tool_call>``), after text or none."""
+
+    def __init__(self, open_tag: str, close_tag: str, arguments_key: str = "arguments") -> None:
+        super().__init__()
+        self.open_tag, self.close_tag, self.arguments_key = open_tag, close_tag, arguments_key
+        self.text = ""
+        self.read_to = 0  # the text before this is read (sent as content, or a call's)
+        self.in_call = False  # an open tag was read, its close not yet
+        self.closed = False  # the list ended (a repetition, or a call that is not one)
+        self.last_end = 0  # where the last new call's close tag ends
+
+    def feed(self, piece: str) -> ToolAnswer:
+        self.text += piece
+        content, calls = [], []
+        while not self.closed:
+            if self.in_call:
+                end = self.text.find(self.close_tag, self.read_to)
+                if end < 0:
+                    break
+                call = self._decode(self.text[self.read_to : end])
+                self.read_to, self.in_call = end + len(self.close_tag), False
+                if call is None or not self.take(call):
+                    self.closed = True
+                    break
+                calls.append(call)
+                self.last_end = self.read_to
+                continue
+            start = self.text.find(self.open_tag, self.read_to)
+            if start < 0:
+                held = _held_back(self.text, self.open_tag)
+                upto = max(self.read_to, len(self.text) - held)
+                content.append(self._content(self.read_to, upto))
+                self.read_to = upto
+                break
+            content.append(self._content(self.read_to, start))
+            self.read_to, self.in_call = start + len(self.open_tag), True
+        return ToolAnswer("".join(content), tuple(calls))
+
+    def _content(self, start: int, end: int) -> str:
+        """Text for the user; after the first call only what is not blank between calls."""
+        text = self.text[start:end]
+        return text if self.count == 0 or text.strip() else ""
+
+    def _decode(self, body: str) -> ToolCall | None:
+        try:
+            return _call(json.loads(body), self.arguments_key)
+        except json.JSONDecodeError:
+            return None
+
+    @property
+    def cut_at(self) -> int | None:
+        """Where the text ends once a call came again: after the last new call."""
+        return self.last_end if self.repeated else None
+
+    @property
+    def pending_from(self) -> int | None:
+        """After a call, what follows may yet be cut (a repetition of a call)."""
+        return self.last_end if self.count and not self.closed else None
+
+    @property
+    def called_tools(self) -> bool:
+        """The answer is a complete list of calls (``finish_reason: "tool_calls"``)."""
+        return self.count > 0 and not self.in_call
+
+    def finish(self) -> ToolAnswer:
+        """The rest: nothing of a call cut off, nor of a tag cut off (the syntax's text,
+        not the user's); any other text held back."""
+        if self.closed or self.in_call:
+            return ToolAnswer("")
+        end = len(self.text) - _held_back(self.text, self.open_tag)
+        rest = self._content(self.read_to, end)
+        self.read_to = len(self.text)
+        return ToolAnswer(rest)
+
+
+class JsonCallReader(_Calls):
+    """One call as the whole answer (``{"name": ..., "parameters": {...}}``), or text."""
+
+    def __init__(self, arguments_key: str = "parameters") -> None:
+        super().__init__()
+        self.arguments_key = arguments_key
+        self.text = ""
+        self.kind: str | None = None  # "call" once the answer starts with "{", else "text"
+        self.sent = 0
+
+    def feed(self, piece: str) -> ToolAnswer:
+        self.text += piece
+        if self.kind is None and self.text.strip():
+            self.kind = "call" if self.text.lstrip().startswith("{") else "text"
+        if self.kind == "text":
+            delta, self.sent = self.text[self.sent :], len(self.text)
+            return ToolAnswer(delta)
+        if self.kind == "call" and self.count == 0:
+            call = self._whole_call()
+            if call is not None and self.take(call):
+                return ToolAnswer(None, (call,))
+        return ToolAnswer("")
+
+    def _whole_call(self) -> ToolCall | None:
+        body = self.text.lstrip()
+        try:
+            item, _ = _DECODER.raw_decode(body)
+        except json.JSONDecodeError:
+            return None
+        return _call(item, self.arguments_key)
+
+    cut_at = pending_from = None  # one call: nothing repeats
+
+    @property
+    def called_tools(self) -> bool:
+        return self.count > 0
+
+    def finish(self) -> ToolAnswer:
+        if self.kind == "call" and self.count == 0:
+            try:
+                json.loads(self.text)
+            except json.JSONDecodeError:
+                return ToolAnswer("")  # a call cut off: nothing to say
+            return ToolAnswer(self.text)  # JSON that is no call: the model's text
+        if self.kind == "text":
+            return ToolAnswer(self.text[self.sent :])
+        return ToolAnswer("")
+
+
+def _held_back(text: str, tag: str) -> int:
+    """How many characters at the end of ``text`` may be the start of ``tag``."""
+    for n in range(min(len(tag) - 1, len(text)), 0, -1):
+        if text.endswith(tag[:n]):
+            return n
+    return 0

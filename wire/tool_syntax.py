@@ -1,0 +1,200 @@
+"""How a model is asked for tool calls and how it writes them: its *tool syntax* (issue 36).
+
+Models trained for tools call them far more accurately in their own syntax, the one their
+chat template renders tools and past calls in. Parrot recognises the template (by the
+markers it writes) and then:
+
+- renders the chat with the template itself: the tools go to it as ``tools`` (OpenAI's
+  function tools), assistant turns keep their ``tool_calls`` (arguments as objects) and tool
+  results stay ``tool`` turns, so the prompt is what the model was trained on;
+- constrains the answer to the model's own call syntax: an llguidance Lark grammar with the
+  JSON schema of each callable tool's call inside (``%json``), written as the template
+  writes calls (``", "`` and ``": "`` between JSON items);
+- reads the answer back into OpenAI ``tool_calls`` (:mod:`parrot.wire.tool_readers`).
+
+The syntaxes:
+
+- ``hermes`` (Qwen2.5, Qwen3, Hermes 2 Pro / 3): ``<tool_call>\\n{"name": ..., "arguments":
+  {...}}\\n</tool_call>``, one block per call, text allowed before the first;
+- ``llama3_json`` (Llama 3.1, 3.2, 3.3): the whole answer is one ``{"name": ..., "parameters":
+  {...}}``, or text;
+- ``generic``: Parrot's own format for every other template (:mod:`parrot.wire.tool_calls`),
+  also chosen explicitly (``--tool-format generic``).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Final
+
+from parrot.wire.chat import ChatTurn
+from parrot.wire.formats import OutputFormat
+from parrot.wire.tool_calls import NO_ARGUMENTS, ToolAnswer, ToolPlan, call_schema, render_turns
+from parrot.wire.tool_readers import JsonCallReader, TaggedCallReader
+from parrot.wire.tool_stream import AnswerStream, read_answer
+
+TOOL_FORMATS: Final = ("auto", "generic")  # --tool-format: the template's syntax, or Parrot's
+# The JSON of a call as chat templates write it (``tojson``): one space after separators.
+TEMPLATE_JSON: Final[dict[str, Any]] = {
+    "whitespace_flexible": False,
+    "item_separator": ", ",
+    "key_separator": ": ",
+    "lenient": True,  # keywords the grammar cannot enforce are left to the tool (as llama.cpp)
+    "coerce_one_of": True,
+}
+
+
+@dataclass(frozen=True)
+class Rendering:
+    """A chat ready for the model's template: its messages (dicts, as templates read them)
+    and the tools to give it (None: the template gets none)."""
+
+    messages: list[dict[str, Any]]
+    tools: list[dict[str, Any]] | None = None
+
+
+class ToolSyntax:
+    """Parrot's generic format: tools and tool turns rewritten into plain turns, the answer
+    a JSON object (:mod:`parrot.wire.tool_calls`)."""
+
+    name = "generic"
+    closing = "]}"  # closes an answer cut after its last call (a call that came again)
+
+    def render(self, turns: Sequence[ChatTurn], plan: ToolPlan | None) -> Rendering:
+        return Rendering([{"role": t.role, "content": t.content} for t in render_turns(turns, plan)])
+
+    def output_format(self, plan: ToolPlan) -> OutputFormat:
+        return plan.output_format()
+
+    def reader(self) -> AnswerStream | TaggedCallReader | JsonCallReader:
+        """A reader of one answer as it streams (``feed``, ``finish``)."""
+        return AnswerStream()
+
+    def read(self, text: str) -> tuple[ToolAnswer, bool]:
+        """A whole answer read as its stream would be: its calls or content, and whether it
+        is a complete list of calls (``finish_reason: "tool_calls"``)."""
+        return read_answer(text)
+
+
+class NativeSyntax(ToolSyntax):
+    """A model's own syntax: the chat rendered by its template with ``tools``."""
+
+    closing = ""  # calls are whole where an answer is cut
+    markers: tuple[str, ...] = ()  # all in a template that writes calls this way
+    arguments_key = "arguments"
+
+    def detects(self, template: str) -> bool:
+        return all(marker in template for marker in self.markers)
+
+    def render(self, turns: Sequence[ChatTurn], plan: ToolPlan | None) -> Rendering:
+        names = {c.id: c.function.name for t in turns for c in (t.tool_calls or ())}
+        messages = [_template_message(t, names) for t in turns]
+        tools = None if plan is None else [_template_tool(t) for t in plan.tools]
+        return Rendering(messages, tools)
+
+    def call_schema(self, plan: ToolPlan) -> dict[str, Any]:
+        """The JSON schema of one call: any callable tool with its arguments."""
+        defs: dict[str, Any] = {}
+        items = [call_schema(t, i, defs, self.arguments_key) for i, t in enumerate(plan.callable_tools())]
+        schema: dict[str, Any] = items[0] if len(items) == 1 else {"anyOf": items}
+        if defs:
+            schema = {**schema, "$defs": defs}
+        return {**schema, "x-guidance": TEMPLATE_JSON}
+
+    def read(self, text: str) -> tuple[ToolAnswer, bool]:
+        reader = self.reader()
+        first, rest = reader.feed(text), reader.finish()
+        calls = (*first.tool_calls, *rest.tool_calls)
+        content = (first.content or "") + (rest.content or "")
+        if calls:  # the text before calls, as OpenAI gives it beside them
+            content = content.strip()
+        return ToolAnswer(content or None, calls), reader.called_tools
+
+
+class HermesSyntax(NativeSyntax):
+    name = "hermes"
+    markers = ("<tool_call>", '"arguments', "tools")  # JSON in the tags (not XML, as Qwen3-Coder)
+    open, close = "<tool_call>\n", "\n</tool_call>"
+
+    def output_format(self, plan: ToolPlan) -> OutputFormat:
+        call = f"%json {json.dumps(self.call_schema(plan))}"
+        more = "" if not plan.parallel else f' ("\\n" {_lark(self.open)} body)*'
+        lines = [f"body: {call} {_lark(self.close)}"]
+        if plan.required:
+            lines.insert(0, f"start: {_lark(self.open)} body{more}")
+        else:  # text, or text (possibly none) and then calls
+            lines.insert(0, f"start: TEXT | LEAD body{more}")
+            tag = self.open.strip()
+            lines.append(f"TEXT: /(?s:.+)/ & ~/(?s:.*{tag}.*)/")
+            lines.append(f"LEAD: /(?s:.*){tag}\\n/ & ~/(?s:.*{tag}.*{tag}.*)/")
+        return OutputFormat(grammar="\n".join(lines))
+
+    def reader(self) -> TaggedCallReader:
+        return TaggedCallReader(self.open.strip(), self.close.strip(), self.arguments_key)
+
+
+class Llama3JsonSyntax(NativeSyntax):
+    name = "llama3_json"
+    markers = ("ipython", '"parameters"', "tools")
+    arguments_key = "parameters"
+
+    def output_format(self, plan: ToolPlan) -> OutputFormat:
+        call = f"%json {json.dumps(self.call_schema(plan))}"
+        if plan.required:
+            return OutputFormat(grammar=f"start: {call}")
+        return OutputFormat(grammar=f"start: TEXT | {call}\nTEXT: /[^{{\\s](?s:.*)/")
+
+    def reader(self) -> JsonCallReader:
+        return JsonCallReader(self.arguments_key)
+
+
+GENERIC: Final = ToolSyntax()
+NATIVE: Final[tuple[NativeSyntax, ...]] = (HermesSyntax(), Llama3JsonSyntax())
+SYNTAXES: Final[dict[str, ToolSyntax]] = {s.name: s for s in (GENERIC, *NATIVE)}
+
+
+def syntax_of_template(template: str | None, tool_format: str = "auto") -> ToolSyntax:
+    """The syntax a chat template writes calls in (``generic`` when it writes none it is
+    known by, or when ``tool_format`` asks for Parrot's own)."""
+    if tool_format == "generic" or not template:
+        return GENERIC
+    return next((s for s in NATIVE if s.detects(template)), GENERIC)
+
+
+def _lark(text: str) -> str:
+    return json.dumps(text)  # a Lark string literal: JSON's escapes are Lark's
+
+
+def _template_tool(tool) -> dict[str, Any]:
+    function = {"name": tool.name, "description": tool.description or "", "parameters": tool.parameters}
+    if function["parameters"] is None:
+        function["parameters"] = dict(NO_ARGUMENTS)
+    return {"type": "function", "function": function}
+
+
+def _template_message(turn: ChatTurn, names: dict[str, str]) -> dict[str, Any]:
+    """A turn as chat templates read it: calls with their arguments as objects, a tool
+    result with the id and name of its call."""
+    message: dict[str, Any] = {"role": turn.role, "content": turn.content}
+    if turn.tool_calls:
+        message["tool_calls"] = [
+            {
+                "id": call.id,
+                "type": "function",
+                "function": {"name": call.function.name, "arguments": _arguments(call.function.arguments)},
+            }
+            for call in turn.tool_calls
+        ]
+    if turn.role == "tool":
+        message["tool_call_id"] = turn.tool_call_id
+        message["name"] = turn.name or names.get(turn.tool_call_id or "", "")
+    return message
+
+
+def _arguments(text: str | None) -> Any:
+    try:
+        return json.loads(text or "{}")
+    except json.JSONDecodeError:
+        return text
