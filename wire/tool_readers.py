@@ -176,6 +176,76 @@ class JsonCallReader(_Calls):
         return ToolAnswer("")
 
 
+class PrefixedListReader(_Calls):
+    """A marker, then a JSON list of calls (``[TOOL_CALLS][{...}, {...}]``), or text."""
+
+    def __init__(self, prefix: str, arguments_key: str = "arguments") -> None:
+        super().__init__()
+        self.prefix, self.arguments_key = prefix, arguments_key
+        self.text = ""
+        self.kind: str | None = None  # "calls" once the prefix is read, "text" once it cannot be
+        self.sent = 0  # text sent as content
+        self.item_start = 0  # where the next item of the list may start
+        self.closed = False  # the list ended (its bracket, a repetition, an item no call)
+        self.last_end: int | None = None  # where the last new call's JSON ends
+
+    def feed(self, piece: str) -> ToolAnswer:
+        self.text += piece
+        if self.kind is None:
+            head = self.text.lstrip()
+            if head.startswith(self.prefix):
+                self.kind = "calls"
+                self.item_start = self.last_end = len(self.text) - len(head) + len(self.prefix)
+            elif not self.prefix.startswith(head):
+                self.kind = "text"
+        if self.kind == "text":
+            delta, self.sent = self.text[self.sent :], len(self.text)
+            return ToolAnswer(delta)
+        if self.kind == "calls" and not self.closed:
+            return ToolAnswer("", self._whole_calls())
+        return ToolAnswer("")
+
+    def _whole_calls(self) -> tuple[ToolCall, ...]:
+        calls = []
+        while not self.closed:
+            start = self.item_start
+            while start < len(self.text) and self.text[start] in "[, \n":
+                start += 1
+            if self.text.startswith("]", start):
+                self.closed = True
+                break
+            try:
+                item, end = _DECODER.raw_decode(self.text, start)
+            except json.JSONDecodeError:
+                break  # not whole yet
+            call = _call(item, self.arguments_key)
+            if call is None or not self.take(call):
+                self.closed = True
+                break
+            calls.append(call)
+            self.item_start = self.last_end = end
+        return tuple(calls)
+
+    @property
+    def cut_at(self) -> int | None:
+        return self.last_end if self.repeated else None
+
+    @property
+    def pending_from(self) -> int | None:
+        return self.last_end if self.kind == "calls" and not self.closed else None
+
+    @property
+    def called_tools(self) -> bool:
+        return self.count > 0 and (self.closed or self.repeated)
+
+    def finish(self) -> ToolAnswer:
+        if self.kind == "text":
+            return ToolAnswer(self.text[self.sent :])
+        if self.kind is None and not self.text.strip():
+            return ToolAnswer(self.text)
+        return ToolAnswer("")  # calls, or the marker cut off: nothing more to say
+
+
 def _held_back(text: str, tag: str) -> int:
     """How many characters at the end of ``text`` may be the start of ``tag``."""
     for n in range(min(len(tag) - 1, len(text)), 0, -1):

@@ -18,12 +18,15 @@ The syntaxes:
   {...}}\\n</tool_call>``, one block per call, text allowed before the first;
 - ``llama3_json`` (Llama 3.1, 3.2, 3.3): the whole answer is one ``{"name": ..., "parameters":
   {...}}``, or text;
+- ``mistral`` (Mistral 7B v0.3, Nemo): ``[TOOL_CALLS][{"name": ..., "arguments": {...}}, ...]``,
+  or text;
 - ``generic``: Parrot's own format for every other template (:mod:`parrot.wire.tool_calls`),
   also chosen explicitly (``--tool-format generic``).
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -32,7 +35,7 @@ from typing import Any, Final
 from parrot.wire.chat import ChatTurn
 from parrot.wire.formats import OutputFormat
 from parrot.wire.tool_calls import NO_ARGUMENTS, ToolAnswer, ToolPlan, call_schema, render_turns
-from parrot.wire.tool_readers import JsonCallReader, TaggedCallReader
+from parrot.wire.tool_readers import JsonCallReader, PrefixedListReader, TaggedCallReader
 from parrot.wire.tool_stream import AnswerStream, read_answer
 
 TOOL_FORMATS: Final = ("auto", "generic")  # --tool-format: the template's syntax, or Parrot's
@@ -68,7 +71,7 @@ class ToolSyntax:
     def output_format(self, plan: ToolPlan) -> OutputFormat:
         return plan.output_format()
 
-    def reader(self) -> AnswerStream | TaggedCallReader | JsonCallReader:
+    def reader(self) -> AnswerStream | TaggedCallReader | JsonCallReader | PrefixedListReader:
         """A reader of one answer as it streams (``feed``, ``finish``)."""
         return AnswerStream()
 
@@ -150,8 +153,40 @@ class Llama3JsonSyntax(NativeSyntax):
         return JsonCallReader(self.arguments_key)
 
 
+class MistralSyntax(NativeSyntax):
+    """``[TOOL_CALLS]`` and a JSON list of calls (Mistral 7B v0.3, Nemo, Small before 3.1),
+    whose templates want call ids of 9 letters and digits."""
+
+    name = "mistral"
+    markers = ("[TOOL_CALLS][", "[AVAILABLE_TOOLS]")
+    prefix = "[TOOL_CALLS]"
+    closing = "]"  # the list, cut after its last new call
+
+    def render(self, turns: Sequence[ChatTurn], plan: ToolPlan | None) -> Rendering:
+        rendering = super().render(turns, plan)
+        for message in rendering.messages:
+            for call in message.get("tool_calls", ()):
+                call["id"] = _short_id(call["id"])
+            if message.get("tool_call_id"):
+                message["tool_call_id"] = _short_id(message["tool_call_id"])
+        return rendering
+
+    def output_format(self, plan: ToolPlan) -> OutputFormat:
+        calls: dict[str, Any] = {"type": "array", "items": self.call_schema(plan), "minItems": 1}
+        if not plan.parallel or plan.function is not None:
+            calls["maxItems"] = 1
+        call = f"{_lark(self.prefix)} %json {json.dumps({**calls, 'x-guidance': TEMPLATE_JSON})}"
+        if plan.required:
+            return OutputFormat(grammar=f"start: {call}")
+        text = "TEXT: /(?s:.+)/ & ~/\\[TOOL_CALLS\\](?s:.*)/"
+        return OutputFormat(grammar=f"start: TEXT | {call}\n{text}")
+
+    def reader(self) -> PrefixedListReader:
+        return PrefixedListReader(self.prefix, self.arguments_key)
+
+
 GENERIC: Final = ToolSyntax()
-NATIVE: Final[tuple[NativeSyntax, ...]] = (HermesSyntax(), Llama3JsonSyntax())
+NATIVE: Final[tuple[NativeSyntax, ...]] = (HermesSyntax(), Llama3JsonSyntax(), MistralSyntax())
 SYNTAXES: Final[dict[str, ToolSyntax]] = {s.name: s for s in (GENERIC, *NATIVE)}
 
 
@@ -191,6 +226,14 @@ def _template_message(turn: ChatTurn, names: dict[str, str]) -> dict[str, Any]:
         message["tool_call_id"] = turn.tool_call_id
         message["name"] = turn.name or names.get(turn.tool_call_id or "", "")
     return message
+
+
+def _short_id(call_id: str) -> str:
+    """A call id as Mistral's templates want it (9 letters and digits), the same for a call
+    and its result."""
+    return (
+        call_id if len(call_id) == 9 and call_id.isalnum() else hashlib.sha1(call_id.encode()).hexdigest()[:9]
+    )
 
 
 def _arguments(text: str | None) -> Any:

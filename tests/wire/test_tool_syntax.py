@@ -23,7 +23,7 @@ from parrot.wire.openai_schemas import (
 from parrot.wire.tool_calls import plan_tools
 from parrot.wire.tool_syntax import GENERIC, SYNTAXES, syntax_of_template
 
-HERMES, LLAMA = SYNTAXES["hermes"], SYNTAXES["llama3_json"]
+HERMES, LLAMA, MISTRAL = SYNTAXES["hermes"], SYNTAXES["llama3_json"], SYNTAXES["mistral"]
 WEATHER = FunctionDefinition(
     name="get_weather",
     description="The weather in a city",
@@ -40,6 +40,10 @@ ADD = FunctionDefinition(
 OSLO = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Oslo"}}\n</tool_call>'
 SUM = '<tool_call>\n{"name": "add", "arguments": {"a": 1, "b": 2}}\n</tool_call>'
 LLAMA_OSLO = '{"name": "get_weather", "parameters": {"city": "Oslo"}}'
+M_OSLO, M_SUM = (
+    '{"name": "get_weather", "arguments": {"city": "Oslo"}}',
+    '{"name": "add", "arguments": {"a": 1, "b": 2}}',
+)
 
 
 def test_each_template_is_read_for_the_syntax_it_writes():
@@ -182,3 +186,55 @@ def test_a_llama3_json_answer():
     assert LLAMA.read("It is sunny.") == (type(answer)("It is sunny."), False)
     cut, called = LLAMA.read('{"name": "get_weather", "param')
     assert cut.content is None and not cut.tool_calls and not called
+
+
+@pytest.mark.parametrize(
+    ("choice", "text", "accepted"),
+    [
+        (None, "It is sunny.", True),
+        (None, f"[TOOL_CALLS][{M_OSLO}, {M_SUM}]", True),
+        (None, f"[TOOL_CALLS][{M_OSLO}]", True),
+        (None, "[TOOL_CALLS] and then words", False),
+        (None, f"[TOOL_CALLS][{M_OSLO},{M_SUM}]", False),  # spaced as the template writes
+        ("required", "It is sunny.", False),
+        ("required", f"[TOOL_CALLS][{M_SUM}]", True),
+        ("add", f"[TOOL_CALLS][{M_SUM}, {M_SUM}]", False),  # a named tool: one call
+    ],
+)
+def test_the_mistral_grammar(choice, text, accepted):
+    named = (
+        NamedToolChoice(type="function", function=ChosenFunction(name=choice)) if choice == "add" else None
+    )
+    plan = plan_tools([WEATHER, ADD], named or choice)
+    assert (text_mismatch(MISTRAL.output_format(plan), text) is None) is accepted
+
+
+@pytest.mark.parametrize("size", [1, 5, 1000])
+def test_a_mistral_answer_streams_whole_calls(size):
+    reader = MISTRAL.reader()
+    got = [reader.feed(p) for p in pieces(f"[TOOL_CALLS][{M_OSLO}, {M_SUM}]", size)] + [reader.finish()]
+    assert not any(a.content for a in got) and reader.called_tools
+    assert [c.function.name for a in got for c in a.tool_calls] == ["get_weather", "add"]
+    answer, called = MISTRAL.read(f"[TOOL_CALLS][{M_OSLO}, {M_OSLO}, {M_SUM}")
+    assert called and [c.function.name for c in answer.tool_calls] == ["get_weather"]  # a repetition ends it
+    reader = MISTRAL.reader()
+    reader.feed(f"[TOOL_CALLS][{M_OSLO}, {M_OSLO}")
+    assert reader.cut_at == len(f"[TOOL_CALLS][{M_OSLO}")  # where the engine ends it, then "]"
+    cut, called = MISTRAL.read(f'[TOOL_CALLS][{M_OSLO}, {{"name": "ad')
+    assert not called and cut.content is None and [c.function.name for c in cut.tool_calls] == ["get_weather"]
+    assert MISTRAL.read("[TOOL_CA") == (type(answer)(None), False)
+    assert MISTRAL.read("Sunny.") == (type(answer)("Sunny."), False)
+
+
+def test_mistral_templates_get_call_ids_of_nine_characters():
+    call = ToolCall(
+        id="call_0123456789abcdef", function=FunctionCall(name="add", arguments='{"a": 1, "b": 2}')
+    )
+    turns = [
+        ChatTurn(role="user", content="1 + 2?"),
+        ChatTurn(role="assistant", content="", tool_calls=[call]),
+        ChatTurn(role="tool", content="3", tool_call_id=call.id),
+    ]
+    _, assistant, tool = MISTRAL.render(turns, None).messages
+    short = assistant["tool_calls"][0]["id"]
+    assert len(short) == 9 and short.isalnum() and tool["tool_call_id"] == short

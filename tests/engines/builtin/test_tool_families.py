@@ -1,6 +1,7 @@
 """Tool calls in a model's own syntax (issue 36 §2), on the real engine with the real
-tokenizers and chat templates of Qwen2.5 (Hermes: ``<tool_call>`` tags) and Llama 3.1 (JSON
-with ``parameters``) and random weights (tests/tool_models.py): the template renders the
+tokenizers and chat templates of Qwen2.5 (Hermes: ``<tool_call>`` tags), Llama 3.1 (JSON
+with ``parameters``) and Mistral Nemo (``[TOOL_CALLS]`` and a list; Llama 2's tokenizer stands
+in for its own) and random weights (tests/tool_models.py): the template renders the
 tools and the tool turns, the answer is constrained to the model's syntax, and greedy output
 parses back into OpenAI ``tool_calls`` whose arguments validate, streamed and not, on the
 engine's ``/v1`` and the ServeCore's front (the official ``openai`` client), through
@@ -54,10 +55,15 @@ TOOLS = [{"type": "function", "function": f} for f in (WEATHER, ADD)]
 SCHEMAS = {f["name"]: f["parameters"] for f in (WEATHER, ADD)}
 QUESTION = [{"role": "user", "content": "What is the weather in Oslo?"}]
 # What each template writes for the tools, and for a tool's result.
-TOOL_BLOCK = {"qwen2.5": "<tools>", "llama3.1": "Given the following functions"}
+TOOL_BLOCK = {
+    "qwen2.5": "<tools>",
+    "llama3.1": "Given the following functions",
+    "mistral-nemo": "[AVAILABLE_TOOLS]",
+}
 RESULT_TURN = {
     "qwen2.5": "<tool_response>\nsunny, 21 C\n</tool_response>",
     "llama3.1": "ipython<|end_header_id|>",
+    "mistral-nemo": '[TOOL_RESULTS]{"content": sunny, 21 C, "call_id": "',
 }
 
 
@@ -93,7 +99,7 @@ def serve(folder, model_cache_dir, tool_format: str = "auto") -> Iterator[tuple[
         engine.stop()
 
 
-@pytest.fixture(scope="module", params=["qwen2.5", "llama3.1"])
+@pytest.fixture(scope="module", params=["qwen2.5", "llama3.1", "mistral-nemo"])
 def family(request, tmp_path_factory, model_cache_dir) -> Iterator[Family]:
     folder = write_tool_model(tmp_path_factory.mktemp("tool-models") / request.param, request.param)
     for engine, url in serve(folder, model_cache_dir):
