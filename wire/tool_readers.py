@@ -10,12 +10,31 @@ never half given. ``given_calls`` counts the calls the reader's user has sent.
 from __future__ import annotations
 
 import json
-from typing import Any
+import re
+from collections.abc import Iterator
+from typing import Any, Final
 
 from parrot.wire.openai_schemas import FunctionCall, ToolCall
 from parrot.wire.tool_calls import COMPACT, ToolAnswer, new_call_id
 
 _DECODER = json.JSONDecoder()
+_BETWEEN_ITEMS = re.compile(r"[\s,]*")
+LIST_END: Final = object()  # what :func:`whole_items` gives once the list closes
+
+
+def whole_items(text: str, start: int) -> Iterator[tuple[Any, int]]:
+    """The items of a JSON list being written that are whole, from ``start`` (after its
+    bracket or an item), each with where it ends; :data:`LIST_END` once the list closes."""
+    while True:
+        at = _BETWEEN_ITEMS.match(text, start).end()
+        if text.startswith("]", at):
+            yield LIST_END, at + 1
+            return
+        try:
+            item, start = _DECODER.raw_decode(text, at)
+        except json.JSONDecodeError:
+            return  # not whole yet
+        yield item, start
 
 
 def _call(item: Any, arguments_key: str) -> ToolCall | None:
@@ -27,7 +46,7 @@ def _call(item: Any, arguments_key: str) -> ToolCall | None:
     return ToolCall(id=new_call_id(), function=FunctionCall(name=item["name"], arguments=text))
 
 
-class _Calls:
+class CallList:
     """The calls read so far, and whether one came again (the list ends there)."""
 
     def __init__(self) -> None:
@@ -51,7 +70,7 @@ class _Calls:
         return True
 
 
-class TaggedCallReader(_Calls):
+class TaggedCallReader(CallList):
     """Calls in tags (``<tool_call>{...}</tool_call>``), after text or none."""
 
     def __init__(self, open_tag: str, close_tag: str, arguments_key: str = "arguments") -> None:
@@ -127,7 +146,7 @@ class TaggedCallReader(_Calls):
         return ToolAnswer(rest)
 
 
-class JsonCallReader(_Calls):
+class JsonCallReader(CallList):
     """One call as the whole answer (``{"name": ..., "parameters": {...}}``), or text."""
 
     def __init__(self, arguments_key: str = "parameters") -> None:
@@ -176,7 +195,7 @@ class JsonCallReader(_Calls):
         return ToolAnswer("")
 
 
-class PrefixedListReader(_Calls):
+class PrefixedListReader(CallList):
     """A marker, then a JSON list of calls (``[TOOL_CALLS][{...}, {...}]``), or text."""
 
     def __init__(self, prefix: str, arguments_key: str = "arguments") -> None:
@@ -186,6 +205,7 @@ class PrefixedListReader(_Calls):
         self.kind: str | None = None  # "calls" once the prefix is read, "text" once it cannot be
         self.sent = 0  # text sent as content
         self.item_start = 0  # where the next item of the list may start
+        self.opened = False  # the list's bracket was read
         self.closed = False  # the list ended (its bracket, a repetition, an item no call)
         self.last_end: int | None = None  # where the last new call's JSON ends
 
@@ -206,19 +226,14 @@ class PrefixedListReader(_Calls):
         return ToolAnswer("")
 
     def _whole_calls(self) -> tuple[ToolCall, ...]:
+        if not self.opened:  # the list's bracket, after the marker
+            bracket = self.text.find("[", self.item_start)
+            if bracket < 0:
+                return ()
+            self.opened, self.item_start = True, bracket + 1
         calls = []
-        while not self.closed:
-            start = self.item_start
-            while start < len(self.text) and self.text[start] in "[, \n":
-                start += 1
-            if self.text.startswith("]", start):
-                self.closed = True
-                break
-            try:
-                item, end = _DECODER.raw_decode(self.text, start)
-            except json.JSONDecodeError:
-                break  # not whole yet
-            call = _call(item, self.arguments_key)
+        for item, end in whole_items(self.text, self.item_start):
+            call = None if item is LIST_END else _call(item, self.arguments_key)
             if call is None or not self.take(call):
                 self.closed = True
                 break

@@ -17,29 +17,25 @@ import json
 import re
 
 from parrot.wire.tool_calls import ToolAnswer, call_of, parse_answer
+from parrot.wire.tool_readers import LIST_END, CallList, whole_items
 
 _FIRST_KEY = re.compile(r'\s*\{\s*"(tool_calls|response)"\s*:\s*(\S)')  # and the value's first character
-_BETWEEN_ITEMS = re.compile(r"[\s,]*")
 _HEX = frozenset("0123456789abcdefABCDEF")
-_DECODER = json.JSONDecoder()
 _STARTS = ('{"tool_calls":[', '{"response":"')
 
 
-class AnswerStream:
+class AnswerStream(CallList):
     """The text of one generation, fed piece by piece: :meth:`feed` gives what to send now
     (content, complete calls); :meth:`finish` the rest. ``given_calls`` counts the calls
     its reader has sent (their ``index``)."""
 
     def __init__(self) -> None:
+        super().__init__()
         self.text = ""
         self.kind: str | None = None  # "tool_calls" or "response", once the first key is read
         self.body_start = 0  # where the value's body starts (after its quote or bracket)
         self.sent = ""  # the response's text sent so far
         self.closed = False  # the response's string, or the list of calls, has ended
-        self.called = 0  # calls read from a tool_calls list
-        self.given_calls = 0
-        self.seen: set[str] = set()  # the calls read (name and arguments, as sorted JSON)
-        self.repeated = False  # a call came again: the list ended there
 
     def feed(self, piece: str) -> ToolAnswer:
         self.text += piece
@@ -71,26 +67,18 @@ class AnswerStream:
 
     def _complete_calls(self) -> tuple:
         calls = []
-        while True:
-            start = _BETWEEN_ITEMS.match(self.text, self.body_start).end()
-            if self.text.startswith("]", start):
+        for item, end in whole_items(self.text, self.body_start):
+            if item is LIST_END:
                 self.closed = True
                 break
-            try:
-                item, end = _DECODER.raw_decode(self.text, start)
-            except json.JSONDecodeError:
-                break  # not complete yet
             call = call_of(item)
             if call is None:
                 break  # not a call: the constraint was not this format; nothing more is read
-            key = json.dumps([item["name"], item.get("arguments", {})], sort_keys=True)
-            if key in self.seen:  # the model loops: the list ends with the calls before
-                self.closed = self.repeated = True
+            if not self.take(call):  # the model loops: the list ends with the calls before
+                self.closed = True
                 break
-            self.seen.add(key)
             calls.append(call)
             self.body_start = end
-        self.called += len(calls)
         return tuple(calls)
 
     @property
@@ -106,7 +94,7 @@ class AnswerStream:
     @property
     def called_tools(self) -> bool:
         """The answer is a complete list of calls (``finish_reason: "tool_calls"``)."""
-        return self.kind == "tool_calls" and self.closed and self.called > 0
+        return self.kind == "tool_calls" and self.closed and self.count > 0
 
     def finish(self) -> ToolAnswer:
         """The rest: content not sent yet, calls not given yet."""

@@ -79,11 +79,14 @@ def test_each_template_is_read_for_the_syntax_it_writes():
     ],
 )
 def test_the_hermes_grammar(choice, text, accepted):
-    named = (
-        NamedToolChoice(type="function", function=ChosenFunction(name=choice)) if choice == "add" else None
-    )
-    plan = plan_tools([WEATHER, ADD], named or choice)
-    assert (text_mismatch(HERMES.output_format(plan), text) is None) is accepted
+    assert accepts(HERMES, choice, text) is accepted
+
+
+def accepts(syntax, choice: str | None, text: str) -> bool:
+    """Whether the grammar of ``syntax`` for the two tools and ``choice`` (``add``: that
+    tool by name) accepts ``text``, as the engine's constraint would."""
+    named = NamedToolChoice(type="function", function=ChosenFunction(name="add")) if choice == "add" else None
+    return text_mismatch(syntax.output_format(plan_tools([WEATHER, ADD], named or choice)), text) is None
 
 
 @pytest.mark.parametrize(
@@ -98,8 +101,7 @@ def test_the_hermes_grammar(choice, text, accepted):
     ],
 )
 def test_the_llama3_json_grammar(choice, text, accepted):
-    plan = plan_tools([WEATHER, ADD], choice)
-    assert (text_mismatch(LLAMA.output_format(plan), text) is None) is accepted
+    assert accepts(LLAMA, choice, text) is accepted
 
 
 def test_parallel_calls_off_allow_one_call():
@@ -202,11 +204,7 @@ def test_a_llama3_json_answer():
     ],
 )
 def test_the_mistral_grammar(choice, text, accepted):
-    named = (
-        NamedToolChoice(type="function", function=ChosenFunction(name=choice)) if choice == "add" else None
-    )
-    plan = plan_tools([WEATHER, ADD], named or choice)
-    assert (text_mismatch(MISTRAL.output_format(plan), text) is None) is accepted
+    assert accepts(MISTRAL, choice, text) is accepted
 
 
 @pytest.mark.parametrize("size", [1, 5, 1000])

@@ -75,6 +75,12 @@ class Family:
         url = self.front_url if front else self.engine_url
         return openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0, timeout=120)
 
+    def ask(self, oai: openai.OpenAI, messages: list[dict] = QUESTION, **asked):
+        """A greedy chat with the two tools."""
+        return oai.chat.completions.create(
+            model=self.model, messages=messages, tools=TOOLS, temperature=0, **asked
+        )
+
     def render(self, messages: list[dict], **tools) -> tuple[str, str]:
         """The engine's rendering of a chat: the prompt, and the syntax it names."""
         body = {"messages": messages, **tools}
@@ -130,14 +136,13 @@ def test_the_template_renders_the_tools(family):
 def test_greedy_calls_parse_and_validate(family, front, choice):
     tool_choice = {"type": "function", "function": {"name": "add"}} if choice == "add" else choice
     names = {"add"} if choice == "add" else set(SCHEMAS)
-    asked = dict(model=family.model, messages=QUESTION, tools=TOOLS, tool_choice=tool_choice, temperature=0)
     with family.client(front) as oai:
-        whole = oai.chat.completions.create(max_tokens=200, **asked)
+        whole = family.ask(oai, tool_choice=tool_choice, max_tokens=200)
         check_calls(whole.choices[0].message, whole.choices[0].finish_reason, names)
         assert len({c.function.arguments for c in whole.choices[0].message.tool_calls}) == len(
             whole.choices[0].message.tool_calls
         )  # no call twice: a repetition ends the list
-        chunks = list(oai.chat.completions.create(max_tokens=200, stream=True, **asked))
+        chunks = list(family.ask(oai, tool_choice=tool_choice, max_tokens=200, stream=True))
     deltas = [d for c in chunks for ch in c.choices for d in (ch.delta.tool_calls or ())]
     finish = [ch.finish_reason for c in chunks for ch in c.choices if ch.finish_reason]
     assert finish == ["tool_calls"] and not any(ch.delta.content for c in chunks for ch in c.choices)
@@ -147,14 +152,7 @@ def test_greedy_calls_parse_and_validate(family, front, choice):
 
 def test_a_call_cut_by_max_tokens_is_never_half_given(family):
     with family.client(front=True) as oai:
-        cut = oai.chat.completions.create(
-            model=family.model,
-            messages=QUESTION,
-            tools=TOOLS,
-            tool_choice="required",
-            max_tokens=3,
-            temperature=0,
-        )
+        cut = family.ask(oai, tool_choice="required", max_tokens=3)
     choice = cut.choices[0]
     assert choice.finish_reason == "length" and not choice.message.tool_calls
     assert not choice.message.content  # the syntax's text never comes out as content
@@ -164,23 +162,14 @@ def test_an_agent_loop_in_the_models_own_syntax(family):
     """Ask, run the tool, send its result back: the second turn's prompt has the call and
     the result as the template writes them, and the model answers."""
     with family.client(front=True) as oai:
-        first = oai.chat.completions.create(
-            model=family.model,
-            messages=QUESTION,
-            tools=TOOLS,
-            tool_choice="required",
-            max_tokens=200,
-            temperature=0,
-        )
+        first = family.ask(oai, tool_choice="required", max_tokens=200)
         call = first.choices[0].message.tool_calls[0]
         turns = [
             *QUESTION,
             {"role": "assistant", "content": None, "tool_calls": [call.model_dump()]},
             {"role": "tool", "tool_call_id": call.id, "content": "sunny, 21 C"},
         ]
-        second = oai.chat.completions.create(
-            model=family.model, messages=turns, tools=TOOLS, max_tokens=8, temperature=0
-        )
+        second = family.ask(oai, turns, max_tokens=8)
     assert second.choices[0].finish_reason in ("stop", "length", "tool_calls")
     rendered_turns = [
         *QUESTION,
@@ -206,12 +195,5 @@ def test_tool_format_generic_keeps_parrots_format(tmp_path, model_cache_dir):
         prompt, syntax = generic.render(QUESTION, tools=TOOLS)
         assert syntax == "generic" and "You can call these tools" in prompt
         with generic.client(front=False) as oai:
-            answer = oai.chat.completions.create(
-                model=engine.model_name,
-                messages=QUESTION,
-                tools=TOOLS,
-                tool_choice="required",
-                max_tokens=200,
-                temperature=0,
-            )
+            answer = generic.ask(oai, tool_choice="required", max_tokens=200)
         check_calls(answer.choices[0].message, answer.choices[0].finish_reason, set(SCHEMAS))
