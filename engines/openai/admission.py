@@ -42,6 +42,11 @@ class Admission:
         """Characters of ``prompt`` a request could use in the planned slots now (None: none)."""
         return self.planner.kept_prefix(prompt) if self.planner is not None else None
 
+    def worth_queueing(self, prompt: str, elsewhere_shared: int, elsewhere_busy: int) -> bool:
+        """See :meth:`SlotPlanner.worth_queueing` (False: the slots are not planned here)."""
+        planner = self.planner
+        return planner is not None and planner.worth_queueing(prompt, elsewhere_shared, elsewhere_busy)
+
     @contextlib.asynccontextmanager
     async def request(self, prompt: str, max_tokens: int) -> AsyncIterator[Slot | None]:
         """One of ``capacity`` requests in flight; on a planned llama.cpp server, in the

@@ -304,6 +304,12 @@ class OpenAIEngine:
         the server's slots are not planned here)."""
         return self.admission.kept_prefix(prompt)
 
+    def worth_queueing(self, prompt: str, elsewhere_shared: int, elsewhere_busy: int) -> bool:
+        """Whether ``prompt`` had better wait here, its server's slots all taken, for the
+        slot holding its prefix than run on another server (see
+        :meth:`~parrot.engines.openai.slots.SlotPlanner.worth_queueing`)."""
+        return self.admission.worth_queueing(prompt, elsewhere_shared, elsewhere_busy)
+
     async def aclose(self) -> None:
         await self._client.close()
 

@@ -87,8 +87,8 @@ def fleet(tmp_path) -> Iterator[tuple[httpx.Client, list[Replica], list[str]]]:
             replica.kill()
 
 
-def system(name: str) -> str:
-    return f"You are {name}, keeper of the {name} archive. " + " ".join(f"{name}{i}" for i in range(120))
+def system(name: str, words: int = 120) -> str:
+    return f"You are {name}, keeper of the {name} archive. " + " ".join(f"{name}{i}" for i in range(words))
 
 
 def call(api: httpx.Client, text: str, tokens: int = 4) -> dict:
@@ -133,10 +133,26 @@ def test_slots_are_learned_and_calls_go_where_their_prefix_is(fleet):
     holder = replicas[ids.index(first["engine"])]
     assert holder.prompt_tokens() - computed[ids.index(first["engine"])] < 20  # the prefix was reused
     # Concurrent calls behind the two prompts, as many as a replica has slots: each prompt's
-    # calls stay with its replica (more would spread: a replica takes no more than it runs).
+    # calls stay with its replica.
     made = [call(api, system(name) + f" Question {i}?") for i in range(SLOTS) for name in ("Ada", "Bea")]
     where = [finished(api, m)["engine"] for m in made]
     assert where[0::2] == [first["engine"]] * SLOTS and where[1::2] == [third["engine"]] * SLOTS, where
+
+
+def test_calls_past_a_replicas_slots_wait_there_for_their_long_prefix(fleet):
+    """More calls behind one long prompt than its replica has slots, the other replica busy
+    with another prompt: the extra calls wait at the replica holding their prefix (the
+    engine's estimate from the server's timings) instead of computing it on the other."""
+    api = fleet[0]
+    first = finished(api, call(api, system("Eve", words=400) + " Question one?"))  # its speed learned
+    other = finished(api, call(api, system("Fay", words=400) + " Question one?"))
+    assert first["engine"] != other["engine"]
+    # The other replica frees first (short answers there): without the rule, the extra calls
+    # would go there as soon as it does, and compute the whole prefix again.
+    made = [call(api, system("Fay", words=400) + f" Question {i}?", tokens=4) for i in range(SLOTS)]
+    made += [call(api, system("Eve", words=400) + f" Question {i}?", tokens=48) for i in range(SLOTS + 2)]
+    where = [finished(api, m)["engine"] for m in made]
+    assert where == [other["engine"]] * SLOTS + [first["engine"]] * (SLOTS + 2), where
 
 
 def test_a_replica_that_dies_mid_application_loses_no_call(fleet):

@@ -1,12 +1,12 @@
 """The global scheduler: the dispatch loop over the ready queue and the engines.
 
 Ready tasks wait in the queue in the policies' order and are placed on an engine as soon as
-one has room for them (its running-task limit and KV tokens, from its pings). Placing a
-task makes its contexts in the engine's tree at once, so the tasks placed right after it
-(its task group, and queued tasks sharing its prompt's prefix) find it and go with it: the
-engine sees them together and batches their shared prefix. A task whose engine is lost runs
-again elsewhere; a session that goes takes its queued and running tasks and its contexts
-with it.
+one has room for them (its running-task limit and KV tokens, from its pings; a llama.cpp
+replica's queue for the slot holding their prefix: prefix_queue.py). Placing a task makes
+its contexts in the engine's tree at once, so the tasks placed right after it (its task
+group, queued tasks sharing its prompt's prefix) go with it: the engine batches their shared
+prefix. A task whose engine is lost runs again elsewhere; a session that goes takes its
+queued and running tasks and its contexts with it.
 
 The scheduler changes no call: it reports what happened to each task (started, finished,
 failed) on the task's queue, and its submitter advances the call. It owns the engine slots
@@ -29,6 +29,7 @@ from parrot.platform.serve.ops.metrics import ServeMetrics
 from parrot.platform.serve.scheduler.fill_ahead import FillAhead
 from parrot.platform.serve.scheduler.health import EngineMonitor, HealthSettings, Ping
 from parrot.platform.serve.scheduler.policy import EngineRoles, SchedulingPolicy
+from parrot.platform.serve.scheduler.prefix_queue import prefix_queue
 from parrot.platform.serve.scheduler.prompt import PromptBuilder
 from parrot.platform.serve.scheduler.queue import TaskQueue
 from parrot.platform.serve.scheduler.runner import Requeue, TaskRunner
@@ -86,8 +87,7 @@ class GlobalScheduler:
             self._loops.append(asyncio.create_task(self._monitor_loop()))
 
     async def stop(self, free_timeout_s: float = 5.0) -> None:
-        """Stop dispatching and running; free what this ServeCore holds on its engines (its
-        contexts would outlive it there), each engine bounded by ``free_timeout_s``."""
+        """Stop; free what this ServeCore holds on its engines (its contexts would outlive it)."""
         jobs = [job for _, job in self._jobs.values()]
         for task in [*self._loops, *jobs, *self._background]:
             task.cancel()
@@ -273,13 +273,13 @@ class GlobalScheduler:
             self._prepare_prompt(task, candidates[0])
             return None
         free = self._admissible(task, ready)
-        if not free:
-            return None
+        waits = prefix_queue(task, ready, free, self.contexts.matched)  # a replica past its slots
+        if waits is not None or not free:
+            return waits
 
         def key(slot: EngineSlot) -> tuple:
             symbols = task.prompts[slot.prompt_key].symbols
-            matched = self.contexts.matched(slot, symbols)
-            ahead = self.policy.placement(task, matched, slot.load, len(symbols))
+            ahead = self.policy.placement(task, self.contexts.matched(slot, symbols), slot.load, len(symbols))
             return (*self.roles.rank(task, slot), ahead, slot.placed)  # ties: spread prompts
 
         return min(free, key=key)

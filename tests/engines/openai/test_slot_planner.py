@@ -138,3 +138,37 @@ async def test_a_cancelled_waiter_leaves_the_queue_and_a_failed_request_forgets_
     assert planner.slots[0].text == "" and not planner.slots[0].busy
     async with planner.slot("third prompt", max_tokens=4) as slot:  # the slot is free again
         assert slot.index == 0
+
+
+async def test_across_replicas_a_request_queues_for_its_prefix_only_when_that_is_quicker():
+    """This server's one slot is taken and holds a 1,230-character prefix (~1.9 s to compute
+    on this CPU-like server): a request sharing it had better wait here when the slot frees
+    soon, or when the other replica is busy (its compute shared); not when the other replica
+    is idle and this slot is busy for seconds, nor on a GPU-like server; unknown speed or a
+    full queue: no."""
+    planner = SlotPlanner(1, clock=Clock(step=0))
+    assert not planner.worth_queueing(SYSTEM + " q2", 0, 0)  # speed unknown: as before
+    timings = {"prompt_n": 300, "prompt_ms": 1800.0, "predicted_n": 8, "predicted_per_token_ms": 14.0}
+    planner.rates.observe(timings, prompt_chars=1200, prompt_tokens=300)
+    release, got = asyncio.Event(), []
+    first = asyncio.create_task(hold(planner, SYSTEM + " q1", release, got))
+    await started(first)
+    planner.slots[0].ends_at = 0.2  # it frees in 0.2 s
+    assert planner.worth_queueing(SYSTEM + " q2", 0, 0)
+    assert not planner.worth_queueing(SYSTEM + " q2", len(SYSTEM), 0)  # kept there too
+    planner.slots[0].ends_at = 5.0  # in 5 s
+    assert not planner.worth_queueing(SYSTEM + " q2", 0, 0) and planner.worth_queueing(SYSTEM + " q2", 0, 4)
+    assert not planner.worth_queueing("Another prompt altogether " * 40, 0, 0)  # nothing held here
+    waiters = [asyncio.create_task(hold(planner, SYSTEM + f" w{i}", release, got)) for i in range(4)]
+    await started(*waiters)
+    assert planner.waiting == 4 and not planner.worth_queueing(SYSTEM + " q2", 0, 4)  # its queue is full
+    release.set()
+    await asyncio.gather(first, *waiters)
+    gpu = SlotPlanner(1, clock=Clock(step=0))
+    gpu.rates.observe({**timings, "prompt_ms": 15.0}, prompt_chars=1200, prompt_tokens=300)
+    busy = asyncio.create_task(hold(gpu, SYSTEM + " q1", release := asyncio.Event(), got))
+    await started(busy)
+    gpu.slots[0].ends_at = 5.0  # its request runs another 5 s
+    assert not gpu.worth_queueing(SYSTEM + " q2", 0, 0)
+    release.set()
+    await busy
