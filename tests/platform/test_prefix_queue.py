@@ -1,5 +1,5 @@
 """A task waits at the llama.cpp replica holding its prefix, past its slots, instead of
-spilling to another replica (issue 39): the rule of platform/serve/scheduler/prefix_queue.py
+spilling to another replica (issue 39): the rule of ``prefix_queue`` (platform/serve/scheduler/policy.py)
 on engine slots whose engines answer the planner's estimate as the real one would (the
 estimate itself: tests/engines/openai/test_slot_planner.py; two real llama-server replicas:
 test_llama_fleet.py)."""
@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-from parrot.platform.serve.scheduler.prefix_queue import QUEUE_ROOM, prefix_queue
+from parrot.platform.serve.scheduler.policy import QUEUE_ROOM, prefix_queue
 from parrot.platform.serve.scheduler.slot import EngineSlot
 
 PROMPT = "You are the librarian of a reading room. " * 60 + "Where is the atlas?"

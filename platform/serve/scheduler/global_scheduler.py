@@ -2,7 +2,7 @@
 
 Ready tasks wait in the queue in the policies' order and are placed on an engine as soon as
 one has room for them (its running-task limit and KV tokens, from its pings; a llama.cpp
-replica's queue for the slot holding their prefix: prefix_queue.py). Placing a task makes
+replica's queue for the slot holding their prefix: policy.prefix_queue). Placing a task makes
 its contexts in the engine's tree at once, so the tasks placed right after it (its task
 group, queued tasks sharing its prompt's prefix) go with it: the engine batches their shared
 prefix. A task whose engine is lost runs again elsewhere; a session that goes takes its
@@ -28,8 +28,7 @@ from parrot.platform.serve.contexts.radix import common_prefix
 from parrot.platform.serve.ops.metrics import ServeMetrics
 from parrot.platform.serve.scheduler.fill_ahead import FillAhead
 from parrot.platform.serve.scheduler.health import EngineMonitor, HealthSettings, Ping
-from parrot.platform.serve.scheduler.policy import EngineRoles, SchedulingPolicy
-from parrot.platform.serve.scheduler.prefix_queue import prefix_queue
+from parrot.platform.serve.scheduler.policy import EngineRoles, SchedulingPolicy, prefix_queue
 from parrot.platform.serve.scheduler.prompt import PromptBuilder
 from parrot.platform.serve.scheduler.queue import TaskQueue
 from parrot.platform.serve.scheduler.runner import Requeue, TaskRunner
