@@ -22,7 +22,7 @@ import msgspec
 from parrot.engines.protocol.errors import BadFormatError, BadRequestError
 from parrot.engines.protocol.grammar import check_grammar, offline_registry, to_grammar
 from parrot.wire.chat import ChatTurn
-from parrot.wire.formats import OutputFormat
+from parrot.wire.formats import MAX_PATTERN_CHARS, OutputFormat
 from parrot.wire.openai_schemas import (
     ChatCompletionRequest,
     JsonObjectFormat,
@@ -93,13 +93,27 @@ def output_format(req, tools: ToolPlan | None = None, syntax: ToolSyntax = GENER
                 'response_format cannot be combined with tools (unless tool_choice is "none"): '
                 "the answer is a tool call or text"
             )
-        return syntax.output_format(tools)
+        return _tool_format(syntax, tools)
     if isinstance(asked, JsonObjectFormat):
         return OutputFormat(json_object=True)
     if isinstance(asked, JsonSchemaFormat):
         check_schema(asked.json_schema.schema, "response_format.json_schema.schema")
         return OutputFormat(json_schema=asked.json_schema.schema)
     return None
+
+
+def _tool_format(syntax: ToolSyntax, tools: ToolPlan) -> OutputFormat:
+    """The constraint of a tool answer; a grammar of the model's syntax carries every
+    callable tool's schema, and must fit the wire's bound on a grammar (as a schema fits
+    ``--max-format-chars``)."""
+    fmt = syntax.output_format(tools)
+    if fmt.grammar is not None and len(fmt.grammar) > MAX_PATTERN_CHARS:
+        raise BadRequestError(
+            f"tools: their schemas make a grammar of {len(fmt.grammar)} characters in the model's "
+            f"tool syntax ({syntax.name}), over the limit of {MAX_PATTERN_CHARS}: offer fewer or "
+            "smaller tools"
+        )
+    return fmt
 
 
 def sampling_params(

@@ -6,10 +6,13 @@ from __future__ import annotations
 import http.server
 import threading
 
+import msgspec
 import pytest
 
 from parrot.engines.protocol.errors import BadFormatError, BadRequestError
-from parrot.engines.protocol.openai_requests import check_schema
+from parrot.engines.protocol.openai_requests import check_schema, read_chat, sampling_params
+from parrot.wire.openai_schemas import ChatCompletionRequest
+from parrot.wire.tool_syntax import SYNTAXES
 
 
 @pytest.fixture
@@ -69,3 +72,22 @@ def test_bad_schemas_name_the_field(schema, error, message):
     with pytest.raises(error, match=message):
         check_schema(schema, "f")
     check_schema({"type": "object", "properties": {"a": {"$ref": "#/$defs/A"}}, "$defs": {"A": {}}}, "f")
+
+
+def test_tools_too_large_for_a_grammar_of_the_models_syntax_are_a_400_that_says_so():
+    """A model's own tool syntax is a grammar with every tool's schema inside; past the
+    wire's bound on a grammar the request is refused, naming the cause (the generic format's
+    schema is bounded by ``--max-format-chars`` in the engine)."""
+    properties = {f"field_{i}": {"type": "string", "description": "x" * 200} for i in range(40)}
+    parameters = {"type": "object", "properties": properties}
+    tools = [
+        {"type": "function", "function": {"name": f"tool_{n}", "parameters": parameters}} for n in range(10)
+    ]
+    asked = msgspec.convert(
+        {"messages": [{"role": "user", "content": "Hi"}], "tools": tools}, ChatCompletionRequest
+    )
+    chat = read_chat(asked)
+    too_large = r"tools: their schemas make a grammar of \d+ characters .*\(hermes\)"
+    with pytest.raises(BadRequestError, match=too_large):
+        sampling_params(asked, 16, chat.tools, SYNTAXES["hermes"])
+    assert sampling_params(asked, 16, chat.tools).format.json_schema is not None  # generic: a schema
