@@ -199,7 +199,9 @@ def test_a_burst_of_500_variable_streams_does_not_stall_the_server(tmp_path):
     """Issue 37 (9): ``/healthz`` took 5.5 s once during a burst of 500 stream connections.
     500 followers of variables of 5 sessions open at once (what the per-session and
     per-client caps refuse is a 429), then every variable set: each accepted stream gets
-    its value, and ``/healthz`` keeps answering (measured: p99 14 ms, max 0.17 s)."""
+    its value, and ``/healthz`` keeps answering (measured: p99 14 ms, max 0.17 s). Measured
+    again, up to ``ATTEMPTS`` bursts, while the p99 is over ``STALL_S``: a stall by the
+    burst repeats, a hiccup of the host does not (CI once saw one 1,085 ms probe of ~50)."""
     from fake_engine.process import FakeEngineProcess
 
     engine = FakeEngineProcess()
@@ -209,15 +211,18 @@ def test_a_burst_of_500_variable_streams_does_not_stall_the_server(tmp_path):
     process = ParrotProcess([*args, "--no-dashboard"], {**os.environ, "PARROT_ADMIN_TOKEN": "admin"})
     try:
         process.wait_ready(lambda: httpx.get(f"{url}/healthz", timeout=2).status_code == 200, "serve")
-        outcome: list = []
+        p99s: list[float] = []
+        while len(p99s) < ATTEMPTS and not (p99s and p99s[-1] < STALL_S):
+            outcome: list = []
 
-        def burst() -> None:
-            outcome.extend(asyncio.run(follow_all(url, streams=500, sessions=5)))
+            def burst(outcome: list = outcome) -> None:
+                outcome.extend(asyncio.run(follow_all(url, streams=500, sessions=5)))
 
-        latencies = probe_while(f"{url}/healthz", burst, threading.Event())
-        kinds = sorted(set(map(str, outcome)))
-        assert outcome.count("value") >= 256 and set(outcome) <= {"value", 429}, kinds
-        assert percentile(latencies, 0.99) < STALL_S, ms(sorted(latencies)[-5:])
+            latencies = probe_while(f"{url}/healthz", burst, threading.Event())
+            kinds = sorted(set(map(str, outcome)))
+            assert outcome.count("value") >= 256 and set(outcome) <= {"value", 429}, kinds
+            p99s.append(percentile(latencies, 0.99))
+        assert p99s[-1] < STALL_S, ms(p99s)
     finally:
         process.kill()
         engine.kill()
