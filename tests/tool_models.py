@@ -56,6 +56,8 @@ def write_tool_model(folder: Path, family: str) -> Path:
     import torch
     import transformers
 
+    from benchmarks.random_llama import SIZES
+
     spec = FAMILIES[family]
     tokenizer = transformers.AutoTokenizer.from_pretrained(str(ASSETS), gguf_file=spec.vocab)
     tokenizer.chat_template = (ASSETS / "templates" / spec.template).read_text()
@@ -66,11 +68,7 @@ def write_tool_model(folder: Path, family: str) -> Path:
     tokenizer.save_pretrained(folder)
     config = transformers.LlamaConfig(
         vocab_size=len(tokenizer),
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
+        **SIZES["tiny"],  # the benchmarks' tiny proxy model, as tests/tiny_model.py
         max_position_embeddings=8192,
         tie_word_embeddings=True,
         bos_token_id=eos,

@@ -199,11 +199,16 @@ def read_chat(req: ChatCompletionRequest) -> Chat:
 
 
 def read_tools(
-    tools: list[ToolDefinition] | None, tool_choice: ToolChoice | None, parallel: bool
+    tools: list[ToolDefinition] | None,
+    tool_choice: ToolChoice | None,
+    parallel: bool,
+    check_schemas: bool = True,
 ) -> ToolPlan | None:
-    """The tool plan of a request's tool fields, its schemas checked."""
+    """The tool plan of a request's tool fields, its schemas checked (``check_schemas``
+    False: by whoever sent them on, as the ServeCore did before it asks an engine to
+    render the chat)."""
     functions = [t.function for t in tools or ()]
-    for index, tool in enumerate(functions):
+    for index, tool in enumerate(functions if check_schemas else ()):
         if tool.parameters is not None:
             check_schema(tool.parameters, f"tools[{index}].function.parameters")
     try:

@@ -146,7 +146,9 @@ class EngineAPI(Controller):
     async def render_chat(self, data: JSONBody[RenderChatRequest], engine: EngineDep) -> RenderChatResponse:
         """The model's chat template applied for a ServeCore, in message-boundary pieces;
         tools and tool turns in the model's tool syntax, which the answer names."""
-        plan = read_tools(data.tools, data.tool_choice, data.parallel_tool_calls)
+        # The schemas were checked by the ServeCore's front; the answer's constraint is
+        # compiled when it is generated. Rendering needs the plan only.
+        plan = read_tools(data.tools, data.tool_choice, data.parallel_tool_calls, check_schemas=False)
         syntax = tool_syntax(engine)
         chat = Chat(data.messages, plan).render(syntax)
         pieces = await text_work.chat_prompt_pieces(engine.tokenizer, chat)
