@@ -6,7 +6,7 @@ import asyncio
 import logging
 import os
 from collections.abc import AsyncIterator, Mapping, Sequence
-from contextlib import AbstractAsyncContextManager, asynccontextmanager, nullcontext
+from contextlib import asynccontextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass
 from pathlib import Path
@@ -112,10 +112,19 @@ class Store:
             finally:
                 _batch.reset(token)
 
-    def _begin(self) -> AbstractAsyncContextManager[AsyncSession]:
+    @asynccontextmanager
+    async def _begin(self) -> AsyncIterator[AsyncSession]:
         """A write's transaction: the batch's, inside :meth:`batch`, else one of its own."""
         db = _batch.get()
-        return self._sessions.begin() if db is None else nullcontext(db)
+        if db is None:
+            async with self._sessions.begin() as own:
+                yield own
+            return
+        yield db
+        # Sent now, in the order written: at the commit the unit of work would order the
+        # rows of unrelated mappers its own way (a session's calls before the session: a
+        # foreign key fails, and the whole batch falls back to a commit per write).
+        await db.flush()
 
     async def _update(self, model: Any, key: Any, key_value: str, **fields: Any) -> int:
         async with self._begin() as db:

@@ -50,3 +50,42 @@ async def test_unreachable_engine():
             await client.ping()
     finally:
         await client.aclose()
+
+
+async def test_an_answer_longer_than_a_read_buffer_streams_whole(fake_engine):
+    """The last event of a long answer carries all of it (here ~100 KiB on one line): the
+    client splits the stream into lines itself, with no limit on a line's length."""
+    fake_engine.engine.max_model_len = 30_000
+    client = HttpEngine(fake_engine.url)
+    try:
+        sampling = SamplingParams(max_tokens=20_000, temperature=0.0, ignore_eos=True)
+        events = [e async for e in client.generate_stream(1, sampling, text="a long answer")]
+        end = events[-1]
+        assert isinstance(end, StreamEnd) and len(end.token_ids) == 20_000
+        assert "".join(e.text for e in events[:-1]) == end.text and len(end.text) > 16_000
+    finally:
+        await client.aclose()
+
+
+@pytest.fixture
+def http_server_answering_json():
+    """A server that answers a generation with JSON (a proxy's page, another server)."""
+    from litestar import Litestar, post
+    from servers import ServerThread
+
+    @post("/generate_stream", status_code=200)
+    async def not_a_stream() -> dict:
+        return {"hello": "world"}
+
+    with ServerThread(Litestar([not_a_stream])) as server:
+        yield server.url
+
+
+async def test_an_engine_that_answers_no_event_stream_is_reported(http_server_answering_json):
+    client = HttpEngine(http_server_answering_json)
+    try:
+        with pytest.raises(EngineUnavailableError, match="sent no event stream .application/json."):
+            async for _ in client.generate_stream(1, SamplingParams(max_tokens=2), text="x"):
+                pass
+    finally:
+        await client.aclose()

@@ -12,6 +12,7 @@ from parrot.platform.serve.calls.service import Binding, CallRequest
 from parrot.platform.serve.core import ServeCore
 from parrot.platform.serve.errors import StoreError
 from parrot.platform.serve.journal import Journal
+from parrot.platform.store.models import call_record, var_record
 from parrot.platform.store.store import Store, sqlite_url
 
 
@@ -100,6 +101,39 @@ async def test_writes_queued_together_are_committed_together(tmp_path):
         assert sorted(r.session_id for r in stored) == sorted(f"s{i}" for i in range(50))
         seven = next(r for r in stored if r.session_id == "s7")
         assert seven.last_active_at > seven.created_at  # applied after its creation
+    finally:
+        await journal.stop()
+        await store.close()
+
+
+@pytest.mark.asyncio(loop_scope="function")
+async def test_sessions_with_their_calls_and_states_commit_together(tmp_path):
+    """Rows of several tables in one batch go in the order written: the unit of work would
+    insert a session's calls before the session (a foreign key fails, and every write of
+    the batch then took a commit of its own: concurrent applications, every time)."""
+    store = Store(sqlite_url(tmp_path))
+    await store.migrate()
+    commits, batches_undone = [], []
+    event.listen(store.engine.sync_engine, "commit", lambda _conn: commits.append(1))
+    event.listen(store.engine.sync_engine, "rollback", lambda _conn: batches_undone.append(1))
+    journal = Journal(store)
+    journal.start()
+    try:
+        writes = []
+        for app in range(4):
+            sid = f"app{app}"
+            call = call_record(f"call-{app}", sid, app, "Write {{code}}", [])
+            writes.append(journal.record(lambda s, sid=sid: s.add_session(sid, "hash")))
+            writes.append(
+                journal.record(lambda s, sid=sid, c=call: s.add_calls([c], [var_record(f"v{sid}", sid, "code")]))
+            )
+            writes.append(journal.record(lambda s, c=call: s.update_call(c.call_id, state="running")))
+            writes.append(journal.record(lambda s, sid=sid: s.set_var_value(f"v{sid}", "def f(): ...")))
+        await journal.commit(*writes)
+        assert len(commits) == 1 and not batches_undone
+        stored = await store.snapshot()
+        assert sorted(c.state for c in stored.calls) == ["running"] * 4
+        assert sorted(v.value for v in stored.vars) == ["def f(): ..."] * 4
     finally:
         await journal.stop()
         await store.close()

@@ -5,13 +5,14 @@ A remote builtin engine and an in-process OpenAI engine are used the same way.
 
 from __future__ import annotations
 
+import asyncio
+import base64
 import json
 from collections.abc import AsyncIterator, Sequence
 from typing import Protocol
 
-import httpx
+import aiohttp
 import msgspec
-from httpx_sse import EventSource, SSEError
 
 from parrot.engines.protocol.errors import EngineUnavailableError, ParrotError
 from parrot.engines.protocol.schemas import (
@@ -102,33 +103,46 @@ def _checkpoints(marks: Checkpoints) -> list[Checkpoint]:
 
 
 class HttpEngine:
-    """A builtin engine (``parrot engine``) reached over HTTP."""
+    """A builtin engine (``parrot engine``) reached over HTTP.
+
+    On aiohttp rather than httpx: every call of the ServeCore is a streamed generation
+    here, and aiohttp (its HTTP parser in C) took 1.2 ms of CPU for a generation and its
+    abort where httpx and httpx-sse took 3.0 (100 of each, alternating, against a tiny
+    engine; docs/benchmarks.md): the ServeCore shares its cores with the engines."""
 
     def __init__(self, base_url: str, timeout_s: float = 600.0, ping_timeout_s: float = 2.0) -> None:
         self.public_url = public_url(base_url)  # for messages: without credentials
         # Credentials in the URL (an engine behind a proxy with Basic auth) go to the client
         # as its auth, so they are in no URL it logs.
         self.base_url, credentials = split_credentials(base_url.rstrip("/"))
+        self._headers = {"Authorization": _basic_auth(*credentials)} if credentials else None
         self.ping_timeout_s = ping_timeout_s
-        # Generations may take long: a hung engine is found by its pings, not by this timeout.
-        limits = httpx.Limits(max_connections=2048, max_keepalive_connections=256)
-        self._client = httpx.AsyncClient(
-            base_url=self.base_url,
-            timeout=timeout_s,
-            limits=limits,
-            auth=httpx.BasicAuth(*credentials) if credentials else None,
-        )
+        # Generations may take long: a hung engine is found by its pings, not by this timeout
+        # (it bounds connecting and each wait for data, as httpx's did).
+        self._timeout = aiohttp.ClientTimeout(total=None, connect=timeout_s, sock_read=timeout_s)
+        self._session: aiohttp.ClientSession | None = None  # made on the event loop that uses it
+
+    def _http(self) -> aiohttp.ClientSession:
+        if self._session is None or self._session.closed:
+            connector = aiohttp.TCPConnector(limit=2048, limit_per_host=0)
+            self._session = aiohttp.ClientSession(
+                connector=connector, timeout=self._timeout, headers=self._headers
+            )
+        return self._session
+
+    def _unreachable(self, error: BaseException) -> EngineUnavailableError:
+        return EngineUnavailableError(f"engine {self.public_url} unreachable: {error!r}")
 
     async def _post(self, path: str, body: msgspec.Struct) -> bytes:
         try:
-            r = await self._client.post(
-                path, content=msgspec.json.encode(body), headers={"content-type": "application/json"}
-            )
-        except httpx.TransportError as error:
-            raise EngineUnavailableError(f"engine {self.public_url} unreachable: {error!r}") from error
-        if r.status_code >= 400:
-            raise _engine_error(r.status_code, r.content, self.public_url)
-        return r.content
+            data = msgspec.json.encode(body)
+            async with self._http().post(self.base_url + path, data=data, headers=_JSON) as r:
+                content = await r.read()
+        except _TRANSPORT_ERRORS as error:
+            raise self._unreachable(error) from error
+        if r.status >= 400:
+            raise _engine_error(r.status, content, self.public_url)
+        return content
 
     async def fill(
         self,
@@ -178,31 +192,29 @@ class HttpEngine:
     async def generate_stream(self, context_id, sampling, parent_context_id=None, **kw):
         body = self._generate_body(context_id, sampling, parent_context_id, **kw)
         try:
-            async with self._client.stream(
-                "POST",
-                "/generate_stream",
-                content=msgspec.json.encode(body),
-                headers={"content-type": "application/json"},
+            async with self._http().post(
+                self.base_url + "/generate_stream", data=msgspec.json.encode(body), headers=_JSON
             ) as r:
-                if r.status_code >= 400:
-                    raise _engine_error(r.status_code, await r.aread(), self.public_url)
+                if r.status >= 400:
+                    raise _engine_error(r.status, await r.read(), self.public_url)
+                if r.content_type != "text/event-stream":
+                    kind = r.content_type or "no content type"
+                    raise EngineUnavailableError(f"engine {self.public_url} sent no event stream ({kind})")
                 end = None
-                async for event in EventSource(r).aiter_sse():
-                    if event.event == "error":  # the job failed after its first token
-                        error = msgspec.json.decode(event.data)
+                async for name, data in _events(r.content):
+                    if name == "error":  # the job failed after its first token
+                        error = msgspec.json.decode(data)
                         raise error_for(error["status"], error["code"], error["message"])
-                    if event.event == "end":
+                    if name == "end":
                         # Read on to the response's end (it ends here): a response left
                         # unread closes its connection, and the next request opens one.
-                        end = msgspec.json.decode(event.data, type=StreamEnd)
+                        end = msgspec.json.decode(data, type=StreamEnd)
                         continue
-                    yield msgspec.json.decode(event.data, type=TokenStreamEvent)
+                    yield msgspec.json.decode(data, type=TokenStreamEvent)
             if end is not None:
                 yield end
-        except SSEError as error:
-            raise EngineUnavailableError(f"engine {self.public_url} sent no event stream: {error}") from None
-        except httpx.TransportError as error:
-            raise EngineUnavailableError(f"engine {self.public_url} unreachable: {error!r}") from error
+        except _TRANSPORT_ERRORS as error:
+            raise self._unreachable(error) from error
 
     async def abort(self, context_ids: list[int]) -> AbortResponse:
         raw = await self._post("/abort", AbortRequest(context_ids=list(context_ids)))
@@ -224,26 +236,61 @@ class HttpEngine:
     async def tokenizer_json(self) -> str | None:
         """The engine's ``tokenizer.json`` (None when it has none)."""
         try:
-            r = await self._client.get("/tokenizer")
-        except httpx.TransportError as error:
-            raise EngineUnavailableError(f"engine {self.public_url} unreachable: {error!r}") from error
-        return r.text if r.status_code == 200 else None
+            async with self._http().get(self.base_url + "/tokenizer") as r:
+                return await r.text() if r.status == 200 else None
+        except _TRANSPORT_ERRORS as error:
+            raise self._unreachable(error) from error
 
     async def render_chat(self, chat: RenderChatRequest) -> RenderChatResponse:
         raw = await self._post("/render_chat", chat)
         return msgspec.json.decode(raw, type=RenderChatResponse)
 
     async def ping(self, timeout_s: float | None = None) -> dict:
+        timeout = aiohttp.ClientTimeout(total=timeout_s or self.ping_timeout_s)
         try:
-            r = await self._client.get("/ping", timeout=timeout_s or self.ping_timeout_s)
-        except httpx.TransportError as error:
-            raise EngineUnavailableError(f"engine {self.public_url} unreachable: {error!r}") from error
-        if r.status_code >= 400:
-            raise _engine_error(r.status_code, r.content, self.public_url)
-        return r.json()
+            async with self._http().get(self.base_url + "/ping", timeout=timeout) as r:
+                content = await r.read()
+        except _TRANSPORT_ERRORS as error:
+            raise self._unreachable(error) from error
+        if r.status >= 400:
+            raise _engine_error(r.status, content, self.public_url)
+        return json.loads(content)
 
     async def aclose(self) -> None:
-        await self._client.aclose()
+        if self._session is not None:
+            await self._session.close()
+
+
+_JSON = {"content-type": "application/json"}
+
+
+def _basic_auth(user: str, password: str) -> str:
+    return "Basic " + base64.b64encode(f"{user}:{password}".encode()).decode()
+# A refused or lost connection, or a timeout (aiohttp's timeouts are asyncio's TimeoutError).
+_TRANSPORT_ERRORS = (aiohttp.ClientError, asyncio.TimeoutError)
+
+
+async def _events(body: aiohttp.StreamReader) -> AsyncIterator[tuple[str, bytes]]:
+    """(event name, data) of a server-sent event stream as the engine writes it
+    (engines/protocol/event_stream.py): ``event:`` and ``data:`` lines, a blank line after
+    each event; an unnamed event is ``message``, data lines are joined by newlines. Lines
+    are split here, from chunks as they come: aiohttp's line reader refuses a line over
+    64 KiB, and a long output's last event is longer."""
+    name, data, rest = "message", [], b""
+    async for chunk in body.iter_any():
+        *lines, rest = (rest + chunk).split(b"\n")
+        for raw in lines:
+            line = raw.rstrip(b"\r")
+            if not line:
+                if data:
+                    yield name, b"\n".join(data)
+                name, data = "message", []
+            elif line.startswith(b"data:"):
+                data.append(line[6:] if line[5:6] == b" " else line[5:])
+            elif line.startswith(b"event:"):
+                name = line[6:].strip().decode()
+    if data:
+        yield name, b"\n".join(data)
 
 
 def _engine_error(status: int, content: bytes, url: str) -> ParrotError:
