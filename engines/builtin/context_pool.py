@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import time
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
@@ -188,9 +188,10 @@ class ContextPool:
         self.orphans.pop(ctx.context_id, None)
 
     # -- sequence state ----------------------------------------------------------------------
-    def admit(self, ctx: Context, token_ids: Sequence[int]) -> None:
-        """A job starts on the context: make it (fork it now) and append the job's tokens."""
-        self.materialize(ctx)
+    def admit(self, ctx: Context, token_ids: Sequence[int], writing: Mapping[int, int] | None = None) -> None:
+        """A job starts on the context: make it (fork it now) and append the job's tokens.
+        ``writing``: ``id(context)`` -> its length once the step being built is computed."""
+        self.materialize(ctx, writing)
         ctx.token_ids.extend(token_ids)
 
     def append_token(self, ctx: Context, token: int) -> None:
@@ -206,33 +207,46 @@ class ContextPool:
             ctx.last_hidden = last_hidden
         self.register_full_blocks(ctx)
 
-    def materialize(self, ctx: Context) -> None:
-        """Make the fork (or the root) real: from now on it owns blocks."""
+    def materialize(self, ctx: Context, writing: Mapping[int, int] | None = None) -> None:
+        """Make the fork (or the root) real: from now on it owns blocks. ``writing`` (see
+        :meth:`admit`) lets a fork share the blocks its parent writes in the step it joins.
+        A checkpoint not made yet stands for its prompt's first tokens: a fork of it forks
+        that prompt (the checkpoint is made after the step, as always)."""
         if ctx.materialized:
             return
         parent = ctx.parent
         if parent is not None:
+            length = ctx.parent_len
+            if not parent.materialized and parent.parent is not None and parent.parent_len is not None:
+                length = parent.parent_len if length is None else length
+                parent = parent.parent
             if parent.freed:
                 raise ContextFreedError(
                     f"parent context {parent.context_id} was freed before context "
                     f"{ctx.context_id} could fork from it"
                 )
-            length = len(parent.token_ids) if ctx.parent_len is None else ctx.parent_len
+            length = len(parent.token_ids) if length is None else length
             if length > len(parent.token_ids):
                 raise ContextFreedError(
                     f"parent context {parent.context_id} has {len(parent.token_ids)} tokens, fewer than "
                     f"the {length} that context {ctx.context_id} forks from"
                 )
-            self._fork(parent, ctx, length)
+            self._fork(parent, ctx, length, (writing or {}).get(id(parent), 0))
         ctx.parent = None
         ctx.materialized = True
 
-    def _fork(self, parent: Context, child: Context, length: int) -> None:
+    def _fork(self, parent: Context, child: Context, length: int, writing: int = 0) -> None:
         """The child starts as the parent's first ``length`` tokens: the full blocks among them
-        shared by reference, a partial last block copied (blocks are never written by two)."""
+        shared by reference, a partial last block copied (blocks are never written by two).
+        Blocks the parent fills in the step the child joins (up to ``writing`` tokens) are
+        shared too: each layer stores a step's keys and values before any row attends, so
+        the child reads them in that step (users behind a system prompt start with the first
+        one, not a step later). The child computes the prefix's last token itself then."""
         bs = self.block_size
         computed = min(parent.num_computed, length)
         full = computed // bs
+        if min(writing, length) > computed:
+            full = max(full, min(writing, length - 1) // bs)
         child.token_ids = parent.token_ids[:length] + child.token_ids
         for block in parent.blocks[:full]:
             self.blocks.acquire(block)
@@ -240,7 +254,7 @@ class ContextPool:
         child.block_hashes = parent.block_hashes[:full]
         child.num_computed = full * bs
         partial = computed - full * bs
-        if partial:
+        if partial > 0:
             block = self.blocks.allocate()
             if block is not None:  # copy the parent's partial block; else recompute it later
                 self._copy_slots(parent.blocks[full], block, partial)

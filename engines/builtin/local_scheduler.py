@@ -95,6 +95,8 @@ class LocalScheduler:
         self.num_preemptions = 0
         self._admit_counter = 0
         self._prefill_left: int | None = None  # prompt tokens the step may still take (None: any)
+        # id(context) -> its length once the step being built is computed (forks share it)
+        self._writing: dict[int, int] = {}
         self.step_counter = 0
 
     def add(self, job: Job) -> None:
@@ -129,6 +131,7 @@ class LocalScheduler:
         items: list[StepItem] = []
         budget = cfg.max_batched_tokens
         self._prefill_left = None
+        self._writing = {}
         for lvl in (URGENT, NORMAL, BACKGROUND):
             max_seqs, allowance = cfg.max_running, budget
             if urgent and lvl == NORMAL:  # beside latency-critical work the step stays small
@@ -176,24 +179,32 @@ class LocalScheduler:
                 continue
             if not self._make_room(ctx, ctx.num_computed + n, job):
                 continue  # the job itself was preempted
-            items.append(
-                StepItem(ctx, ctx.num_computed, n, sample=job.kind is JobKind.GENERATE and n == pending)
-            )
+            self._put(items, job, pending, n)
             budget = self._spend(job, pending, n, budget)
         return budget
 
+    def _put(self, items: list[StepItem], job: Job, pending: int, n: int) -> None:
+        """``n`` of the job's ``pending`` tokens in the step (it samples once they are all)."""
+        ctx = job.context
+        items.append(StepItem(ctx, ctx.num_computed, n, sample=job.kind is JobKind.GENERATE and n == pending))
+        if n:
+            self._writing[id(ctx)] = ctx.num_computed + n
+
     def _can_fork(self, ctx: Context, first_waiting: dict[int, int], job: Job) -> bool:
-        """A new context may fork its parent once the tokens it takes are computed, or the
-        parent has nothing left to do before this job (then it forks what there is)."""
+        """A new context may fork its parent once the tokens it takes are computed, or are
+        written in the step being built (it reads them in that step: ContextPool._fork), or
+        the parent has nothing left to do before this job (then it forks what there is). A
+        checkpoint not made yet is its prompt's first tokens."""
         parent = ctx.parent
         if parent is None:
             return ctx.parent_id is None or ctx.materialized  # else: its parent is not there yet
         if not parent.materialized:
-            return False
+            prompt, need = parent.parent, ctx.parent_len or parent.parent_len
+            return prompt is not None and need is not None and self._writing.get(id(prompt), 0) >= need
         idle = not parent.busy and first_waiting.get(id(parent), job.seq) >= job.seq
         if ctx.parent_len is None:
             return idle
-        return idle or parent.num_computed >= ctx.parent_len
+        return idle or ctx.parent_len <= max(parent.num_computed, self._writing.get(id(parent), 0))
 
     def _admit(self, items: list[StepItem], budget: int, max_seqs: int, lvl: int) -> int:
         """Admit waiting jobs of one level in order; returns the budget left."""
@@ -218,7 +229,7 @@ class LocalScheduler:
                 continue  # jobs of one context run in submission order
             if not job.prepared:  # its first admission: make the context, append the tokens
                 try:
-                    self.pool.admit(ctx, job.fill_tokens)
+                    self.pool.admit(ctx, job.fill_tokens, self._writing)
                 except ParrotError as error:  # e.g. its parent was freed
                     self.waiting.remove(job)
                     self.rejected.append((job, error))
@@ -248,9 +259,7 @@ class LocalScheduler:
             job.admitted_seq = self._admit_counter
             self.running.append(job)
             if n or job.kind is JobKind.GENERATE:
-                items.append(
-                    StepItem(ctx, ctx.num_computed, n, sample=job.kind is JobKind.GENERATE and n == pending)
-                )
+                self._put(items, job, pending, n)
             budget = self._spend(job, pending, n, budget)
         return budget
 
