@@ -6,7 +6,7 @@ import asyncio
 import logging
 import os
 from collections.abc import AsyncIterator, Mapping, Sequence
-from contextlib import asynccontextmanager
+from contextlib import AbstractAsyncContextManager, asynccontextmanager, nullcontext
 from contextvars import ContextVar
 from dataclasses import dataclass
 from pathlib import Path
@@ -112,19 +112,10 @@ class Store:
             finally:
                 _batch.reset(token)
 
-    @asynccontextmanager
-    async def _begin(self) -> AsyncIterator[AsyncSession]:
+    def _begin(self) -> AbstractAsyncContextManager[AsyncSession]:
         """A write's transaction: the batch's, inside :meth:`batch`, else one of its own."""
         db = _batch.get()
-        if db is None:
-            async with self._sessions.begin() as own:
-                yield own
-            return
-        yield db
-        # Sent now, in the order written: at the commit the unit of work would order the
-        # rows of unrelated mappers its own way (a session's calls before the session: a
-        # foreign key fails, and the whole batch falls back to a commit per write).
-        await db.flush()
+        return self._sessions.begin() if db is None else nullcontext(db)
 
     async def _update(self, model: Any, key: Any, key_value: str, **fields: Any) -> int:
         # On the table, not the mapped class: an ORM update also looks for the rows among
@@ -149,6 +140,7 @@ class Store:
         )
         async with self._begin() as db:
             db.add(record)
+            await db.flush()  # see add_calls
         return record
 
     async def get_session(self, session_id: str) -> SessionRecord | None:
@@ -173,6 +165,7 @@ class Store:
         """Variables' records (from :func:`var_record`), in one transaction."""
         async with self._begin() as db:
             db.add_all(records)
+            await db.flush()  # see add_calls
 
     async def set_var_value(self, var_id: str, value: str) -> bool:
         return (
@@ -215,6 +208,10 @@ class Store:
         :func:`var_record`), in one transaction."""
         async with self._begin() as db:
             db.add_all([*new_vars, *calls])
+            # Sent now: in a batch (Store.batch), the unit of work would insert the rows at
+            # the commit in an order of its own, the calls of a session before the session
+            # (a foreign key failed, and every write of the batch then took a commit).
+            await db.flush()
 
     async def update_call(self, call_id: str, **fields: Any) -> bool:
         return await self._update(CallRecord, CallRecord.call_id, call_id, **fields) > 0
