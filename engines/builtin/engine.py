@@ -48,7 +48,7 @@ from parrot.engines.protocol.schemas import (
 from parrot.wire.sampling import SamplingParams
 
 log = logging.getLogger(__name__)
-GATHER_S = 0.003  # an idle engine's wait for more work before its first step (see _loop)
+GATHER_S, GATHER_MAX_S = 0.003, 0.010  # an idle engine's wait for more work (see _loop)
 T = TypeVar("T")
 Reply = TypeVar("Reply", GenerateResponse, StreamEnd)
 
@@ -153,7 +153,7 @@ class BuiltinEngine:
             return
         finally:
             self._ready.set()
-        busy, gather_until = False, None
+        busy, gather_first = False, None
         while True:
             ran = False
             while True:
@@ -170,15 +170,16 @@ class BuiltinEngine:
                 else:
                     if reply:
                         self._outbox.post([(sink, Final(result))])
-            # Work arrived at an idle engine: what else arrives within GATHER_S joins it, so
-            # requests sent together (a DAG's ready calls, concurrent clients) start in one
-            # batched prefill rather than a step each (a prefill takes far longer).
+            # Work came to an idle engine: what comes while requests keep coming (each within
+            # GATHER_S of the last, up to GATHER_MAX_S) joins it: requests sent together (a
+            # DAG's ready calls, consumers of calls ended in one step) start in one prefill.
             if ran and not busy and self.core.has_work():
-                gather_until = gather_until or time.monotonic() + GATHER_S
-                if self._wake.wait(timeout=max(0.0, gather_until - time.monotonic())):
+                now = time.monotonic()
+                gather_first = gather_first or now
+                if self._wake.wait(timeout=max(0.0, min(now + GATHER_S, gather_first + GATHER_MAX_S) - now)):
                     self._wake.clear()
                     continue
-            gather_until = None
+            gather_first = None
             if self._stopping:
                 self.core.fail_all(EngineShutdownError("the engine is shutting down"))
                 self._outbox.deliver()
@@ -203,8 +204,7 @@ class BuiltinEngine:
         self._snapshot = (time.monotonic(), self.core.snapshot())
 
     def _submit(self, fn: Callable[..., Any], args: tuple, sink: JobSink | None, reply: bool) -> None:
-        """Run ``fn(*args)`` on the engine thread, between steps; its error, or with
-        ``reply`` its result, goes to ``sink``."""
+        """``fn(*args)`` on the engine thread between steps; its error (and result) to ``sink``."""
         if self._stopping or self._thread is None:
             raise EngineShutdownError("the engine is not running")
         self._commands.put((fn, args, sink, reply))

@@ -124,9 +124,8 @@ async def test_sessions_with_their_calls_and_states_commit_together(tmp_path):
             sid = f"app{app}"
             call = call_record(f"call-{app}", sid, app, "Write {{code}}", [])
             writes.append(journal.record(lambda s, sid=sid: s.add_session(sid, "hash")))
-            writes.append(
-                journal.record(lambda s, sid=sid, c=call: s.add_calls([c], [var_record(f"v{sid}", sid, "code")]))
-            )
+            var = var_record(f"v{sid}", sid, "code")
+            writes.append(journal.record(lambda s, c=call, v=var: s.add_calls([c], [v])))
             writes.append(journal.record(lambda s, c=call: s.update_call(c.call_id, state="running")))
             writes.append(journal.record(lambda s, sid=sid: s.set_var_value(f"v{sid}", "def f(): ...")))
         await journal.commit(*writes)

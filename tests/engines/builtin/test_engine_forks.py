@@ -10,8 +10,6 @@ import httpx
 import pytest
 from waiting import until
 
-from parrot.wire.sampling import SamplingParams
-
 PROMPT = "<|im_start|>user\nName three birds that live near the sea.<|im_end|>\n<|im_start|>assistant\n"
 
 
@@ -19,6 +17,11 @@ PROMPT = "<|im_start|>user\nName three birds that live near the sea.<|im_end|>\n
 def ids(ids, client):
     """Context ids for one test; every context made with them is freed after it (the engine
     is shared by the whole test session)."""
+    yield from freed_after(ids, client)
+
+
+def freed_after(ids, client: httpx.Client):
+    """The body of an ``ids`` fixture (see above)."""
     made: list[int] = []
 
     class Ids:
@@ -190,43 +193,6 @@ def test_a_checkpoint_is_forked_as_soon_as_its_prefix_is_computed(client, ids, e
 
     asyncio.run(scenario())
     assert finished == ["fork", "prompt"]
-
-
-@pytest.mark.parametrize("length", [37, 48])  # inside a block, on a block edge
-@pytest.mark.parametrize("of", ["checkpoint", "prompt"])
-def test_forks_of_a_checkpoint_join_the_step_that_computes_it(client, ids, engine, length, of):
-    """Users behind one system prompt, sent together (a DAG's ready calls, concurrent
-    apps): the first one's request computes the prompt and checkpoints it, the others fork
-    the checkpoint. They share the blocks the first one writes in that same step and get
-    take), and answer exactly what each prompt answers alone. Forks of the prompt's own
-    context at that length join alike."""
-    system = tokenize(client, PROMPT * 3)[:length]
-    users = [tokenize(client, f"Question {n}: which bird is the loudest?") for n in range(4)]
-    main, cp, *forks = (next(ids) for _ in range(2 + len(users) - 1))
-    sampling = SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True)
-    hold = threading.Event()
-
-    async def together() -> list:
-        # The engine thread waits in a command while the requests queue up behind it: they
-        # reach it together, as requests within its gather window do.
-        engine._submit(hold.wait, (10,), None, reply=False)
-        first = engine.generate(main, sampling, token_ids=system + users[0], checkpoints=[(cp, length)])
-        parent = cp if of == "checkpoint" else main
-        others = [
-            engine.generate(f, sampling, parent, parent_len=length, token_ids=u, parent_timeout_ms=10_000)
-            for f, u in zip(forks, users[1:], strict=True)
-        ]
-        tasks = [asyncio.ensure_future(c) for c in (first, *others)]
-        await asyncio.sleep(0.2)
-        before = engine.core.steps
-        hold.set()
-        results = await asyncio.gather(*tasks)
-        return [engine.core.steps - before, *results]
-
-    steps, *results = asyncio.run(together())
-    assert steps == sampling.max_tokens  # every first token in the first step
-    for result, user in zip(results, users, strict=True):
-        assert list(result.token_ids) == alone(client, ids, system + user, 4)["token_ids"]
 
 
 def test_checkpoints_of_a_failed_job_are_never_made(client, ids):
