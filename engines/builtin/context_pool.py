@@ -2,12 +2,11 @@
 
 All of this lives on the engine thread; nothing here is locked. A context forked from a
 parent shares the parent's full blocks by reference; the parent's partial last block is
-copied (copy-on-write at fork time), so no block with several owners is ever written.
-
-The pool is the one owner of a context's sequence state: it creates and removes contexts,
+copied (copy-on-write at fork time), so no block with several owners is ever written. The
+pool is the one owner of a context's sequence state: it creates and removes contexts,
 tracks their planned lengths, appends their tokens and records what a step computed
-(:meth:`ContextPool.computed`, called by the engine's postprocess step). The local
-scheduler's own marks on a context are ``busy`` and ``last_used``.
+(:meth:`ContextPool.computed`, from the engine's postprocess step). The local scheduler's
+own marks on a context are ``busy`` and ``last_used``.
 """
 
 from __future__ import annotations
@@ -63,6 +62,12 @@ class Context:
     @property
     def num_pending(self) -> int:
         return len(self.token_ids) - self.num_computed
+
+
+def within_fork(ctx: Context, parent: Context) -> bool:
+    """``ctx`` forks only tokens that ``parent`` (a fork) takes from its own parent."""
+    p, q = ctx.parent_len, parent.parent_len
+    return parent.parent is not None and p is not None and q is not None and p <= q
 
 
 class ContextPool:
@@ -189,8 +194,8 @@ class ContextPool:
 
     # -- sequence state ----------------------------------------------------------------------
     def admit(self, ctx: Context, token_ids: Sequence[int], writing: Mapping[int, int] | None = None) -> None:
-        """A job starts on the context: make it (fork it now) and append the job's tokens.
-        ``writing``: ``id(context)`` -> its length once the step being built is computed."""
+        """A job starts on its context: make it, append its tokens (``writing``: id(context)
+        -> its length once the step being built is computed)."""
         self.materialize(ctx, writing)
         ctx.token_ids.extend(token_ids)
 
@@ -208,17 +213,14 @@ class ContextPool:
         self.register_full_blocks(ctx)
 
     def materialize(self, ctx: Context, writing: Mapping[int, int] | None = None) -> None:
-        """Make the fork (or the root) real: from now on it owns blocks. ``writing`` (see
-        :meth:`admit`) lets a fork share the blocks its parent writes in the step it joins.
-        A checkpoint not made yet stands for its prompt's first tokens: a fork of it forks
-        that prompt (the checkpoint is made after the step, as always)."""
+        """Make the fork (or the root) real: it owns blocks from now on (``writing``: see
+        :meth:`admit`). Of a fork not made yet (a checkpoint) it forks what that one takes."""
         if ctx.materialized:
             return
         parent = ctx.parent
         if parent is not None:
             length = ctx.parent_len
-            if not parent.materialized and parent.parent is not None and parent.parent_len is not None:
-                length = parent.parent_len if length is None else length
+            if not parent.materialized and within_fork(ctx, parent):
                 parent = parent.parent
             if parent.freed:
                 raise ContextFreedError(
@@ -237,11 +239,9 @@ class ContextPool:
 
     def _fork(self, parent: Context, child: Context, length: int, writing: int = 0) -> None:
         """The child starts as the parent's first ``length`` tokens: the full blocks among them
-        shared by reference, a partial last block copied (blocks are never written by two).
-        Blocks the parent fills in the step the child joins (up to ``writing`` tokens) are
-        shared too: each layer stores a step's keys and values before any row attends, so
-        the child reads them in that step (users behind a system prompt start with the first
-        one, not a step later). The child computes the prefix's last token itself then."""
+        shared by reference, a partial last block copied (blocks are never written by two);
+        also those the parent fills in the step the child joins (to ``writing``): each layer
+        stores a step's keys before any row attends. The child then computes the last one."""
         bs = self.block_size
         computed = min(parent.num_computed, length)
         full = computed // bs

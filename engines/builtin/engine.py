@@ -204,7 +204,7 @@ class BuiltinEngine:
         self._snapshot = (time.monotonic(), self.core.snapshot())
 
     def _submit(self, fn: Callable[..., Any], args: tuple, sink: JobSink | None, reply: bool) -> None:
-        """``fn(*args)`` on the engine thread between steps; its error (and result) to ``sink``."""
+        """``fn(*args)`` on the engine thread between steps; its error (result if ``reply``) to ``sink``."""
         if self._stopping or self._thread is None:
             raise EngineShutdownError("the engine is not running")
         self._commands.put((fn, args, sink, reply))

@@ -34,7 +34,7 @@ import bisect
 from dataclasses import dataclass
 
 from parrot.engines.builtin.batch import StepItem
-from parrot.engines.builtin.context_pool import Context, ContextPool
+from parrot.engines.builtin.context_pool import Context, ContextPool, within_fork
 from parrot.engines.builtin.jobs import Job, JobKind
 from parrot.engines.protocol.errors import ParrotError
 
@@ -198,9 +198,9 @@ class LocalScheduler:
         parent = ctx.parent
         if parent is None:
             return ctx.parent_id is None or ctx.materialized  # else: its parent is not there yet
-        if not parent.materialized:
-            prompt, need = parent.parent, ctx.parent_len or parent.parent_len
-            return prompt is not None and need is not None and self._writing.get(id(prompt), 0) >= need
+        if not parent.materialized:  # its first tokens are its own parent's, up to its fork
+            prompt, need = parent.parent, ctx.parent_len
+            return within_fork(ctx, parent) and self._writing.get(id(prompt), 0) >= need
         idle = not parent.busy and first_waiting.get(id(parent), job.seq) >= job.seq
         if ctx.parent_len is None:
             return idle

@@ -266,6 +266,8 @@ _JSON = {"content-type": "application/json"}
 
 def _basic_auth(user: str, password: str) -> str:
     return "Basic " + base64.b64encode(f"{user}:{password}".encode()).decode()
+
+
 # A refused or lost connection, or a timeout (aiohttp's timeouts are asyncio's TimeoutError).
 _TRANSPORT_ERRORS = (aiohttp.ClientError, asyncio.TimeoutError)
 

@@ -8,8 +8,13 @@ import asyncio
 import threading
 
 import pytest
+import torch
 from test_engine_forks import PROMPT, alone, freed_after, tokenize
 
+from parrot.engines.builtin.block_manager import BlockManager
+from parrot.engines.builtin.context_pool import Context, ContextPool
+from parrot.engines.builtin.jobs import Job, JobKind
+from parrot.engines.builtin.local_scheduler import LocalScheduler, SchedulerConfig
 from parrot.wire.sampling import SamplingParams
 
 
@@ -80,3 +85,26 @@ def test_requests_that_keep_coming_to_an_idle_engine_start_in_one_step(client, i
         return engine.core.steps - before
 
     assert asyncio.run(burst()) == sampling.max_tokens  # every prompt in the first step
+
+
+def test_a_fork_past_its_unmade_parents_fork_point_waits_for_it():
+    """A fork of a fork not made yet takes the grandparent's blocks only for the tokens its
+    parent takes from there: past that point the parent's own tokens come, so it waits for
+    the parent as before (here the parent is a background fill, scheduled after it)."""
+    contexts = ContextPool(BlockManager(64, 4), torch.zeros(1, 2, 64 * 4, 1, 2))
+    sched = LocalScheduler(SchedulerConfig(max_batched_tokens=64), contexts)
+    prompt = Context(context_id=1)
+    parent = Context(context_id=2, parent=prompt, parent_id=1, parent_len=8)
+    inside = Context(context_id=3, parent=parent, parent_id=2, parent_len=8)
+    past = Context(context_id=4, parent=parent, parent_id=2, parent_len=10)
+    sched.add(Job(JobKind.GENERATE, prompt, None, 1, fill_tokens=list(range(12)), sampling=SamplingParams()))
+    sched.add(Job(JobKind.FILL, parent, None, 2, fill_tokens=[100, 101, 102], background=True))
+    for n, ctx in ((3, inside), (4, past)):
+        sched.add(Job(JobKind.GENERATE, ctx, None, n, fill_tokens=[200 + n], sampling=SamplingParams()))
+    first = {item.context.context_id for item in sched.schedule()}
+    assert {1, 3} <= first and 4 not in first  # the one within the fork point joins the step
+    assert inside.token_ids == [*range(8), 203]
+    while not past.materialized:
+        for item in sched.schedule():
+            item.context.num_computed = item.start + item.num_tokens
+    assert past.token_ids == [*range(8), 100, 101, 204]  # its parent's tokens, not the prompt's
