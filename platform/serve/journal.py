@@ -15,15 +15,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable
-from typing import Any
 
 from parrot.platform.serve.errors import StoreError
-from parrot.platform.store.store import Store
+from parrot.platform.store.store import Store, Write
 
 log = logging.getLogger(__name__)
 
-Write = Callable[[Store], Awaitable[Any]]
 RETRY_DELAYS_S = (0.05, 0.25, 1.0)  # a locked or briefly unavailable database
 MAX_BATCH = 256  # writes in one transaction at most
 
@@ -46,7 +43,8 @@ class Journal:
             self._writer = None
 
     def record(self, write: Write) -> asyncio.Future:
-        """Queue one write (a function of the store); the future settles once it is applied.
+        """Queue one write (a function of the store's statements, run in its transaction:
+        :class:`~parrot.platform.store.writes.StoreWrites`); the future settles once it is applied.
         Without a store nothing is written and the future is already done."""
         done: asyncio.Future = asyncio.get_running_loop().create_future()
         # A write nobody waits for (a background state change) must not leave an exception
@@ -79,7 +77,7 @@ class Journal:
                 for write, done in batch:  # alone, each with its retries
                     for attempt, delay in enumerate((*RETRY_DELAYS_S, None)):
                         try:
-                            await write(store)
+                            await store.write(write)
                             error = None
                             break
                         except Exception as failed:
@@ -107,9 +105,7 @@ class Journal:
         if it failed: nothing of it is stored, and each write is then tried on its own, so
         one bad write fails alone."""
         try:
-            async with store.batch():
-                for write, _ in batch:
-                    await write(store)
+            await store.write(*(write for write, _ in batch))
         except Exception as error:
             log.debug("a batch of %d writes failed (%s); writing them one by one", len(batch), error)
             return False

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from datetime import UTC, datetime
+from typing import Any
 
 from sqlalchemy import JSON, DateTime, ForeignKey, Integer, String, Text
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
@@ -94,15 +95,17 @@ def var_record(
     value: str | None = None,
     content_hash: str | None = None,
     format: dict | None = None,
-) -> VariableRecord:
-    """A variable's record, to add (``format``: a typed variable's format, as JSON)."""
-    return VariableRecord(
+) -> dict[str, Any]:
+    """A variable's row, to add (``format``: a typed variable's format, as JSON). A plain
+    row, not a mapped object: the store inserts it as it is (an object costs its state)."""
+    return dict(
         var_id=var_id,
         session_id=session_id,
         name=name,
         value=value,
         content_hash=content_hash,
         format=format,
+        error=None,
         updated_at=now(),
     )
 
@@ -116,9 +119,9 @@ def call_record(
     models: list[str] | None = None,
     output_criteria: str | None = None,
     timings: dict | None = None,
-) -> CallRecord:
-    """A new call's record, to add (pending)."""
-    return CallRecord(
+) -> dict[str, Any]:
+    """A new call's row, to add (pending)."""
+    return dict(
         call_id=call_id,
         session_id=session_id,
         seq=seq,
@@ -127,6 +130,8 @@ def call_record(
         models=models or [],
         output_criteria=output_criteria,
         state=CallState.PENDING,
+        engine_id=None,
+        error=None,
         timings=timings or {},
         created_at=now(),
     )

@@ -1,13 +1,15 @@
-"""Reading and writing the ServeCore's records. Alembic brings the schema to head first."""
+"""Reading and writing the ServeCore's records. Alembic brings the schema to head first.
+
+Reads are async queries. Writes are :class:`~parrot.platform.store.writes.StoreWrites`
+statements run by :meth:`Store.write`, many in one transaction (see ``writes.py``).
+"""
 
 from __future__ import annotations
 
 import asyncio
 import logging
 import os
-from collections.abc import AsyncIterator, Mapping, Sequence
-from contextlib import AbstractAsyncContextManager, asynccontextmanager, nullcontext
-from contextvars import ContextVar
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -15,8 +17,8 @@ from typing import Any
 from alembic import command
 from alembic.config import Config
 from cryptography.fernet import Fernet
-from sqlalchemy import delete, event, select, update
-from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker, create_async_engine
+from sqlalchemy import Connection, event, select
+from sqlalchemy.ext.asyncio import AsyncEngine, async_sessionmaker, create_async_engine
 
 from parrot.engines.protocol.urls import public_url
 from parrot.platform.serve.calls.state import UNFINISHED
@@ -26,16 +28,15 @@ from parrot.platform.store.models import (
     ServeCoreStateRecord,
     SessionRecord,
     VariableRecord,
-    now,
 )
 from parrot.platform.store.secret_box import SecretBox
+from parrot.platform.store.writes import StoreWrites
 
 log = logging.getLogger(__name__)
 
 MIGRATIONS_DIR = Path(__file__).resolve().parents[2] / "migrations"
 
-# The transaction of the batch (:meth:`Store.batch`) the current task writes in, if any.
-_batch: ContextVar[AsyncSession | None] = ContextVar("parrot_store_batch", default=None)
+Write = Callable[[StoreWrites], Any]  # one write: statements on a transaction's connection
 
 
 def sqlite_url(data_dir: Path) -> str:
@@ -96,98 +97,26 @@ class Store:
     async def close(self) -> None:
         await self.engine.dispose()
 
-    @asynccontextmanager
-    async def batch(self) -> AsyncIterator[None]:
-        """The writes made inside (by this task) go in one transaction: all stored at its
-        end, or none if one of them fails. A commit costs far more than a statement, and
-        the journal has many small writes queued at once (a DAG's calls, their states).
-        Inside a batch, a batch is part of it."""
-        if _batch.get() is not None:
-            yield
-            return
-        async with self._sessions.begin() as db:
-            token = _batch.set(db)
-            try:
-                yield
-            finally:
-                _batch.reset(token)
+    async def write(self, *writes: Write) -> list[Any]:
+        """``writes`` in one transaction, in order: all stored, or none if one raises (its
+        error is raised here). Their results, in order."""
+        async with self.engine.begin() as conn:
+            return await conn.run_sync(self._apply, writes)
 
-    def _begin(self) -> AbstractAsyncContextManager[AsyncSession]:
-        """A write's transaction: the batch's, inside :meth:`batch`, else one of its own."""
-        db = _batch.get()
-        return self._sessions.begin() if db is None else nullcontext(db)
-
-    async def _update(self, model: Any, key: Any, key_value: str, **fields: Any) -> int:
-        # On the table, not the mapped class: an ORM update also looks for the rows among
-        # the session's objects (none here): 0.60 against 0.45 ms a write in a batch
-        # (medians of 4 alternating rounds of 600), for every state change of every call.
-        table = model.__table__
-        async with self._begin() as db:
-            result = await db.execute(update(table).where(table.c[key.key] == key_value).values(**fields))
-            return result.rowcount
+    def _apply(self, conn: Connection, writes: Sequence[Write]) -> list[Any]:
+        statements = StoreWrites(conn, self._split_secrets)
+        return [write(statements) for write in writes]
 
     # -- sessions ------------------------------------------------------------------------
-    async def add_session(
-        self, session_id: str, auth_hash: str, label: str | None = None, tags: Sequence[str] = ()
-    ) -> SessionRecord:
-        record = SessionRecord(
-            session_id=session_id,
-            auth_hash=auth_hash,
-            created_at=now(),
-            last_active_at=now(),
-            label=label,
-            tags=list(tags) or None,
-        )
-        async with self._begin() as db:
-            db.add(record)
-            await db.flush()  # see add_calls
-        return record
-
     async def get_session(self, session_id: str) -> SessionRecord | None:
         async with self._sessions() as db:
             return await db.get(SessionRecord, session_id)
-
-    async def touch_session(self, session_id: str) -> None:
-        await self._update(SessionRecord, SessionRecord.session_id, session_id, last_active_at=now())
-
-    async def delete_session(self, session_id: str) -> bool:
-        """Deletes the session with its variables and calls."""
-        async with self._begin() as db:
-            result = await db.execute(delete(SessionRecord).where(SessionRecord.session_id == session_id))
-            return result.rowcount > 0
 
     async def sessions(self) -> Sequence[SessionRecord]:
         async with self._sessions() as db:
             return (await db.scalars(select(SessionRecord).order_by(SessionRecord.created_at))).all()
 
     # -- semantic variables ---------------------------------------------------------------
-    async def add_vars(self, records: Sequence[VariableRecord]) -> None:
-        """Variables' records (from :func:`var_record`), in one transaction."""
-        async with self._begin() as db:
-            db.add_all(records)
-            await db.flush()  # see add_calls
-
-    async def set_var_value(self, var_id: str, value: str) -> bool:
-        return (
-            await self._update(
-                VariableRecord, VariableRecord.var_id, var_id, value=value, error=None, updated_at=now()
-            )
-            > 0
-        )
-
-    async def set_var_format(self, var_id: str, format: dict | None) -> bool:
-        """Type an existing variable (it became the output of a call with a format)."""
-        return (
-            await self._update(VariableRecord, VariableRecord.var_id, var_id, format=format, updated_at=now())
-            > 0
-        )
-
-    async def set_var_error(self, var_id: str, error: str) -> bool:
-        return (
-            await self._update(VariableRecord, VariableRecord.var_id, var_id, error=error, updated_at=now())
-            > 0
-        )
-
     async def get_var(self, var_id: str) -> VariableRecord | None:
         async with self._sessions() as db:
             return await db.get(VariableRecord, var_id)
@@ -203,19 +132,6 @@ class Store:
             return (await db.scalars(query)).first()
 
     # -- semantic calls -------------------------------------------------------------------
-    async def add_calls(self, calls: Sequence[CallRecord], new_vars: Sequence[VariableRecord] = ()) -> None:
-        """Calls (from :func:`call_record`) and the variables they made (from
-        :func:`var_record`), in one transaction."""
-        async with self._begin() as db:
-            db.add_all([*new_vars, *calls])
-            # Sent now: in a batch (Store.batch), the unit of work would insert the rows at
-            # the commit in an order of its own, the calls of a session before the session
-            # (a foreign key failed, and every write of the batch then took a commit).
-            await db.flush()
-
-    async def update_call(self, call_id: str, **fields: Any) -> bool:
-        return await self._update(CallRecord, CallRecord.call_id, call_id, **fields) > 0
-
     async def get_call(self, call_id: str) -> CallRecord | None:
         async with self._sessions() as db:
             return await db.get(CallRecord, call_id)
@@ -247,27 +163,6 @@ class Store:
             )
 
     # -- engines --------------------------------------------------------------------------
-    async def save_engine(
-        self,
-        engine_id: str,
-        kind: str,
-        url: str,
-        model: str,
-        config: dict | None = None,
-        secrets: Mapping[str, str] | None = None,
-    ) -> EngineRecord:
-        """``url`` is stored without credentials or query; those, and ``secrets`` (an API
-        key), are stored encrypted (:meth:`engine_secrets` gives them back)."""
-        shown, sealed = self._split_secrets(url, dict(secrets or {}))
-        async with self._begin() as db:
-            record = await db.get(EngineRecord, engine_id)
-            if record is None:
-                record = EngineRecord(engine_id=engine_id, created_at=now())
-                db.add(record)
-            record.kind, record.url, record.model = kind, shown, model
-            record.config, record.secret, record.status = config or {}, sealed, "up"
-        return record
-
     def _split_secrets(self, url: str, secrets: dict[str, str]) -> tuple[str, str | None]:
         shown = public_url(url)
         if shown != url.rstrip("/"):  # credentials or a query: the whole URL is a secret
@@ -316,14 +211,6 @@ class Store:
             await conn.exec_driver_sql("VACUUM")
             await conn.exec_driver_sql("PRAGMA wal_checkpoint(TRUNCATE)")
 
-    async def set_engine_status(self, engine_id: str, status: str) -> bool:
-        return await self._update(EngineRecord, EngineRecord.engine_id, engine_id, status=status) > 0
-
-    async def delete_engine(self, engine_id: str) -> bool:
-        async with self._begin() as db:
-            result = await db.execute(delete(EngineRecord).where(EngineRecord.engine_id == engine_id))
-            return result.rowcount > 0
-
     async def engines(self) -> Sequence[EngineRecord]:
         async with self._sessions() as db:
             return (await db.scalars(select(EngineRecord).order_by(EngineRecord.created_at))).all()
@@ -333,14 +220,6 @@ class Store:
         async with self._sessions() as db:
             record = await db.get(ServeCoreStateRecord, name)
             return None if record is None else record.value
-
-    async def set_state(self, name: str, value: dict) -> None:
-        async with self._begin() as db:
-            record = await db.get(ServeCoreStateRecord, name)
-            if record is None:
-                db.add(ServeCoreStateRecord(name=name, value=value))
-            else:
-                record.value = value
 
 
 @dataclass(frozen=True)

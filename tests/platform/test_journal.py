@@ -126,7 +126,7 @@ async def test_sessions_with_their_calls_and_states_commit_together(tmp_path):
             writes.append(journal.record(lambda s, sid=sid: s.add_session(sid, "hash")))
             var = var_record(f"v{sid}", sid, "code")
             writes.append(journal.record(lambda s, c=call, v=var: s.add_calls([c], [v])))
-            writes.append(journal.record(lambda s, c=call: s.update_call(c.call_id, state="running")))
+            writes.append(journal.record(lambda s, c=call: s.update_call(c["call_id"], state="running")))
             writes.append(journal.record(lambda s, sid=sid: s.set_var_value(f"v{sid}", "def f(): ...")))
         await journal.commit(*writes)
         assert len(commits) == 1 and not batches_undone

@@ -148,8 +148,10 @@ async def test_a_stored_engine_that_does_not_answer_comes_back_marked_down(tmp_p
 
     store = Store(sqlite_url(tmp_path))
     await store.migrate()
-    await store.save_engine(
-        "engine-7", "builtin", f"http://127.0.0.1:{free_port()}", "gone-model", {"capacity": 2}
+    await store.write(
+        lambda db: db.save_engine(
+            "engine-7", "builtin", f"http://127.0.0.1:{free_port()}", "gone-model", {"capacity": 2}
+        )
     )
     await store.close()
     core = ServeCore(store=Store(sqlite_url(tmp_path)))
@@ -189,7 +191,7 @@ def test_healthz_is_degraded_with_its_reason_while_no_engine_is_up(tmp_path, fak
         store = Store(sqlite_url(tmp_path / "gone"))
         await store.migrate()
         gone = f"http://127.0.0.1:{free_port()}"
-        await store.save_engine("engine-1", "builtin", gone, "m", {"capacity": 2})
+        await store.write(lambda db: db.save_engine("engine-1", "builtin", gone, "m", {"capacity": 2}))
         await store.close()
 
     asyncio.run(store_a_gone_engine())

@@ -136,7 +136,9 @@ def test_plaintext_secrets_of_an_older_version_are_encrypted_on_start(tmp_path, 
     async def old_version() -> None:
         store = Store(sqlite_url(tmp_path))
         await store.migrate()
-        await store.save_engine("engine-1", "openai", "http://127.0.0.1:1/v1", "m", {"api": "chat"})
+        await store.write(
+            lambda db: db.save_engine("engine-1", "openai", "http://127.0.0.1:1/v1", "m", {"api": "chat"})
+        )
         await store.close()
         # What the older version wrote: both secrets in the clear.
         with sqlite3.connect(tmp_path / "parrot.db") as db:
@@ -180,7 +182,9 @@ def test_secrets_sealed_with_an_older_key_are_re_sealed_with_the_new_one(tmp_pat
         await store.migrate()
         try:
             if not await store.engines():
-                await store.save_engine("engine-1", "builtin", with_credentials("http://h:1"), "m")
+                await store.write(
+                    lambda db: db.save_engine("engine-1", "builtin", with_credentials("http://h:1"), "m")
+                )
             (record,) = await store.engines()
             return store.engine_secrets(record)
         finally:
@@ -351,7 +355,7 @@ def test_an_engine_url_given_at_start_brings_new_credentials_for_a_stored_engine
         store = Store(sqlite_url(tmp_path))
         await store.migrate()
         old = url.replace("http://", f"http://{USER}:old-password@")
-        await store.save_engine("engine-4", "builtin", old, "m", {"capacity": 2})
+        await store.write(lambda db: db.save_engine("engine-4", "builtin", old, "m", {"capacity": 2}))
         await store.close()
         core = ServeCore(store=Store(sqlite_url(tmp_path)))
         await core.start((with_credentials(url),))

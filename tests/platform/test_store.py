@@ -33,16 +33,20 @@ async def test_migrations_create_the_schema_and_are_idempotent(store):
 
 
 async def test_records_survive_a_restart(store):
-    await store.add_session("s1", "hash")
-    await store.add_vars([var_record("v1", "s1", "question", "What is a tide?")])
-    await store.add_vars([var_record("v2", "s1", "answer")])
+    await store.write(lambda db: db.add_session("s1", "hash"))
+    await store.write(lambda db: db.add_vars([var_record("v1", "s1", "question", "What is a tide?")]))
+    await store.write(lambda db: db.add_vars([var_record("v2", "s1", "answer")]))
     params = [{"name": "question", "var_id": "v1"}, {"name": "answer", "is_output": True}]
-    await store.add_calls([call_record("c1", "s1", 1, "Q: {{question}} A: {{answer}}", params)])
-    await store.add_calls([call_record("c2", "s1", 2, "done: {{answer}} {{x}}", [])])
-    await store.update_call("c2", state="done", engine_id="e1", timings={"total_s": 1.5})
-    await store.set_var_value("v2", "Water rising.")
-    await store.save_engine(
-        "e1", "builtin", "http://127.0.0.1:9001", "smol", {"capacity": 8}, secrets={"api_key": "sk-1"}
+    await store.write(
+        lambda db: db.add_calls([call_record("c1", "s1", 1, "Q: {{question}} A: {{answer}}", params)])
+    )
+    await store.write(lambda db: db.add_calls([call_record("c2", "s1", 2, "done: {{answer}} {{x}}", [])]))
+    await store.write(lambda db: db.update_call("c2", state="done", engine_id="e1", timings={"total_s": 1.5}))
+    await store.write(lambda db: db.set_var_value("v2", "Water rising."))
+    await store.write(
+        lambda db: db.save_engine(
+            "e1", "builtin", "http://127.0.0.1:9001", "smol", {"capacity": 8}, secrets={"api_key": "sk-1"}
+        )
     )
     await store.close()
 
@@ -65,32 +69,36 @@ async def test_records_survive_a_restart(store):
 
 
 async def test_deleting_a_session_deletes_its_vars_and_calls(store):
-    await store.add_session("s1", "h")
-    await store.add_session("s2", "h")
-    await store.add_vars([var_record("v1", "s1", "a", "1")])
-    await store.add_vars([var_record("v2", "s2", "b", "2")])
-    await store.add_calls([call_record("c1", "s1", 1, "t", [])])
-    assert await store.delete_session("s1")
+    await store.write(lambda db: db.add_session("s1", "h"))
+    await store.write(lambda db: db.add_session("s2", "h"))
+    await store.write(lambda db: db.add_vars([var_record("v1", "s1", "a", "1")]))
+    await store.write(lambda db: db.add_vars([var_record("v2", "s2", "b", "2")]))
+    await store.write(lambda db: db.add_calls([call_record("c1", "s1", 1, "t", [])]))
+    assert (await store.write(lambda db: db.delete_session("s1")))[0]
     assert await store.get_var("v1") is None and await store.get_call("c1") is None
     assert (await store.get_var("v2")).value == "2"
-    assert not await store.delete_session("s1")
+    assert not (await store.write(lambda db: db.delete_session("s1")))[0]
 
 
 async def test_global_variables_are_found_by_content(store):
-    await store.add_vars([var_record("g1", None, "system", "You are helpful.", content_hash="abc")])
+    await store.write(
+        lambda db: db.add_vars([var_record("g1", None, "system", "You are helpful.", content_hash="abc")])
+    )
     assert (await store.global_var("abc")).var_id == "g1"
     assert await store.global_var("nope") is None
     with pytest.raises(IntegrityError):
-        await store.add_vars([var_record("g2", None, "system", "You are helpful.", content_hash="abc")])
+        await store.write(
+            lambda db: db.add_vars([var_record("g2", None, "system", "You are helpful.", content_hash="abc")])
+        )
 
 
 async def test_engine_records_update_and_delete(store):
-    await store.save_engine("e1", "builtin", "http://a", "m")
-    await store.save_engine("e1", "builtin", "http://b", "m", {"capacity": 2})
+    await store.write(lambda db: db.save_engine("e1", "builtin", "http://a", "m"))
+    await store.write(lambda db: db.save_engine("e1", "builtin", "http://b", "m", {"capacity": 2}))
     assert [(e.url, e.config) for e in await store.engines()] == [("http://b", {"capacity": 2})]
-    assert await store.set_engine_status("e1", "down")
+    assert (await store.write(lambda db: db.set_engine_status("e1", "down")))[0]
     assert (await store.engines())[0].status == "down"
-    assert await store.delete_engine("e1") and not await store.engines()
+    assert (await store.write(lambda db: db.delete_engine("e1")))[0] and not await store.engines()
 
 
 async def test_models_and_migrations_agree(store):
@@ -112,12 +120,14 @@ async def test_a_typed_variable_keeps_its_format_across_a_restart(store):
     """Issue 21: the format is stored with the variable (migration 0003), set when it is
     made or later (an output of a call that has one), and read back as it was."""
     schema = {"type": "object", "properties": {"steps": {"type": "array", "items": {"type": "string"}}}}
-    await store.add_session("s1", "hash")
-    await store.add_vars([var_record("v1", "s1", "plan", None, format={"json_schema": schema})])
-    await store.add_vars([var_record("v2", "s1", "verdict")])
-    await store.add_vars([var_record("v3", "s1", "free", "text")])
-    assert await store.set_var_format("v2", {"choice": ["yes", "no"]})
-    await store.set_var_value("v1", '{"steps":["a"]}')
+    await store.write(lambda db: db.add_session("s1", "hash"))
+    await store.write(
+        lambda db: db.add_vars([var_record("v1", "s1", "plan", None, format={"json_schema": schema})])
+    )
+    await store.write(lambda db: db.add_vars([var_record("v2", "s1", "verdict")]))
+    await store.write(lambda db: db.add_vars([var_record("v3", "s1", "free", "text")]))
+    assert (await store.write(lambda db: db.set_var_format("v2", {"choice": ["yes", "no"]})))[0]
+    await store.write(lambda db: db.set_var_value("v1", '{"steps":["a"]}'))
     await store.close()
 
     reopened = Store(store.url, secrets=store.secrets)
@@ -136,8 +146,8 @@ async def test_a_typed_variable_keeps_its_format_across_a_restart(store):
 async def test_a_session_keeps_its_label_and_tags_across_a_restart(store):
     """Issue 38: a session's label and tags are stored with it (migration 0004); one made
     without them has NULL in both."""
-    await store.add_session("s1", "hash", "Harbour «log»", ["fog", "night"])
-    await store.add_session("s2", "hash")
+    await store.write(lambda db: db.add_session("s1", "hash", "Harbour «log»", ["fog", "night"]))
+    await store.write(lambda db: db.add_session("s2", "hash"))
     await store.close()
 
     reopened = Store(store.url, secrets=store.secrets)
@@ -147,3 +157,24 @@ async def test_a_session_keeps_its_label_and_tags_across_a_restart(store):
         assert got == {"s1": ("Harbour «log»", ["fog", "night"]), "s2": (None, None)}
     finally:
         await reopened.close()
+
+
+async def test_writes_given_together_are_one_transaction(store):
+    """``Store.write``: all of them stored, in order, or none when one fails (its error
+    raised); the results come back in order."""
+    results = await store.write(
+        lambda db: db.add_session("s1", "h"),
+        lambda db: db.add_vars([var_record("v1", "s1", "a")]),
+        lambda db: db.set_var_value("v1", "1"),  # sees the row written just before
+        lambda db: db.set_var_value("nope", "1"),
+    )
+    assert results == [None, None, True, False]
+    with pytest.raises(IntegrityError):
+        await store.write(
+            lambda db: db.add_session("s2", "h"),
+            lambda db: db.set_var_value("v1", "2"),
+            lambda db: db.add_session("s1", "h"),  # its key is taken: the whole batch is undone
+        )
+    assert await store.get_session("s2") is None
+    assert (await store.get_var("v1")).value == "1"
+    assert await store.write() == []

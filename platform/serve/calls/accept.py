@@ -25,7 +25,7 @@ from parrot.platform.serve.scheduler.task import THROUGHPUT
 from parrot.platform.serve.sessions.session import Session
 from parrot.platform.serve.variables.service import VariableService
 from parrot.platform.serve.variables.variable import SemanticVariable
-from parrot.platform.store.models import CallRecord, call_record
+from parrot.platform.store.models import call_record
 from parrot.wire.formats import OutputFormat
 
 
@@ -83,7 +83,7 @@ class CallAcceptor:
         if stored:  # the calls and their variables: one transaction, all or none
             calls = [_record(p) for p, _ in stored]
             new_vars = [v for _, made in stored for v in made]
-            writes.append(self.journal.record(lambda store: store.add_calls(calls, new_vars)))
+            writes.append(self.journal.record(lambda db: db.add_calls(calls, new_vars)))
         try:
             await self.journal.commit(*writes)
         except ParrotError:
@@ -134,7 +134,7 @@ class CallAcceptor:
                 self.vars.untype(var)
 
 
-def _record(prepared: PreparedCall) -> CallRecord:
+def _record(prepared: PreparedCall) -> dict[str, Any]:
     call = prepared.call
     return call_record(
         call.call_id,

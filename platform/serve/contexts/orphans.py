@@ -41,7 +41,8 @@ async def claim_region(store) -> tuple[int, tuple[int, ...]]:
     while region in earlier:
         region = 1 + secrets.randbelow(ID_REGIONS - 1)
     try:
-        await store.set_state(STATE_NAME, {"regions": [region, *earlier][:REGIONS_KEPT]})
+        regions = {"regions": [region, *earlier][:REGIONS_KEPT]}
+        await store.write(lambda db: db.set_state(STATE_NAME, regions))
     except Exception as error:  # a database that refuses writes must not stop the start
         log.warning("could not record this run's context ids (%s): a restart will not free them", error)
     return region, earlier

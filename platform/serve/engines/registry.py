@@ -154,7 +154,7 @@ class EngineRegistry:
         # (a builtin engine's running-job limit; an endpoint's llama.cpp slots, or the default).
         self.scheduler.add_engine(slot, task_limit=spec.capacity, info=info, up=up)
         done = self.journal.record(
-            lambda store: store.save_engine(
+            lambda db: db.save_engine(
                 engine_id, spec.kind, spec.url, model, spec.config(), {"api_key": spec.api_key or ""}
             )
         )
@@ -175,7 +175,7 @@ class EngineRegistry:
             raise NotFoundError(f"engine {engine_id!r} is not registered")
         self.specs.pop(engine_id, None)
         await self.clients.pop(engine_id).aclose()
-        return self.journal.record(lambda store: store.delete_engine(engine_id))
+        return self.journal.record(lambda db: db.delete_engine(engine_id))
 
     async def restore(
         self,
@@ -231,7 +231,7 @@ class EngineRegistry:
         log.info("engine %s at %s was started by an earlier run; replaced", record.engine_id, record.url)
         engine_id = record.engine_id
         try:
-            await self.journal.commit(self.journal.record(lambda store: store.delete_engine(engine_id)))
+            await self.journal.commit(self.journal.record(lambda db: db.delete_engine(engine_id)))
         except ParrotError as error:  # the next start tries again; this one goes on without it
             log.warning("could not remove the record of engine %s: %s", engine_id, error)
 

@@ -105,7 +105,7 @@ class SessionService:
         if stored:
             label, tags = session.label, session.tags
             write = self.journal.record(
-                lambda store: store.add_session(session_id, session.auth_hash, label, tags)
+                lambda db: db.add_session(session_id, session.auth_hash, label, tags)
             )
             if not wait:
                 session.unconfirmed = write
@@ -137,7 +137,7 @@ class SessionService:
         session.last_active = time.monotonic()
         if session.stored and session.last_active - session.stored_active > TOUCH_EVERY_S:
             session.stored_active = session.last_active
-            self.journal.record(lambda store: store.touch_session(session_id))
+            self.journal.record(lambda db: db.touch_session(session_id))
         return session
 
     async def delete(self, session: Session, batch_frees: bool = False) -> None:
@@ -152,7 +152,7 @@ class SessionService:
         if session.stored:
             sid = session.session_id  # the write holds the id, not the session and its values
             try:
-                await self.journal.commit(self.journal.record(lambda store: store.delete_session(sid)))
+                await self.journal.commit(self.journal.record(lambda db: db.delete_session(sid)))
             except BaseException:
                 session.closed = False
                 raise

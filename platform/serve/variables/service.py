@@ -12,6 +12,7 @@ import asyncio
 import secrets
 import time
 from collections.abc import Sequence
+from typing import Any
 
 import msgspec
 
@@ -64,8 +65,8 @@ class VariableService:
         self.driver = driver  # a latency get prioritizes the producers through it
         self.probe = FormatProbe(admission.limits.max_format_probe_ms / 1000)
 
-    def add(self, session: Session, var: SemanticVariable) -> VariableRecord | None:
-        """Add ``var`` to its session; its record, for the caller to store with what made it
+    def add(self, session: Session, var: SemanticVariable) -> dict[str, Any] | None:
+        """Add ``var`` to its session; its row, for the caller to store with what made it
         (None: not stored)."""
         var.stored = session.stored
         session.vars[var.var_id] = var
@@ -82,7 +83,7 @@ class VariableService:
         if not var.stored:
             return None
         builtins = msgspec.to_builtins(fmt)
-        return self.journal.record(lambda store: store.set_var_format(var.var_id, builtins))
+        return self.journal.record(lambda db: db.set_var_format(var.var_id, builtins))
 
     @staticmethod
     def untype(var: SemanticVariable) -> None:
@@ -117,7 +118,7 @@ class VariableService:
         record = self.add(session, var)
         try:
             if record is not None:
-                await self.journal.commit(self.journal.record(lambda store: store.add_vars([record])))
+                await self.journal.commit(self.journal.record(lambda db: db.add_vars([record])))
         except ParrotError:
             self.forget(session, [var])
             raise
@@ -147,7 +148,7 @@ class VariableService:
         try:
             if var.stored:  # stored first: consumers start the moment the value is set
                 await self.journal.commit(
-                    self.journal.record(lambda store: store.set_var_value(var_id, value))
+                    self.journal.record(lambda db: db.set_var_value(var_id, value))
                 )
         except BaseException:
             self.admission.budget.uncharge(charged)
