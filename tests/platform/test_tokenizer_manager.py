@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+from tokenizers import Tokenizer
 
 from parrot.platform.serve.engines.client import HttpEngine
 from parrot.platform.serve.engines.tokenizers import INLINE_CHARS, Encoding, TokenizerManager
@@ -84,3 +85,72 @@ async def test_token_spans_place_boundaries_that_are_prefixes(engine_server, eng
             Encoding((1, 2), None).tokens_within(1)
     finally:
         await client.aclose()
+
+
+PROMPTS = [
+    "<|im_start|>system\nYou are a careful team.<|im_end|>\n<|im_start|>user\n  Hi 12345 über ☃<|im_end|>\n"
+    "<|im_start|>assistant\n",
+    "<|begin_of_text|><|start_header_id|>system<|end_header_id|>\n\nBe brief.<|eot_id|>"
+    "<|start_header_id|>user<|end_header_id|>\n\n What's 2+2?\n\n<|eot_id|>",
+    "<s>[INST] Tell me  a  joke. [/INST] Sure</s>[INST] again\n[/INST]",
+    "no added token at all, just text  with  spaces\n\n",
+    "<|im_end|><|im_end|>\n<|im_start|>",
+]
+
+
+def _family_tokenizers() -> dict[str, str]:
+    """tokenizer.json texts of the families whose vocabularies `make test` extracts."""
+    from tool_models import ASSETS, FAMILIES, missing_assets
+
+    if missing_assets():
+        pytest.skip(missing_assets())
+    import transformers
+
+    vocabs = {f.vocab for f in FAMILIES.values()}
+    return {
+        vocab: transformers.AutoTokenizer.from_pretrained(
+            str(ASSETS), gguf_file=vocab
+        ).backend_tokenizer.to_str()
+        for vocab in sorted(vocabs)
+    }
+
+
+async def test_prompts_cut_at_added_tokens_get_the_tokens_and_spans_of_the_whole(engine_server):
+    """Each family's tokenizer: a prompt tokenized piece by piece (cached pieces reused) has
+    exactly the tokens and token ends of the prompt tokenized whole; a tokenizer whose tokens
+    could change at a cut (Llama 2's SentencePiece) is not cut."""
+    client = HttpEngine(engine_server.url)
+    try:
+        texts = {"smol": await client.tokenizer_json(), **_family_tokenizers()}
+    finally:
+        await client.aclose()
+    cut_ones = set()
+    for name, text in texts.items():
+        manager = TokenizerManager()
+        manager.load(name, text)
+        whole = Tokenizer.from_str(text)
+        if name in manager._cutters:
+            cut_ones.add(name)
+        for prompt in PROMPTS * 2:  # the second time, its pieces are cached
+            manager._cache.pop((name, prompt), None)  # not the whole prompt
+            encoding = await manager.encode(name, prompt)
+            expected = whole.encode(prompt, add_special_tokens=False)
+            assert list(encoding.ids) == expected.ids, (name, prompt)
+            assert list(encoding.ends) == [end for _, end in expected.offsets], (name, prompt)
+    assert {"smol", "ggml-vocab-qwen2.gguf", "ggml-vocab-llama-bpe.gguf"} <= cut_ones
+    assert "ggml-vocab-llama-spm.gguf" not in cut_ones
+
+
+async def test_a_shared_system_prompt_is_tokenized_once(engine_server):
+    client = HttpEngine(engine_server.url)
+    try:
+        manager = TokenizerManager()
+        manager.load("smol", await client.tokenizer_json())
+    finally:
+        await client.aclose()
+    system = "<|im_start|>system\n" + "A long shared system prompt. " * 50 + "<|im_end|>\n"
+    for user in ("one", "two", "three"):
+        await manager.encode("smol", f"{system}<|im_start|>user\n{user}<|im_end|>\n")
+    misses = manager.misses
+    await manager.encode("smol", f"{system}<|im_start|>user\nfour<|im_end|>\n")
+    assert manager.misses - misses == 2  # the whole prompt and its one new piece

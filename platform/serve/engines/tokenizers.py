@@ -15,6 +15,7 @@ Python objects, which the cache would otherwise keep).
 from __future__ import annotations
 
 import asyncio
+import re
 import time
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Sequence
@@ -22,6 +23,8 @@ from dataclasses import dataclass, field
 
 import tokenizers
 from tokenizers import Tokenizer
+
+from parrot.platform.serve.engines.token_pieces import JoinedEnds, cut, piece_cutter
 
 Tokenize = Callable[[str], Awaitable[list[int]]]
 INLINE_CHARS = 8_192  # shorter texts are tokenized on the loop: a thread hop costs more
@@ -77,6 +80,7 @@ class TokenizerManager:
     _cache: OrderedDict[tuple[str, str], Encoding] = field(default_factory=OrderedDict)
     _chars: int = 0
     _local: dict[str, Tokenizer] = field(default_factory=dict)  # model -> its tokenizer
+    _cutters: dict[str, re.Pattern[str]] = field(default_factory=dict)  # model -> its cuts (token_pieces)
 
     def __post_init__(self) -> None:
         if self.max_chars < 0:
@@ -84,35 +88,66 @@ class TokenizerManager:
 
     def load(self, model: str, tokenizer_json: str) -> None:
         """Tokenize ``model``'s text here from now on (``tokenizer.json`` contents)."""
-        self._local[model] = Tokenizer.from_str(tokenizer_json)
+        tokenizer = Tokenizer.from_str(tokenizer_json)
+        self._local[model] = tokenizer
+        cutter = piece_cutter(tokenizer, tokenizer_json)
+        if cutter is not None:
+            self._cutters[model] = cutter
 
     def has_local(self, model: str) -> bool:
         return model in self._local
 
     async def encode(self, model: str, text: str, fetch: Tokenize | None = None) -> Encoding:
-        """The tokens of ``text`` under ``model``'s tokenizer: cached, else computed here,
-        else asked of an engine of that model (``fetch``)."""
+        """The tokens of ``text`` under ``model``'s tokenizer: cached, else computed here
+        (its pieces between added tokens each on its own, most of them cached: see
+        token_pieces), else asked of an engine of that model (``fetch``)."""
+        cached = self._cached(model, text)
+        if cached is not None:
+            return cached
+        local = self._local.get(model)
+        cutter = self._cutters.get(model)
+        pieces = cut(cutter, text) if local is not None and cutter is not None else [text]
+        if len(pieces) == 1:
+            encoding = await self._compute(model, text, local, fetch)
+        else:
+            parts, ids, chars = [], [], 0
+            for piece in pieces:
+                part = self._cached(model, piece) or self._keep(
+                    model, piece, await self._compute(model, piece, local, fetch)
+                )
+                parts.append((len(ids), chars, part.ends))
+                ids += part.ids
+                chars += len(piece)
+            encoding = Encoding(tuple(ids), JoinedEnds(parts, len(ids)))
+        return self._keep(model, text, encoding)
+
+    def _cached(self, model: str, text: str) -> Encoding | None:
         key = (model, text)
         cached = self._cache.get(key)
-        if cached is not None:
-            self.hits += 1
-            self._cache.move_to_end(key)
-            return cached
-        self.misses += 1
-        local = self._local.get(model)
+        if cached is None:
+            self.misses += 1
+            return None
+        self.hits += 1
+        self._cache.move_to_end(key)
+        return cached
+
+    async def _compute(
+        self, model: str, text: str, local: Tokenizer | None, fetch: Tokenize | None
+    ) -> Encoding:
         if local is not None:
             if len(text) <= INLINE_CHARS:
-                encoding = _encode(local, text)
-            else:
-                encoding = await asyncio.to_thread(_encode, local, text)
-        elif fetch is not None:
-            encoding = Encoding(tuple(await fetch(text)), None)
-        else:
-            raise LookupError(f"no tokenizer for model {model!r}")
+                return _encode(local, text)
+            return await asyncio.to_thread(_encode, local, text)
+        if fetch is not None:
+            return Encoding(tuple(await fetch(text)), None)
+        raise LookupError(f"no tokenizer for model {model!r}")
+
+    def _keep(self, model: str, text: str, encoding: Encoding) -> Encoding:
+        """Cache ``encoding`` of ``text`` (a text too long is not kept) and return it."""
         if len(text) > self.max_entry_chars:
             self.big_at = time.monotonic()  # its memory is worth giving back (serve.memory)
         elif len(text) <= self.max_chars:
-            self._cache[key] = encoding
+            self._cache[(model, text)] = encoding
             self._chars += len(text)
             while self._chars > self.max_chars:
                 (_, old), _ = self._cache.popitem(last=False)
