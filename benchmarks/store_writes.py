@@ -4,11 +4,12 @@
 
 One batch is what a burst of agent applications submitted at once writes in one
 transaction: per application its session, three calls and seven variables, as the ServeCore
-stores them before the calls start, then the three calls' states and values. Three ways,
+stores them before the calls start, then the three calls' states and values (in that order:
+the journal's batches). Three ways,
 alternating, each ``--rounds`` times:
 
-- ``store``: :meth:`Store.write` (rows and cached update statements, through the async
-  engine: aiosqlite, a hop to its thread per statement);
+- ``store``: :meth:`Store.write` (new rows in one statement a table, cached update
+  statements, through the async engine: aiosqlite, a hop to its thread per statement);
 - ``orm``: mapped objects added to an async ORM session, flushed per write, and ORM
   updates: the store's way before 2026-11-30;
 - ``one hop``: the store's statements on a synchronous engine, the whole batch in one hop to
@@ -66,12 +67,13 @@ def application(tag: str) -> tuple[str, list[dict], list[dict]]:
 
 
 async def batch(store: Store, way: str, apps: list[tuple[str, list[dict], list[dict]]], hop: OneHop) -> None:
-    writes = []
+    writes = []  # as the journal sees them: the applications submitted, then their calls' states
     for sid, calls, variables in apps:
         writes += [
             lambda db, sid=sid: db.add_session(sid, "h" * 64),
             lambda db, c=calls, v=variables: db.add_calls(c, v),
         ]
+    for _, calls, variables in apps:
         writes += [
             lambda db, c=c: db.update_call(c["call_id"], state="done", timings={"at": 2.0}) for c in calls
         ]

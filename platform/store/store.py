@@ -105,7 +105,9 @@ class Store:
 
     def _apply(self, conn: Connection, writes: Sequence[Write]) -> list[Any]:
         statements = StoreWrites(conn, self._split_secrets)
-        return [write(statements) for write in writes]
+        results = [write(statements) for write in writes]
+        statements.flush()
+        return results
 
     # -- sessions ------------------------------------------------------------------------
     async def get_session(self, session_id: str) -> SessionRecord | None:

@@ -2,12 +2,13 @@
 
 Every write of the ServeCore is one of these methods, run by :meth:`Store.write` inside a
 transaction, many in one (the journal's group commit). Rows go in as rows, not as mapped
-objects (an object costs its instance state and the unit of work's flush), and an update's
-statement is built once per shape: a batch of 16 applications' sessions, calls and
-variables took 31.8 ms as mapped objects (``benchmarks/store_writes.py``). Tried and
-dropped: running a batch in one hop to a writer thread of its own (3.2 ms a batch; but its
-Python held the GIL, and on a loaded host the event loop waited: ``/healthz`` under 3,000
-calls answered at a p99 of 0.3-0.5 s, against 0.3 s allowed).
+objects (an object costs its instance state and the unit of work's flush), the new rows of
+a batch in one statement a table, and an update's statement is built once per shape: a
+batch of 16 applications' sessions, calls and variables and then their calls' states took
+120.6 ms as mapped objects, 50.8 ms now (``benchmarks/store_writes.py``). Tried and
+dropped: a batch in one hop to a writer thread of its own (5.0 ms; but its Python held the
+GIL the event loop waited for: ``/healthz`` under 3,000 calls on a loaded host answered at
+a p99 of 0.3-0.5 s, against 0.3 s allowed).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import functools
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from sqlalchemy import Connection, Table, Update, bindparam, delete, insert, update
+from sqlalchemy import Connection, CursorResult, Executable, Table, Update, bindparam, delete, insert, update
 
 from parrot.platform.store.models import (
     CallRecord,
@@ -32,6 +33,8 @@ VARS: Table = VariableRecord.__table__  # type: ignore[assignment]
 CALLS: Table = CallRecord.__table__  # type: ignore[assignment]
 ENGINES: Table = EngineRecord.__table__  # type: ignore[assignment]
 STATE: Table = ServeCoreStateRecord.__table__  # type: ignore[assignment]
+INSERT_ORDER = (SESSIONS, VARS, CALLS)  # a row's foreign keys name rows of the tables before
+
 
 @functools.cache
 def _update_statement(table: Table, key: str, fields: tuple[str, ...]) -> Update:
@@ -53,11 +56,28 @@ class StoreWrites:
     def __init__(self, conn: Connection, seal_secrets: SealSecrets) -> None:
         self._conn = conn
         self._seal = seal_secrets
+        # New rows wait here, by table, and go in one statement a table (see flush).
+        self._new: dict[Table, list[Row]] = {table: [] for table in INSERT_ORDER}
+
+    def flush(self) -> None:
+        """Insert the rows added so far: a table's rows in one statement, the tables in the
+        order their foreign keys need (a session before its variables and calls). Every
+        other statement flushes first, so it sees them. Through aiosqlite each statement
+        is a hop to its thread: 13 applications submitted together wrote 39 statements
+        (20 ms, their calls waiting for it), now 3."""
+        for table, rows in self._new.items():
+            if rows:
+                self._new[table] = []
+                self._conn.execute(insert(table), rows)
+
+    def _execute(self, statement: Executable, params: Any = None) -> CursorResult:
+        self.flush()
+        return self._conn.execute(statement, params)
 
     def _update(self, table: Table, key: str, key_value: str, **fields: Any) -> bool:
         statement = _update_statement(table, key, tuple(sorted(fields)))
         values = {f"new_{name}": value for name, value in fields.items()}
-        return self._conn.execute(statement, {"key": key_value, **values}).rowcount > 0
+        return self._execute(statement, {"key": key_value, **values}).rowcount > 0
 
     # -- sessions ------------------------------------------------------------------------
     def add_session(
@@ -72,20 +92,18 @@ class StoreWrites:
             label=label,
             tags=list(tags) or None,
         )
-        self._conn.execute(insert(SESSIONS), [row])
+        self._new[SESSIONS].append(row)
 
     def touch_session(self, session_id: str) -> bool:
         return self._update(SESSIONS, "session_id", session_id, last_active_at=now())
 
     def delete_session(self, session_id: str) -> bool:
         """Deletes the session with its variables and calls (the foreign keys cascade)."""
-        result = self._conn.execute(delete(SESSIONS).where(SESSIONS.c.session_id == session_id))
-        return result.rowcount > 0
+        return self._execute(delete(SESSIONS).where(SESSIONS.c.session_id == session_id)).rowcount > 0
 
     # -- semantic variables ---------------------------------------------------------------
     def add_vars(self, rows: Sequence[Row]) -> None:
-        if rows:
-            self._conn.execute(insert(VARS), list(rows))
+        self._new[VARS] += rows
 
     def set_var_value(self, var_id: str, value: str) -> bool:
         return self._update(VARS, "var_id", var_id, value=value, error=None, updated_at=now())
@@ -99,10 +117,9 @@ class StoreWrites:
 
     # -- semantic calls -------------------------------------------------------------------
     def add_calls(self, calls: Sequence[Row], new_vars: Sequence[Row] = ()) -> None:
-        """Calls and the variables they made (their rows go first: the calls name them)."""
+        """Calls and the variables they made."""
         self.add_vars(new_vars)
-        if calls:
-            self._conn.execute(insert(CALLS), list(calls))
+        self._new[CALLS] += calls
 
     def update_call(self, call_id: str, **fields: Any) -> bool:
         return self._update(CALLS, "call_id", call_id, **fields)
@@ -122,16 +139,15 @@ class StoreWrites:
         shown, sealed = self._seal(url, dict(secrets or {}))
         fields = dict(kind=kind, url=shown, model=model, config=config or {}, secret=sealed, status="up")
         if not self._update(ENGINES, "engine_id", engine_id, **fields):
-            self._conn.execute(insert(ENGINES), [dict(engine_id=engine_id, created_at=now(), **fields)])
+            self._execute(insert(ENGINES), [dict(engine_id=engine_id, created_at=now(), **fields)])
 
     def set_engine_status(self, engine_id: str, status: str) -> bool:
         return self._update(ENGINES, "engine_id", engine_id, status=status)
 
     def delete_engine(self, engine_id: str) -> bool:
-        result = self._conn.execute(delete(ENGINES).where(ENGINES.c.engine_id == engine_id))
-        return result.rowcount > 0
+        return self._execute(delete(ENGINES).where(ENGINES.c.engine_id == engine_id)).rowcount > 0
 
     # -- the ServeCore's own state ------------------------------------------------------
     def set_state(self, name: str, value: dict) -> None:
         if not self._update(STATE, "name", name, value=value):
-            self._conn.execute(insert(STATE), [dict(name=name, value=value)])
+            self._execute(insert(STATE), [dict(name=name, value=value)])
