@@ -178,3 +178,33 @@ async def test_writes_given_together_are_one_transaction(store):
     assert await store.get_session("s2") is None
     assert (await store.get_var("v1")).value == "1"
     assert await store.write() == []
+
+
+async def test_the_new_rows_of_a_batch_go_in_one_statement_a_table(store):
+    """Applications submitted together: their sessions, variables and calls are three
+    statements (each a hop to the database's thread on SQLite), in the order their foreign
+    keys need; a statement of another kind sees the rows added before it."""
+    from sqlalchemy import event
+
+    statements: list[str] = []
+    listener = lambda *args: statements.append(args[2].split()[0])  # noqa: E731  (conn, cursor, statement, ...)
+    event.listen(store.engine.sync_engine, "before_cursor_execute", listener)
+    writes = []
+    for app in range(5):
+        sid = f"s{app}"
+        calls = [call_record(f"c{app}-{n}", sid, n, "t", []) for n in range(3)]
+        writes += [
+            lambda db, sid=sid: db.add_session(sid, "h"),
+            lambda db, c=calls, sid=sid: db.add_calls(c, [var_record(f"v{sid}", sid, "a")]),
+        ]
+    await store.write(*writes)
+    assert statements == ["INSERT", "INSERT", "INSERT"]
+    statements.clear()
+    results = await store.write(
+        lambda db: db.add_session("late", "h"),
+        lambda db: db.add_vars([var_record("v-late", "late", "a")]),
+        lambda db: db.set_var_value("v-late", "seen"),  # flushes the two rows first
+    )
+    event.remove(store.engine.sync_engine, "before_cursor_execute", listener)
+    assert results[-1] is True and statements == ["INSERT", "INSERT", "UPDATE"]
+    assert len((await store.snapshot()).calls) == 15
