@@ -78,13 +78,11 @@ def _pre_tokenizer_ok(spec: dict | None) -> bool:
     return spec.get("type") in PIECEWISE_PRE_TOKENIZERS and not spec.get("add_prefix_space", False)
 
 
-class JoinedEnds(Sequence[int]):
-    """Where each token of a text cut in pieces ends, in the text's characters: the pieces'
-    own token ends (``(first token, first character, ends)`` each), shifted."""
+class Ends(Sequence[int]):
+    """Where each token of a text ends (a character offset), computed when read: a prompt's
+    boundaries read a few of them."""
 
-    def __init__(self, pieces: Sequence[tuple[int, int, Sequence[int]]], length: int) -> None:
-        self._pieces = pieces
-        self._starts = [first for first, _, _ in pieces]
+    def __init__(self, length: int) -> None:
         self._len = length
 
     def __len__(self) -> int:
@@ -95,6 +93,21 @@ class JoinedEnds(Sequence[int]):
             return [self[i] for i in range(*index.indices(self._len))]
         if not -self._len <= index < self._len:
             raise IndexError("token index out of range")
-        index %= self._len
+        return self._end(index % self._len)
+
+    def _end(self, index: int) -> int:
+        raise NotImplementedError
+
+
+class JoinedEnds(Ends):
+    """The ends of a text cut in pieces: the pieces' own ends (``(first token, first
+    character, ends)`` each), shifted."""
+
+    def __init__(self, pieces: Sequence[tuple[int, int, Sequence[int]]], length: int) -> None:
+        super().__init__(length)
+        self._pieces = pieces
+        self._starts = [first for first, _, _ in pieces]
+
+    def _end(self, index: int) -> int:
         first, chars, ends = self._pieces[bisect.bisect_right(self._starts, index) - 1]
         return chars + ends[index - first]

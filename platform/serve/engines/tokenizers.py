@@ -24,31 +24,24 @@ from dataclasses import dataclass, field
 import tokenizers
 from tokenizers import Tokenizer
 
-from parrot.platform.serve.engines.token_pieces import JoinedEnds, cut, piece_cutter
+from parrot.platform.serve.engines.token_pieces import Ends, JoinedEnds, cut, piece_cutter
 
 Tokenize = Callable[[str], Awaitable[list[int]]]
 INLINE_CHARS = 8_192  # shorter texts are tokenized on the loop: a thread hop costs more
 
 
-class TokenEnds(Sequence[int]):
-    """The character offset where each token's text ends, read one token at a time from the
-    tokenizer's own encoding. Building them all as Python objects (a list of a million
-    tuples for a 4 MiB prompt) held the GIL for a quarter of a second, and freeing them as
-    long again, on the event loop: only the few that a prompt's boundaries need are read."""
+class TokenEnds(Ends):
+    """The ends of a text's tokens, read one token at a time from the tokenizer's own
+    encoding. Building them all as Python objects (a list of a million tuples for a 4 MiB
+    prompt) held the GIL for a quarter of a second, and freeing them as long again, on the
+    event loop: only the few that a prompt's boundaries need are read."""
 
     def __init__(self, encoding: tokenizers.Encoding) -> None:
+        super().__init__(len(encoding))
         self._encoding = encoding
-        self._len = len(encoding)
 
-    def __len__(self) -> int:
-        return self._len
-
-    def __getitem__(self, index):  # type: ignore[override]
-        if isinstance(index, slice):
-            return [self[i] for i in range(*index.indices(self._len))]
-        if not -self._len <= index < self._len:
-            raise IndexError("token index out of range")
-        return self._encoding.token_to_chars(index % self._len)[1]
+    def _end(self, index: int) -> int:
+        return self._encoding.token_to_chars(index)[1]
 
 
 @dataclass(frozen=True)
