@@ -154,3 +154,22 @@ async def test_a_shared_system_prompt_is_tokenized_once(engine_server):
     misses = manager.misses
     await manager.encode("smol", f"{system}<|im_start|>user\nfour<|im_end|>\n")
     assert manager.misses - misses == 2  # the whole prompt and its one new piece
+
+
+async def test_texts_of_many_pieces_or_long_ones_are_tokenized_whole(engine_server, engine):
+    """A text of more pieces than MAX_PIECES (a loop over them would hold the event loop),
+    or longer than CUT_MAX_CHARS, is tokenized whole, off the loop when long; the tokens
+    are the same either way."""
+    from parrot.platform.serve.engines.tokenizers import CUT_MAX_CHARS, MAX_PIECES
+
+    client = HttpEngine(engine_server.url)
+    try:
+        manager = TokenizerManager()
+        manager.load("smol", await client.tokenizer_json())
+    finally:
+        await client.aclose()
+    many = "<|im_start|>a" * (MAX_PIECES + 1)
+    long = "<|im_start|>user\n" + "word " * (CUT_MAX_CHARS // 5) + "<|im_end|>"
+    for text in (many, long):
+        assert list((await manager.encode("smol", text)).ids) == engine.tokenize(text)
+    assert len(manager) == 2  # the two texts, none of their pieces

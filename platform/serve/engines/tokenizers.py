@@ -28,6 +28,9 @@ from parrot.platform.serve.engines.token_pieces import Ends, JoinedEnds, cut, pi
 
 Tokenize = Callable[[str], Awaitable[list[int]]]
 INLINE_CHARS = 8_192  # shorter texts are tokenized on the loop: a thread hop costs more
+# Longer texts, or texts of more pieces, are tokenized whole (token_pieces): a text of many
+# special tokens would otherwise be a long Python loop on the event loop.
+CUT_MAX_CHARS, MAX_PIECES = 256 * 1024, 256
 
 
 class TokenEnds(Ends):
@@ -99,15 +102,23 @@ class TokenizerManager:
             return cached
         local = self._local.get(model)
         cutter = self._cutters.get(model)
-        pieces = cut(cutter, text) if local is not None and cutter is not None else [text]
+        pieces = [text]
+        if local is not None and cutter is not None and len(text) <= CUT_MAX_CHARS:
+            pieces = cut(cutter, text)
+            if len(pieces) > MAX_PIECES:  # a loop over them would stall the event loop
+                pieces = [text]
         if len(pieces) == 1:
             encoding = await self._compute(model, text, local, fetch)
         else:
+            assert local is not None
+            known = {piece: self._cached(model, piece) for piece in pieces}
+            missing = [piece for piece, part in known.items() if part is None]
+            for piece, part in zip(missing, await _encode_all(local, missing), strict=True):
+                known[piece] = self._keep(model, piece, part)
             parts, ids, chars = [], [], 0
             for piece in pieces:
-                part = self._cached(model, piece) or self._keep(
-                    model, piece, await self._compute(model, piece, local, fetch)
-                )
+                part = known[piece]
+                assert part is not None
                 parts.append((len(ids), chars, part.ends))
                 ids += part.ids
                 chars += len(piece)
@@ -128,9 +139,7 @@ class TokenizerManager:
         self, model: str, text: str, local: Tokenizer | None, fetch: Tokenize | None
     ) -> Encoding:
         if local is not None:
-            if len(text) <= INLINE_CHARS:
-                return _encode(local, text)
-            return await asyncio.to_thread(_encode, local, text)
+            return (await _encode_all(local, [text]))[0]
         if fetch is not None:
             return Encoding(tuple(await fetch(text)), None)
         raise LookupError(f"no tokenizer for model {model!r}")
@@ -151,9 +160,16 @@ class TokenizerManager:
         return len(self._cache)
 
 
-def _encode(tokenizer: Tokenizer, text: str) -> Encoding:
+async def _encode_all(tokenizer: Tokenizer, texts: list[str]) -> list[Encoding]:
+    """The encodings of ``texts``: here when they are short, else in a worker thread."""
+    if sum(map(len, texts)) <= INLINE_CHARS:
+        return _encode(tokenizer, texts)
+    return await asyncio.to_thread(_encode, tokenizer, texts)
+
+
+def _encode(tokenizer: Tokenizer, texts: list[str]) -> list[Encoding]:
     # Templates carry their own special tokens; nothing is added (as the engine does).
     # encode_batch, not encode: it runs without the GIL (measured: a 2 MiB prompt held the
     # GIL for 2-3 s through encode in a worker thread, /healthz waiting all along)
-    (encoding,) = tokenizer.encode_batch([text], add_special_tokens=False)
-    return Encoding(tuple(encoding.ids), TokenEnds(encoding))
+    encodings = tokenizer.encode_batch(texts, add_special_tokens=False) if texts else []
+    return [Encoding(tuple(e.ids), TokenEnds(e)) for e in encodings]
