@@ -141,13 +141,19 @@ async def test_prompts_cut_at_added_tokens_get_the_tokens_and_spans_of_the_whole
     assert "ggml-vocab-llama-spm.gguf" not in cut_ones
 
 
-async def test_a_shared_system_prompt_is_tokenized_once(engine_server):
-    client = HttpEngine(engine_server.url)
+async def smol_manager(url: str) -> TokenizerManager:
+    """A manager with the bundled model's tokenizer, fetched from its engine."""
+    client = HttpEngine(url)
     try:
         manager = TokenizerManager()
         manager.load("smol", await client.tokenizer_json())
     finally:
         await client.aclose()
+    return manager
+
+
+async def test_a_shared_system_prompt_is_tokenized_once(engine_server):
+    manager = await smol_manager(engine_server.url)
     system = "<|im_start|>system\n" + "A long shared system prompt. " * 50 + "<|im_end|>\n"
     for user in ("one", "two", "three"):
         await manager.encode("smol", f"{system}<|im_start|>user\n{user}<|im_end|>\n")
@@ -162,12 +168,7 @@ async def test_texts_of_many_pieces_or_long_ones_are_tokenized_whole(engine_serv
     are the same either way."""
     from parrot.platform.serve.engines.tokenizers import CUT_MAX_CHARS, MAX_PIECES
 
-    client = HttpEngine(engine_server.url)
-    try:
-        manager = TokenizerManager()
-        manager.load("smol", await client.tokenizer_json())
-    finally:
-        await client.aclose()
+    manager = await smol_manager(engine_server.url)
     many = "<|im_start|>a" * (MAX_PIECES + 1)
     long = "<|im_start|>user\n" + "word " * (CUT_MAX_CHARS // 5) + "<|im_end|>"
     for text in (many, long):
