@@ -190,6 +190,30 @@ def test_fork_shares_full_blocks_and_copies_partial_block():
     assert all(pool.blocks.ref_count(b) == 1 for b in child.blocks)  # the child keeps them alive
 
 
+def test_a_second_copy_of_cached_blocks_is_dropped_unless_a_fork_holds_it():
+    """Two contexts compute the same tokens in one step: when the second's blocks fill up,
+    it takes the first's cached blocks and frees its own (its partial last block stays its
+    own); a copy that a fork already shares is kept, so the fork's table stays right."""
+    pool = make_pool(block_size=4, kv_heads=1, num_blocks=16)
+    a, b, c = (Context(context_id=n) for n in (1, 2, 3))
+    for ctx in (a, b, c):
+        pool.contexts[ctx.context_id] = ctx
+        pool.materialize(ctx)
+        ctx.token_ids.extend(range(10))  # 2 full blocks and 2 tokens
+        assert pool.ensure_blocks(ctx, 10)
+    free = pool.blocks.num_free
+    pool.computed(a, 10, None)
+    pool.computed(b, 10, None)
+    assert b.blocks[:2] == a.blocks[:2] and b.blocks[2] != a.blocks[2]
+    assert pool.blocks.num_free == free + 2 and pool.blocks.ref_count(a.blocks[0]) == 2
+    shared = c.blocks[:2]  # a fork in the step that computes them holds them too
+    for block in shared:
+        pool.blocks.acquire(block)
+    pool.computed(c, 10, None)
+    assert c.blocks[:2] == shared != a.blocks[:2]
+    assert [pool.blocks.ref_count(block) for block in shared] == [2, 2]
+
+
 def test_block_manager_prefix_cache_reuses_and_evicts_lru():
     blocks = BlockManager(num_blocks=3, block_size=2)
     a = blocks.allocate()
@@ -237,3 +261,29 @@ def test_a_prompt_chunk_on_the_fused_kernel_equals_the_products_that_give_the_ls
     explicit, lse = backend._prefill(q, k_cache, v_cache, slots, mask, True, PLAIN)
     assert none is None and lse.shape == (n, 4)
     torch.testing.assert_close(fused, explicit, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_attention_with_its_lse_on_the_cpu_kernel_equals_the_products(dtype):
+    """The shared prefix's part (and a prefill beside it) needs the log-sum-exp: on the CPU
+    torch's flash kernel gives it; it equals the explicit products, and a query that sees no
+    key (slid past the prefix) has lse -inf and no NaN, so a merge gives that part no weight."""
+    torch.manual_seed(0)
+    backend = create_backend("torch", 6, 2, HEAD_DIM)
+    n, length = 5, 40
+    q = torch.randn(n, 6, HEAD_DIM).to(dtype)
+    keys, vals = torch.randn(2, length, HEAD_DIM).to(dtype), torch.randn(2, length, HEAD_DIM).to(dtype)
+    mask = torch.rand(n, length) > 0.4
+    mask[3] = False
+    out, lse = backend._with_lse(q, keys, vals, mask, PLAIN)
+    assert out.dtype == dtype and out.shape == (n, 6, HEAD_DIM) and lse.shape == (n, 6)
+    assert torch.isneginf(lse[3]).all() and not out.isnan().any()
+    qf = q.float().view(n, 2, 3, HEAD_DIM)  # [n, kvh, g, d]
+    scores = torch.einsum("nkgd,kld->nkgl", qf, keys.float()) * HEAD_DIM**-0.5
+    scores = scores.masked_fill(~mask[:, None, None, :], float("-inf"))
+    seen = [0, 1, 2, 4]
+    expected_lse = torch.logsumexp(scores, -1).reshape(n, 6)
+    expected = torch.einsum("nkgl,kld->nkgd", torch.softmax(scores[seen], -1), vals.float()).reshape(4, 6, -1)
+    tol = 1e-4 if dtype == torch.float32 else 3e-2
+    torch.testing.assert_close(lse[seen], expected_lse[seen], atol=tol, rtol=tol)
+    torch.testing.assert_close(out[seen].float(), expected, atol=tol, rtol=tol)

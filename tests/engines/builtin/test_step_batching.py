@@ -61,6 +61,38 @@ def test_forks_of_a_checkpoint_join_the_step_that_computes_it(client, ids, engin
         assert list(result.token_ids) == alone(client, ids, system + user, 4)["token_ids"]
 
 
+def test_plain_requests_that_compute_one_prompt_together_keep_one_copy_of_it(client, ids, engine):
+    """Plain requests with one long system prompt, sent together (the chatbot's users on
+    the OpenAI route): each computes the prompt in the first step, since none finds it
+    cached yet. Once computed, the copies' full blocks are dropped for the first one's, so
+    the requests share one prefix (attended once, one copy held), and each still answers
+    what its prompt answers alone."""
+    system = tokenize(client, "Tide tables of the harbour, read aloud. " + PROMPT * 4)  # cached nowhere yet
+    prompts = [system + tokenize(client, f"Question {n}: which bird is the loudest?") for n in range(3)]
+    cids = [next(ids) for _ in prompts]
+    sampling = SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True)
+    hold = threading.Event()
+    full = len(system) // 16
+
+    async def together() -> tuple[list, list, int]:
+        engine._submit(hold.wait, (10,), None, reply=False)
+        tasks = [
+            asyncio.ensure_future(engine.generate(c, sampling, token_ids=p)) for c, p in zip(cids, prompts, strict=True)
+        ]
+        await asyncio.sleep(0.2)
+        computed = engine.core.tokens_computed
+        hold.set()
+        results = await asyncio.gather(*tasks)
+        tables = await engine._call(lambda: [list(engine.core.pool.contexts[c].blocks[:full]) for c in cids])
+        return results, tables, engine.core.tokens_computed - computed
+
+    results, tables, computed = asyncio.run(together())
+    assert computed >= len(prompts) * len(system)  # each computed the prompt: none was cached yet
+    assert tables[1] == tables[0] and tables[2] == tables[0]  # one copy of its full blocks
+    for result, prompt in zip(results, prompts, strict=True):
+        assert list(result.token_ids) == alone(client, ids, prompt, 4)["token_ids"]
+
+
 def test_requests_that_keep_coming_to_an_idle_engine_start_in_one_step(client, ids, engine, monkeypatch):
     """A burst reaches an idle engine one request at a time (the consumers of calls that
     ended in one step, sent one after another): the engine waits while they keep coming,
