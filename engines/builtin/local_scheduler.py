@@ -43,6 +43,7 @@ URGENT, NORMAL, BACKGROUND = 0, 1, 2  # job levels, first served first
 
 TAIL_SLACK = 32  # a prompt's last chunk of at most budget / 32 tokens joins the one before
 
+
 @dataclass(frozen=True)
 class SchedulerConfig:
     max_batched_tokens: int = 1024

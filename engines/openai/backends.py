@@ -54,9 +54,7 @@ def kind_of(models: list[Any], model: str) -> str:
     return next((OWNERS[o] for o in owners if o in OWNERS), OTHER)
 
 
-async def detect(
-    http: httpx2.AsyncClient, base_url: str, models: list[Any], model: str, key: str
-) -> Backend:
+async def detect(http: httpx2.AsyncClient, base_url: str, models: list[Any], model: str, key: str) -> Backend:
     """The backend behind ``base_url``, from its models page and, for llama.cpp, ``/props``
     (asked with the API key ``key``: a server started with ``--api-key`` wants it there too)."""
     kind = kind_of(models, model)

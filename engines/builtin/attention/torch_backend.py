@@ -93,6 +93,13 @@ class TorchAttentionBackend(AttentionBackend):
         # In float32 for every dtype: on the CPU, SDPA and small matmuls in bfloat16 run 5-15x
         # slower than in float32 at decode shapes (measured), and decode attention is small.
         qg = self._grouped(q).float()  # [b, kvh, g, d]
+        if q.device.type == "cpu":  # the flash kernel gives the lse: 0.8 against 1.2 ms a layer
+            out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
+                qg, keys.transpose(1, 2).float(), vals.transpose(1, 2).float(), attn_mask=d.kv_bias,
+                scale=layer.scale or self.scale,
+            )  # fmt: skip
+            lse = lse.reshape(b, self.num_heads) if need_lse else None  # a row always sees its own key
+            return out.reshape(b, self.num_heads, self.head_dim).to(q.dtype), lse
         keys = keys.permute(0, 2, 3, 1).float()  # [b, kvh, d, L]
         vals = vals.transpose(1, 2).float()  # [b, kvh, L, d]
         scores = self._scores(torch.matmul(qg, keys), layer) + d.kv_bias  # [b, kvh, g, L]
