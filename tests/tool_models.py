@@ -30,6 +30,10 @@ class ToolFamily:
 FAMILIES = {
     "qwen2.5": ToolFamily("ggml-vocab-qwen2.gguf", "Qwen-Qwen2.5-7B-Instruct.jinja", "<|im_end|>", "hermes"),
     "qwen3": ToolFamily("ggml-vocab-qwen2.gguf", "Qwen-Qwen3-0.6B.jinja", "<|im_end|>", "hermes"),
+    "qwen3-coder": ToolFamily("ggml-vocab-qwen2.gguf", "Qwen3-Coder.jinja", "<|im_end|>", "qwen3_xml"),
+    # Qwen3.5's vocabulary is Qwen2's (llama.cpp's ggml-vocab-qwen35.gguf: the same 151,936
+    # tokens, another pre-tokenizer), so the file already here stands in for it.
+    "qwen3.5": ToolFamily("ggml-vocab-qwen2.gguf", "Qwen3.5-4B.jinja", "<|im_end|>", "qwen3_xml"),
     "llama3.1": ToolFamily(
         "ggml-vocab-llama-bpe.gguf", "meta-llama-Llama-3.1-8B-Instruct.jinja", "<|eot_id|>", "llama3_json"
     ),

@@ -146,6 +146,51 @@ class TaggedCallReader(CallList):
         return ToolAnswer(rest)
 
 
+class XmlCallReader(TaggedCallReader):
+    """Calls in ``<tool_call>`` tags with XML inside (Qwen3-Coder, Qwen3.5):
+    ``<function=NAME>`` and a ``<parameter=KEY>`` block per argument, whose value is text.
+    ``types`` (tool name -> argument name -> its JSON schema) says how to read a value back:
+    a string as it is, a number, boolean or null as such, anything else as JSON; an argument
+    of no known type is JSON where it reads as JSON, else text."""
+
+    def __init__(self, types: dict[str, dict[str, Any]] | None = None) -> None:
+        super().__init__("<tool_call>", "</tool_call>")
+        self.types = types or {}
+
+    def _decode(self, body: str) -> ToolCall | None:
+        function = _FUNCTION.fullmatch(body)
+        if function is None:
+            return None
+        name, inside = function.group(1), function.group(2)
+        types = self.types.get(name, {})
+        arguments = {}
+        for found in _PARAMETER.finditer(inside):
+            key, value = found.group(1), found.group(2)
+            arguments[key] = xml_value(value, types.get(key))
+        return _call({"name": name, "arguments": arguments}, "arguments")
+
+
+_FUNCTION = re.compile(r"\s*<function=([^>\n]+)>\n(.*)</function>\s*", re.DOTALL)
+_PARAMETER = re.compile(r"<parameter=([^>\n]+)>\n(.*?)\n</parameter>", re.DOTALL)
+
+
+def xml_value(text: str, schema: Any) -> Any:
+    """An argument's value written as text (the template writes a string as it is, anything
+    else with ``tojson``, a number or boolean with Python's ``str``), read by its schema."""
+    kind = schema.get("type") if isinstance(schema, dict) else None
+    if kind == "string":
+        return text
+    lowered = text.strip().lower()
+    if kind == "boolean" and lowered in ("true", "false"):
+        return lowered == "true"
+    if lowered in ("none", "null") and kind in (None, "null"):
+        return None
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError:
+        return text
+
+
 class JsonCallReader(CallList):
     """One call as the whole answer (``{"name": ..., "parameters": {...}}``), or text."""
 

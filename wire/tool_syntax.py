@@ -16,6 +16,9 @@ The syntaxes:
 
 - ``hermes`` (Qwen2.5, Qwen3, Hermes 2 Pro / 3): ``<tool_call>\\n{"name": ..., "arguments":
   {...}}\\n</tool_call>``, one block per call, text allowed before the first;
+- ``qwen3_xml`` (Qwen3-Coder, Qwen3.5): ``<tool_call>\\n<function=NAME>\\n<parameter=KEY>\\n
+  value\\n</parameter>\\n...</function>\\n</tool_call>``, values as text (strings as they
+  are, other types as JSON), read back by the tools' schemas;
 - ``llama3_json`` (Llama 3.1, 3.2, 3.3): the whole answer is one ``{"name": ..., "parameters":
   {...}}``, or text;
 - ``mistral`` (Mistral 7B v0.3, Nemo): ``[TOOL_CALLS][{"name": ..., "arguments": {...}}, ...]``,
@@ -35,7 +38,7 @@ from typing import Any, Final
 from parrot.wire.chat import ChatTurn
 from parrot.wire.formats import OutputFormat
 from parrot.wire.tool_calls import NO_ARGUMENTS, ToolAnswer, ToolPlan, call_schema, render_turns
-from parrot.wire.tool_readers import JsonCallReader, PrefixedListReader, TaggedCallReader
+from parrot.wire.tool_readers import JsonCallReader, PrefixedListReader, TaggedCallReader, XmlCallReader
 from parrot.wire.tool_stream import AnswerStream, read_answer
 
 TOOL_FORMATS: Final = ("auto", "generic")  # --tool-format: the template's syntax, or Parrot's
@@ -67,6 +70,11 @@ class ToolSyntax:
 
     def render(self, turns: Sequence[ChatTurn], plan: ToolPlan | None) -> Rendering:
         return Rendering([{"role": t.role, "content": t.content} for t in render_turns(turns, plan)])
+
+    def bound(self, plan: ToolPlan | None) -> ToolSyntax:
+        """This syntax for the answers to a request with ``plan`` (a syntax whose reader
+        needs the tools' schemas takes them here; the others are the same for all)."""
+        return self
 
     def output_format(self, plan: ToolPlan) -> OutputFormat:
         return plan.output_format()
@@ -185,8 +193,83 @@ class MistralSyntax(NativeSyntax):
         return PrefixedListReader(self.prefix, self.arguments_key)
 
 
+class XmlSyntax(NativeSyntax):
+    """``<tool_call>`` blocks with XML inside (Qwen3-Coder, Qwen3.5): ``<function=NAME>``,
+    then a ``<parameter=KEY>`` block per argument whose value is text (a string as it is,
+    anything else as JSON), one block per call, text allowed before the first. The grammar
+    writes each callable tool's arguments in its schema's order, each value by its type
+    (a string is any text that does not close its block; an object or list is JSON by its
+    schema); the reader reads them back by the same types, so it is bound to the plan."""
+
+    name = "qwen3_xml"
+    markers = ("<tool_call>", "<function=", "<parameter=")
+    open = "<tool_call>\n"
+    close = "</function>\n</tool_call>"
+    types: dict[str, dict[str, Any]] | None = None  # tool -> argument -> schema (see bound)
+
+    def bound(self, plan: ToolPlan | None) -> XmlSyntax:
+        syntax = XmlSyntax()
+        if plan is not None:
+            syntax.types = {t.name: _properties(t.parameters) for t in plan.tools}
+        return syntax
+
+    def output_format(self, plan: ToolPlan) -> OutputFormat:
+        tools = plan.callable_tools()
+        lines = ["body: " + " | ".join(f"f{i}" for i in range(len(tools)))]
+        for i, tool in enumerate(tools):
+            required = set((tool.parameters or {}).get("required", ()))
+            parts = [_lark(f"<function={tool.name}>\n")]
+            for j, (key, schema) in enumerate(_properties(tool.parameters).items()):
+                rule = f"p{i}_{j}"
+                value = _xml_value_rule(schema, (tool.parameters or {}).get("$defs"))
+                if value == "STR" and isinstance(schema, dict) and {"minLength", "maxLength"} & set(schema):
+                    value = f"S{i}_{j}"  # a string of bounded length
+                    least, most = schema.get("minLength", 0), schema.get("maxLength", "")
+                    lines.append(f"{value}: /(?s:.{{{least},{most}}}){_END_RE}/ & ~/(?s:.*{_END_RE}(?s:.+))/")
+                lines.append(f"{rule}: {_lark(f'<parameter={key}>' + chr(10))} {value}")
+                parts.append(rule if key in required else f"{rule}?")
+            lines.append(f"f{i}: {' '.join(parts)} {_lark(self.close)}")
+        if any(line.endswith(" STR") for line in lines):
+            lines.append(f"STR: /(?s:.*){_END_RE}/ & ~/(?s:.*{_END_RE}(?s:.+))/")
+        more = "" if not plan.parallel or plan.function is not None else f' ("\\n" {_lark(self.open)} body)*'
+        if plan.required:
+            lines.insert(0, f"start: {_lark(self.open)} body{more}")
+        else:  # text, or text (possibly none) and then calls
+            lines.insert(0, f"start: TEXT | LEAD body{more}")
+            lines.append("TEXT: /(?s:.+)/ & ~/(?s:.*<tool_call>.*)/")
+            lines.append("LEAD: /(?s:.*)<tool_call>\\n/ & ~/(?s:.*<tool_call>.*<tool_call>.*)/")
+        return OutputFormat(grammar="\n".join(lines))
+
+    def reader(self) -> XmlCallReader:
+        return XmlCallReader(self.types)
+
+
+_END = "\n</parameter>\n"  # what closes an argument's value
+_END_RE = "\\n<\\/parameter>\\n"
+
+
+def _properties(parameters: dict[str, Any] | None) -> dict[str, Any]:
+    properties = (parameters or {}).get("properties")
+    return properties if isinstance(properties, dict) else {}
+
+
+def _xml_value_rule(schema: Any, defs: Any = None) -> str:
+    """The Lark of an argument's value and the block's end: a string's text (one of its
+    ``enum`` where it has one), a number or boolean as the template writes it, else JSON."""
+    kind = schema.get("type") if isinstance(schema, dict) else None
+    end = _lark(_END)
+    if kind == "string" and isinstance(schema.get("enum"), list):
+        return "(" + " | ".join(_lark(str(v)) for v in schema["enum"]) + f") {end}"
+    if kind == "string" or not isinstance(schema, dict):
+        return "STR"
+    if kind == "boolean":
+        return f'("true" | "false" | "True" | "False") {end}'
+    schema = {**schema, "$defs": defs} if defs else schema  # what its $ref may name
+    return f"%json {json.dumps({**schema, 'x-guidance': TEMPLATE_JSON})} {end}"
+
+
 GENERIC: Final = ToolSyntax()
-NATIVE: Final[tuple[NativeSyntax, ...]] = (HermesSyntax(), Llama3JsonSyntax(), MistralSyntax())
+NATIVE: Final[tuple[NativeSyntax, ...]] = (XmlSyntax(), HermesSyntax(), Llama3JsonSyntax(), MistralSyntax())
 SYNTAXES: Final[dict[str, ToolSyntax]] = {s.name: s for s in (GENERIC, *NATIVE)}
 
 

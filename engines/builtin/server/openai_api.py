@@ -70,8 +70,6 @@ def tool_syntax(engine: BuiltinEngine) -> ToolSyntax:
     return syntax_of_template(engine.tokenizer.chat_template, engine.config.tool_format)
 
 
-
-
 def _check_model(engine: BuiltinEngine, model: str | None) -> None:
     if model and model != engine.model_name:
         raise BadRequestError(f"model {model!r} is not served here; this engine serves {engine.model_name!r}")
@@ -244,7 +242,7 @@ class OpenAIAPI(Controller):
         sampling = _sampling(data, len(tokens), engine.core.max_model_len, None, chat.tools, syntax)
         run = _Run(engine, ids, tokens, sampling, data.n)
         rid, created, model = f"chatcmpl-{uuid.uuid4().hex}", int(time.time()), engine.model_name
-        tools = syntax if chat.tools is not None else None
+        tools = syntax.bound(chat.tools) if chat.tools is not None else None
         if not data.stream:
             # A client that gives up stops the generation (its contexts are freed).
             answers = await unless_disconnected(request, run.answers())

@@ -56,7 +56,7 @@ async def render_chat(
             f"the engine of {model!r} renders tools in a syntax this ServeCore does not know: "
             f"{rendered.tool_syntax!r} (known: {', '.join(SYNTAXES)})"
         )
-    return rendered.pieces, SYNTAXES[rendered.tool_syntax]
+    return rendered.pieces, SYNTAXES[rendered.tool_syntax].bound(plan)
 
 
 class OneShot:

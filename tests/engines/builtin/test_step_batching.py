@@ -77,7 +77,8 @@ def test_plain_requests_that_compute_one_prompt_together_keep_one_copy_of_it(cli
     async def together() -> tuple[list, list, int]:
         engine._submit(hold.wait, (10,), None, reply=False)
         tasks = [
-            asyncio.ensure_future(engine.generate(c, sampling, token_ids=p)) for c, p in zip(cids, prompts, strict=True)
+            asyncio.ensure_future(engine.generate(c, sampling, token_ids=p))
+            for c, p in zip(cids, prompts, strict=True)
         ]
         await asyncio.sleep(0.2)
         computed = engine.core.tokens_computed
