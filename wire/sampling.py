@@ -48,7 +48,9 @@ class SamplingParams(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw
     # generation (issue 36: a small model asked for calls repeats its one call until
     # max_tokens).
     tool_answer: bool = False
-    tool_syntax: Literal["generic", "hermes", "qwen3_xml", "llama3_json", "mistral"] = "generic"
+    tool_syntax: Literal["generic", "hermes", "qwen3_xml", "llama3_json", "mistral", "mistral_v11"] = (
+        "generic"
+    )
 
     @property
     def is_greedy(self) -> bool:

@@ -306,6 +306,77 @@ class PrefixedListReader(CallList):
         return ToolAnswer("")  # calls, or the marker cut off: nothing more to say
 
 
+class NamedCallsReader(CallList):
+    """A marker, a tool's name and its JSON arguments per call (``[TOOL_CALLS]name[ARGS]{...}``
+    once per call, Small 3.2's past calls with a ``[CALL_ID]``), or text."""
+
+    def __init__(self, prefix: str = "[TOOL_CALLS]") -> None:
+        super().__init__()
+        self.prefix = prefix
+        self.head = re.compile(rf"\s*{re.escape(prefix)}([^\[]+?)(?:\[CALL_ID\][A-Za-z0-9]+)?\[ARGS\]")
+        self.text = ""
+        self.kind: str | None = None  # "calls" once the marker is read, "text" once it cannot be
+        self.sent = 0  # text sent as content
+        self.at = 0  # where the next call may start
+        self.closed = False  # the list ended (a repetition, or text that is no call)
+        self.last_end = 0  # where the last new call's arguments end
+
+    def feed(self, piece: str) -> ToolAnswer:
+        self.text += piece
+        if self.kind is None:
+            head = self.text.lstrip()
+            if head.startswith(self.prefix):
+                self.kind = "calls"
+            elif not self.prefix.startswith(head):
+                self.kind = "text"
+        if self.kind == "text":
+            delta, self.sent = self.text[self.sent :], len(self.text)
+            return ToolAnswer(delta)
+        if self.kind == "calls" and not self.closed:
+            return ToolAnswer("", self._whole_calls())
+        return ToolAnswer("")
+
+    def _whole_calls(self) -> tuple[ToolCall, ...]:
+        calls = []
+        while not self.closed:
+            found = self.head.match(self.text, self.at)
+            if found is None:
+                rest = self.text[self.at :].lstrip()
+                self.closed = not (self.prefix.startswith(rest) or rest.startswith(self.prefix))
+                break  # the next call's head is not whole yet, or there is none
+            try:
+                arguments, end = _DECODER.raw_decode(self.text, found.end())
+            except json.JSONDecodeError:
+                break  # not whole yet
+            call = _call({"name": found.group(1), "arguments": arguments}, "arguments")
+            if call is None or not self.take(call):
+                self.closed = True
+                break
+            calls.append(call)
+            self.at = self.last_end = end
+        return tuple(calls)
+
+    @property
+    def cut_at(self) -> int | None:
+        return self.last_end if self.repeated else None
+
+    @property
+    def pending_from(self) -> int | None:
+        return self.last_end if self.kind == "calls" and not self.closed else None
+
+    @property
+    def called_tools(self) -> bool:
+        """Whole calls and nothing after them but a repetition (not half a call)."""
+        return self.count > 0 and (self.repeated or not self.text[self.last_end :].strip())
+
+    def finish(self) -> ToolAnswer:
+        if self.kind == "text":
+            return ToolAnswer(self.text[self.sent :])
+        if self.kind is None and not self.text.strip():
+            return ToolAnswer(self.text)
+        return ToolAnswer("")  # calls, or the marker cut off: nothing more to say
+
+
 def _held_back(text: str, tag: str) -> int:
     """How many characters at the end of ``text`` may be the start of ``tag``."""
     for n in range(min(len(tag) - 1, len(text)), 0, -1):

@@ -23,6 +23,8 @@ The syntaxes:
   {...}}``, or text;
 - ``mistral`` (Mistral 7B v0.3, Nemo): ``[TOOL_CALLS][{"name": ..., "arguments": {...}}, ...]``,
   or text;
+- ``mistral_v11`` (Mistral Small 3.1+, Devstral, Ministral 3): ``[TOOL_CALLS]name[ARGS]{...}``
+  per call, or text;
 - ``generic``: Parrot's own format for every other template (:mod:`parrot.wire.tool_calls`),
   also chosen explicitly (``--tool-format generic``).
 """
@@ -38,7 +40,13 @@ from typing import Any, Final
 from parrot.wire.chat import ChatTurn
 from parrot.wire.formats import OutputFormat
 from parrot.wire.tool_calls import NO_ARGUMENTS, ToolAnswer, ToolPlan, call_schema, render_turns
-from parrot.wire.tool_readers import JsonCallReader, PrefixedListReader, TaggedCallReader, XmlCallReader
+from parrot.wire.tool_readers import (
+    JsonCallReader,
+    NamedCallsReader,
+    PrefixedListReader,
+    TaggedCallReader,
+    XmlCallReader,
+)
 from parrot.wire.tool_stream import AnswerStream, read_answer
 
 TOOL_FORMATS: Final = ("auto", "generic")  # --tool-format: the template's syntax, or Parrot's
@@ -193,6 +201,35 @@ class MistralSyntax(NativeSyntax):
         return PrefixedListReader(self.prefix, self.arguments_key)
 
 
+class MistralNamedSyntax(MistralSyntax):
+    """``[TOOL_CALLS]name[ARGS]{...}`` once per call (Mistral Small 3.1+, Devstral, Ministral 3,
+    whose tokenizers are v11 and later); their templates too want call ids of 9 characters.
+    Small 3.2's template writes a past call's ``[CALL_ID]`` before ``[ARGS]``: the reader takes
+    it, the grammar writes calls without it, as the others' templates do."""
+
+    name = "mistral_v11"
+    markers = ("[TOOL_CALLS]", "[ARGS]", "[AVAILABLE_TOOLS]")
+    closing = ""  # calls are whole where an answer is cut
+
+    def output_format(self, plan: ToolPlan) -> OutputFormat:
+        tools = plan.callable_tools()
+        lines = [f"call: {_lark(self.prefix)} (" + " | ".join(f"c{i}" for i in range(len(tools))) + ")"]
+        for i, tool in enumerate(tools):
+            arguments = {**(tool.parameters or NO_ARGUMENTS), "x-guidance": TEMPLATE_JSON}
+            arguments.setdefault("additionalProperties", False)  # the declared ones, as call_schema
+            lines.append(f"c{i}: {_lark(tool.name)} {_lark('[ARGS]')} %json {json.dumps(arguments)}")
+        calls = "call+" if plan.parallel and plan.function is None else "call"
+        if plan.required:
+            lines.insert(0, f"start: {calls}")
+        else:
+            lines.insert(0, f"start: TEXT | {calls}")  # text never holds the marker: no calls in content
+            lines.append("TEXT: /(?s:.+)/ & ~/(?s:.*\\[TOOL_CALLS\\].*)/")
+        return OutputFormat(grammar="\n".join(lines))
+
+    def reader(self) -> NamedCallsReader:
+        return NamedCallsReader(self.prefix)
+
+
 class XmlSyntax(NativeSyntax):
     """``<tool_call>`` blocks with XML inside (Qwen3-Coder, Qwen3.5): ``<function=NAME>``,
     then a ``<parameter=KEY>`` block per argument whose value is text (a string as it is,
@@ -269,7 +306,13 @@ def _xml_value_rule(schema: Any, defs: Any = None) -> str:
 
 
 GENERIC: Final = ToolSyntax()
-NATIVE: Final[tuple[NativeSyntax, ...]] = (XmlSyntax(), HermesSyntax(), Llama3JsonSyntax(), MistralSyntax())
+NATIVE: Final[tuple[NativeSyntax, ...]] = (
+    XmlSyntax(),
+    HermesSyntax(),
+    Llama3JsonSyntax(),
+    MistralNamedSyntax(),
+    MistralSyntax(),
+)
 SYNTAXES: Final[dict[str, ToolSyntax]] = {s.name: s for s in (GENERIC, *NATIVE)}
 
 

@@ -24,7 +24,7 @@ from parrot.wire.tool_calls import plan_tools
 from parrot.wire.tool_syntax import GENERIC, SYNTAXES, syntax_of_template
 
 HERMES, LLAMA, MISTRAL = SYNTAXES["hermes"], SYNTAXES["llama3_json"], SYNTAXES["mistral"]
-XML = SYNTAXES["qwen3_xml"]
+XML, NAMED = SYNTAXES["qwen3_xml"], SYNTAXES["mistral_v11"]
 WEATHER = FunctionDefinition(
     name="get_weather",
     description="The weather in a city",
@@ -352,3 +352,49 @@ def test_every_syntax_can_be_named_in_a_generation_request():
     from parrot.wire.sampling import SamplingParams
 
     assert set(get_args(get_type_hints(SamplingParams)["tool_syntax"])) == set(SYNTAXES)
+
+
+N_OSLO, N_SUM = '[TOOL_CALLS]get_weather[ARGS]{"city": "Oslo"}', '[TOOL_CALLS]add[ARGS]{"a": 1, "b": 2}'
+
+
+@pytest.mark.parametrize(
+    ("choice", "text", "accepted"),
+    [
+        (None, "The weather is fine.", True),
+        (None, N_OSLO, True),
+        (None, N_OSLO + N_SUM, True),
+        (None, "Let me look." + N_OSLO, False),  # text or calls, never the marker in text
+        (None, N_OSLO.replace("get_weather", "get_time"), False),  # not a tool
+        (None, N_SUM.replace(", ", ","), False),  # spacing as the template writes JSON
+        ("required", N_OSLO, True),
+        ("required", "The weather is fine.", False),
+        ("add", N_SUM, True),
+        ("add", N_OSLO, False),
+        ("add", N_SUM + N_SUM, False),  # a named tool: one call
+    ],
+)
+def test_the_mistral_v11_grammar(choice, text, accepted):
+    assert accepts(NAMED, choice, text) is accepted
+
+
+@pytest.mark.parametrize("size", [1, 3, 7, 1000])
+def test_a_mistral_v11_answer_streams_whole_calls(size):
+    reader = NAMED.reader()
+    calls = []
+    small_3_2 = N_SUM.replace("[ARGS]", "[CALL_ID]a1b2c3d4e[ARGS]")  # Small 3.2's past calls carry an id
+    for piece in pieces(N_OSLO + small_3_2, size):
+        answer = reader.feed(piece)
+        assert not answer.content
+        calls += answer.tool_calls
+    assert not reader.finish().content
+    assert [(c.function.name, json.loads(c.function.arguments)) for c in calls] == [
+        ("get_weather", {"city": "Oslo"}),
+        ("add", {"a": 1, "b": 2}),
+    ]
+    assert reader.called_tools
+    content, called = NAMED.read(N_OSLO + N_OSLO + N_SUM)
+    assert [c.function.name for c in content.tool_calls] == ["get_weather"] and called  # a repetition ends it
+    content, called = NAMED.read(N_OSLO + '[TOOL_CALLS]add[ARGS]{"a": 1')
+    assert [c.function.name for c in content.tool_calls] == ["get_weather"] and not called  # half a call
+    assert NAMED.read("Just words [TOOL_CALLS] here")[0].content == "Just words [TOOL_CALLS] here"
+    assert NAMED.read("[TOOL_CA") == (type(content)(None), False)

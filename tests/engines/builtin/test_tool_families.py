@@ -60,12 +60,14 @@ TOOL_BLOCK = {
     "llama3.1": "Given the following functions",
     "mistral-nemo": "[AVAILABLE_TOOLS]",
     "qwen3-coder": "<tools>\n<function>\n<name>get_weather</name>",
+    "devstral": "[AVAILABLE_TOOLS]",
 }
 RESULT_TURN = {
     "qwen2.5": "<tool_response>\nsunny, 21 C\n</tool_response>",
     "llama3.1": "ipython<|end_header_id|>",
     "mistral-nemo": '[TOOL_RESULTS]{"content": sunny, 21 C, "call_id": "',
     "qwen3-coder": "<tool_response>\nsunny, 21 C\n</tool_response>",
+    "devstral": "[TOOL_RESULTS]sunny, 21 C[/TOOL_RESULTS]",
 }
 
 
@@ -107,7 +109,7 @@ def serve(folder, model_cache_dir, tool_format: str = "auto") -> Iterator[tuple[
         engine.stop()
 
 
-@pytest.fixture(scope="module", params=["qwen2.5", "llama3.1", "mistral-nemo", "qwen3-coder"])
+@pytest.fixture(scope="module", params=["qwen2.5", "llama3.1", "mistral-nemo", "qwen3-coder", "devstral"])
 def family(request, tmp_path_factory, model_cache_dir) -> Iterator[Family]:
     folder = write_tool_model(tmp_path_factory.mktemp("tool-models") / request.param, request.param)
     for engine, url in serve(folder, model_cache_dir):
