@@ -133,7 +133,7 @@ class TorchAttentionBackend(AttentionBackend):
         vals = _blocks(v_cache, prefix_blocks[None], block_size)[0].to(q.dtype)
         return self._with_lse(q, keys.transpose(0, 1), vals.transpose(0, 1), key_mask, layer)
 
-    def _with_lse(self, q, keys, vals, mask, layer):
+    def _with_lse(self, q, keys, vals, mask, layer, kernel: bool | None = None):
         """Attention of queries q [n, heads, d] over keys and values [kvh, L, d] (mask [n, L]
         bool, or None: every key) with its log-sum-exp [n, heads], which a merge needs.
 
@@ -143,12 +143,13 @@ class TorchAttentionBackend(AttentionBackend):
         users' questions behind a 1,536-token prompt (2,904 rows x 1,024 keys, 3 KV heads)
         32 ms against 218 ms for the products, which made such a step 3x slower a token than
         a plain prefill. A query that sees no key (one that slid past the whole prefix) gets
-        lse -inf: the merge gives this part no weight."""
+        lse -inf: the merge gives this part no weight. ``kernel``: the flash kernel (None: on
+        the CPU; a test takes the products there too)."""
         n, g = q.shape[0], self.num_heads // self.num_kv_heads
         qg = self._grouped(q).permute(1, 0, 2, 3).reshape(self.num_kv_heads, n * g, self.head_dim)
         rows = None if mask is None else mask.repeat_interleave(g, dim=0)  # [n * g, L]
         scale = layer.scale or self.scale
-        if q.device.type == "cpu":
+        if q.device.type == "cpu" if kernel is None else kernel:
             bias = None  # the kernel takes an additive mask of the queries' dtype
             if rows is not None:
                 bias = torch.zeros(rows.shape, dtype=q.dtype).masked_fill_(~rows, float("-inf"))[None, None]

@@ -287,3 +287,7 @@ def test_attention_with_its_lse_on_the_cpu_kernel_equals_the_products(dtype):
     tol = 1e-4 if dtype == torch.float32 else 3e-2
     torch.testing.assert_close(lse[seen], expected_lse[seen], atol=tol, rtol=tol)
     torch.testing.assert_close(out[seen].float(), expected, atol=tol, rtol=tol)
+    products, products_lse = backend._with_lse(q, keys, vals, mask, PLAIN, kernel=False)  # a GPU's way
+    assert torch.isneginf(products_lse[3]).all() and not products.isnan().any()
+    torch.testing.assert_close(products_lse[seen], expected_lse[seen], atol=tol, rtol=tol)
+    torch.testing.assert_close(products[seen].float(), expected, atol=tol, rtol=tol)
