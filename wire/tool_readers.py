@@ -240,19 +240,18 @@ class JsonCallReader(CallList):
         return ToolAnswer("")
 
 
-class PrefixedListReader(CallList):
-    """A marker, then a JSON list of calls (``[TOOL_CALLS][{...}, {...}]``), or text."""
+class MarkedCallsReader(CallList):
+    """Calls after a marker that opens the answer (``[TOOL_CALLS]``), or text: what the
+    readers of Mistral's two syntaxes share. ``_whole_calls`` reads the calls whole so far."""
 
-    def __init__(self, prefix: str, arguments_key: str = "arguments") -> None:
+    def __init__(self, prefix: str) -> None:
         super().__init__()
-        self.prefix, self.arguments_key = prefix, arguments_key
+        self.prefix = prefix
         self.text = ""
         self.kind: str | None = None  # "calls" once the prefix is read, "text" once it cannot be
         self.sent = 0  # text sent as content
-        self.item_start = 0  # where the next item of the list may start
-        self.opened = False  # the list's bracket was read
-        self.closed = False  # the list ended (its bracket, a repetition, an item no call)
-        self.last_end: int | None = None  # where the last new call's JSON ends
+        self.closed = False  # the list ended (its end, a repetition, text that is no call)
+        self.last_end = 0  # where the last new call ends
 
     def feed(self, piece: str) -> ToolAnswer:
         self.text += piece
@@ -260,7 +259,7 @@ class PrefixedListReader(CallList):
             head = self.text.lstrip()
             if head.startswith(self.prefix):
                 self.kind = "calls"
-                self.item_start = self.last_end = len(self.text) - len(head) + len(self.prefix)
+                self.calls_from(len(self.text) - len(head) + len(self.prefix))
             elif not self.prefix.startswith(head):
                 self.kind = "text"
         if self.kind == "text":
@@ -269,6 +268,40 @@ class PrefixedListReader(CallList):
         if self.kind == "calls" and not self.closed:
             return ToolAnswer("", self._whole_calls())
         return ToolAnswer("")
+
+    def calls_from(self, at: int) -> None:
+        """The calls start after the marker, at ``at``."""
+
+    def _whole_calls(self) -> tuple[ToolCall, ...]:
+        raise NotImplementedError
+
+    @property
+    def cut_at(self) -> int | None:
+        return self.last_end if self.repeated else None
+
+    @property
+    def pending_from(self) -> int | None:
+        return self.last_end if self.kind == "calls" and not self.closed else None
+
+    def finish(self) -> ToolAnswer:
+        if self.kind == "text":
+            return ToolAnswer(self.text[self.sent :])
+        if self.kind is None and not self.text.strip():
+            return ToolAnswer(self.text)
+        return ToolAnswer("")  # calls, or the marker cut off: nothing more to say
+
+
+class PrefixedListReader(MarkedCallsReader):
+    """A marker, then a JSON list of calls (``[TOOL_CALLS][{...}, {...}]``), or text."""
+
+    def __init__(self, prefix: str, arguments_key: str = "arguments") -> None:
+        super().__init__(prefix)
+        self.arguments_key = arguments_key
+        self.item_start = 0  # where the next item of the list may start
+        self.opened = False  # the list's bracket was read
+
+    def calls_from(self, at: int) -> None:
+        self.item_start = self.last_end = at
 
     def _whole_calls(self) -> tuple[ToolCall, ...]:
         if not self.opened:  # the list's bracket, after the marker
@@ -287,54 +320,18 @@ class PrefixedListReader(CallList):
         return tuple(calls)
 
     @property
-    def cut_at(self) -> int | None:
-        return self.last_end if self.repeated else None
-
-    @property
-    def pending_from(self) -> int | None:
-        return self.last_end if self.kind == "calls" and not self.closed else None
-
-    @property
     def called_tools(self) -> bool:
         return self.count > 0 and (self.closed or self.repeated)
 
-    def finish(self) -> ToolAnswer:
-        if self.kind == "text":
-            return ToolAnswer(self.text[self.sent :])
-        if self.kind is None and not self.text.strip():
-            return ToolAnswer(self.text)
-        return ToolAnswer("")  # calls, or the marker cut off: nothing more to say
 
-
-class NamedCallsReader(CallList):
+class NamedCallsReader(MarkedCallsReader):
     """A marker, a tool's name and its JSON arguments per call (``[TOOL_CALLS]name[ARGS]{...}``
     once per call, Small 3.2's past calls with a ``[CALL_ID]``), or text."""
 
     def __init__(self, prefix: str = "[TOOL_CALLS]") -> None:
-        super().__init__()
-        self.prefix = prefix
+        super().__init__(prefix)
         self.head = re.compile(rf"\s*{re.escape(prefix)}([^\[]+?)(?:\[CALL_ID\][A-Za-z0-9]+)?\[ARGS\]")
-        self.text = ""
-        self.kind: str | None = None  # "calls" once the marker is read, "text" once it cannot be
-        self.sent = 0  # text sent as content
-        self.at = 0  # where the next call may start
-        self.closed = False  # the list ended (a repetition, or text that is no call)
-        self.last_end = 0  # where the last new call's arguments end
-
-    def feed(self, piece: str) -> ToolAnswer:
-        self.text += piece
-        if self.kind is None:
-            head = self.text.lstrip()
-            if head.startswith(self.prefix):
-                self.kind = "calls"
-            elif not self.prefix.startswith(head):
-                self.kind = "text"
-        if self.kind == "text":
-            delta, self.sent = self.text[self.sent :], len(self.text)
-            return ToolAnswer(delta)
-        if self.kind == "calls" and not self.closed:
-            return ToolAnswer("", self._whole_calls())
-        return ToolAnswer("")
+        self.at = 0  # where the next call (its marker) may start
 
     def _whole_calls(self) -> tuple[ToolCall, ...]:
         calls = []
@@ -357,24 +354,9 @@ class NamedCallsReader(CallList):
         return tuple(calls)
 
     @property
-    def cut_at(self) -> int | None:
-        return self.last_end if self.repeated else None
-
-    @property
-    def pending_from(self) -> int | None:
-        return self.last_end if self.kind == "calls" and not self.closed else None
-
-    @property
     def called_tools(self) -> bool:
         """Whole calls and nothing after them but a repetition (not half a call)."""
         return self.count > 0 and (self.repeated or not self.text[self.last_end :].strip())
-
-    def finish(self) -> ToolAnswer:
-        if self.kind == "text":
-            return ToolAnswer(self.text[self.sent :])
-        if self.kind is None and not self.text.strip():
-            return ToolAnswer(self.text)
-        return ToolAnswer("")  # calls, or the marker cut off: nothing more to say
 
 
 def _held_back(text: str, tag: str) -> int:
