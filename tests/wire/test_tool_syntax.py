@@ -199,6 +199,7 @@ def test_a_llama3_json_answer():
         (None, f"[TOOL_CALLS][{M_OSLO}, {M_SUM}]", True),
         (None, f"[TOOL_CALLS][{M_OSLO}]", True),
         (None, "[TOOL_CALLS] and then words", False),
+        (None, f"Let me look. [TOOL_CALLS][{M_OSLO}]", False),  # the marker never in text (content)
         (None, f"[TOOL_CALLS][{M_OSLO},{M_SUM}]", False),  # spaced as the template writes
         ("required", "It is sunny.", False),
         ("required", f"[TOOL_CALLS][{M_SUM}]", True),
