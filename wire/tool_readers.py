@@ -54,6 +54,12 @@ class CallList:
         self.count = 0
         self.repeated = False
         self.given_calls = 0
+        self.last_end = 0  # where the last new call ends in the answer's text
+
+    @property
+    def cut_at(self) -> int | None:
+        """Where the text ends once a call came again: after the last new call."""
+        return self.last_end if self.repeated else None
 
     def take(self, call: ToolCall) -> bool:
         """Whether ``call`` is new (False: a repetition, which ends the list)."""
@@ -80,7 +86,6 @@ class TaggedCallReader(CallList):
         self.read_to = 0  # the text before this is read (sent as content, or a call's)
         self.in_call = False  # an open tag was read, its close not yet
         self.closed = False  # the list ended (a repetition, or a call that is not one)
-        self.last_end = 0  # where the last new call's close tag ends
 
     def feed(self, piece: str) -> ToolAnswer:
         self.text += piece
@@ -119,11 +124,6 @@ class TaggedCallReader(CallList):
             return _call(json.loads(body), self.arguments_key)
         except json.JSONDecodeError:
             return None
-
-    @property
-    def cut_at(self) -> int | None:
-        """Where the text ends once a call came again: after the last new call."""
-        return self.last_end if self.repeated else None
 
     @property
     def pending_from(self) -> int | None:
@@ -251,7 +251,6 @@ class MarkedCallsReader(CallList):
         self.kind: str | None = None  # "calls" once the prefix is read, "text" once it cannot be
         self.sent = 0  # text sent as content
         self.closed = False  # the list ended (its end, a repetition, text that is no call)
-        self.last_end = 0  # where the last new call ends
 
     def feed(self, piece: str) -> ToolAnswer:
         self.text += piece
@@ -274,10 +273,6 @@ class MarkedCallsReader(CallList):
 
     def _whole_calls(self) -> tuple[ToolCall, ...]:
         raise NotImplementedError
-
-    @property
-    def cut_at(self) -> int | None:
-        return self.last_end if self.repeated else None
 
     @property
     def pending_from(self) -> int | None:
