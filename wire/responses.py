@@ -110,6 +110,7 @@ class EngineInfo(msgspec.Struct, kw_only=True, frozen=True):
     kv_blocks_used: int | None = None
     kv_blocks_total: int | None = None
     tokens_per_s: float | None = None
+    backend: str | None = None  # an OpenAI endpoint's server: llama.cpp, vllm, sglang, ...
 
 
 class Health(msgspec.Struct, kw_only=True, frozen=True):

@@ -95,9 +95,10 @@ class OpenAIEngine:
 
     @property
     def capacity(self) -> int:
-        """Requests at once: as configured, else the llama.cpp server's slots, else the default."""
-        slots = self.backend.slots if self.backend is not None else None
-        return self.config.capacity or slots or self.config.default_capacity
+        """Requests at once: as configured, else what the server says it runs at once (a
+        llama.cpp server's slots, SGLang's ``max_running_requests``), else the default."""
+        running = self.backend.running if self.backend is not None else None
+        return self.config.capacity or running or self.config.default_capacity
 
     @property
     def healthy(self) -> bool:
@@ -291,10 +292,11 @@ class OpenAIEngine:
 
     def _found(self, backend: Backend) -> None:
         """The endpoint is ``backend``: plan a llama.cpp server's slots (unless configured
-        otherwise), with as many requests at once as it has slots unless a capacity is set."""
+        otherwise), with as many requests at once as it runs unless a capacity is set."""
         if self.backend is None or backend.kind != self.backend.kind:
-            slots = f" of {backend.slots} slots" if backend.slots else ""
-            log.info("%s is a %s server%s", self._where, backend.kind, slots)
+            running = f" running {backend.running} at once" if backend.running else ""
+            priority = ", priorities on" if backend.priority else ""
+            log.info("%s is a %s server%s%s", self._where, backend.kind, running, priority)
         self.backend = backend
         slots = backend.slots if self.config.plan_slots else None
         self.admission.configure(self.capacity, slots, bounded=self.config.capacity is not None)

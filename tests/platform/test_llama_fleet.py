@@ -123,6 +123,7 @@ def test_slots_are_learned_and_calls_go_where_their_prefix_is(fleet):
     api, replicas, ids = fleet
     engines = {e["engine_id"]: e for e in api.get("/v1/engines").json()}
     assert [engines[i]["capacity"] for i in ids] == [SLOTS, SLOTS]  # from each replica's /props
+    assert [engines[i]["backend"] for i in ids] == ["llama.cpp", "llama.cpp"]
     # One prompt, then another sharing its long prefix: the same replica, which computes
     # only the new part; a distinct prompt goes to the other replica.
     first = finished(api, call(api, system("Ada") + " Question one?"))

@@ -54,6 +54,7 @@ def test_a_dag_runs_on_an_openai_engine(servecore, engine_server, api, caplog):
     assert r.status_code == 201, r.text
     engine = r.json()
     assert engine["kind"] == "openai" and engine["up"] and engine["model"] == body["model"]
+    assert engine["backend"] == "openai-compatible"  # Parrot's own /v1 is none of the kinds it plans for
     s = servecore.post("/v1/session").json()
     sid, auth = s["session_id"], {"Authorization": f"Bearer {s['session_auth']}"}
     template_a = "<|im_start|>user\nName a sea creature.<|im_end|>\n<|im_start|>assistant\n{{a}}"

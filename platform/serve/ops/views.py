@@ -94,6 +94,7 @@ class OperatorViews:
                 kv_blocks_used=e.info.get("kv_blocks_used"),
                 kv_blocks_total=e.info.get("kv_blocks_total"),
                 tokens_per_s=e.info.get("tokens_per_s"),
+                backend=e.info.get("backend"),
             )
             for e in now.engines
         ]

@@ -92,8 +92,8 @@ class ScriptedEndpoint:
         self.replies = list(replies) or [Reply()]
         self.requests: list[tuple[float, str, dict, dict]] = []  # (time, path, json body, headers)
         self.models_status = 200
-        self.owned_by = "t"  # "llamacpp", "vllm": the server kind the engine finds
-        self.props: dict | None = None  # llama.cpp's GET /props (None: 404)
+        self.owned_by = "t"  # "llamacpp", "vllm", "sglang": the server kind the engine finds
+        self.pages: dict[str, dict] = {}  # GET pages by path (llama.cpp's /props, ...); else 404
 
     async def __call__(self, scope, receive, send) -> None:
         if scope["type"] == "lifespan":
@@ -109,9 +109,9 @@ class ScriptedEndpoint:
                 break
         headers = {k.decode().lower(): v.decode() for k, v in scope["headers"]}
         path = scope["path"]
-        if path == "/props":
-            found = self.props is not None
-            await _send_json(send, 200 if found else 404, self.props if found else error("no /props"))
+        if scope["method"] == "GET" and not path.endswith("/models"):
+            found = path in self.pages
+            await _send_json(send, 200 if found else 404, self.pages[path] if found else error(f"no {path}"))
             return
         if path.endswith("/models"):
             status = self.models_status

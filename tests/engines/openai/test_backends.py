@@ -1,6 +1,7 @@
 """What the OpenAI engine finds out about its endpoint, and what it sends each kind of server
 (issue 39): a llama.cpp server's slots (its ``/props``) become the engine's capacity and each
-request names its slot; vLLM gets request priorities until it refuses them. Against the
+request names its slot; vLLM gets request priorities until it refuses them, SGLang in its
+own order when its settings say its scheduler takes them. Against the
 scripted endpoint, a real HTTP server of the tests' own (the real llama-server:
 test_llama_fleet.py)."""
 
@@ -12,7 +13,7 @@ import pytest
 from conftest import ServerThread
 from scripted_endpoint import Reply, ScriptedEndpoint, config_for, error
 
-from parrot.engines.openai.backends import LLAMA_CPP, OTHER, VLLM, kind_of, server_root
+from parrot.engines.openai.backends import LLAMA_CPP, OTHER, SGLANG, VLLM, kind_of, server_root
 from parrot.engines.openai.engine import OpenAIEngine
 from parrot.wire.sampling import SamplingParams
 
@@ -27,7 +28,7 @@ async def _generate(engine: OpenAIEngine, context_id: int, text: str, priority: 
 
 async def test_a_llama_cpp_server_gives_its_slots_as_capacity_and_each_request_names_its_slot():
     endpoint = ScriptedEndpoint(Reply())
-    endpoint.owned_by, endpoint.props = "llamacpp", {"total_slots": 3}
+    endpoint.owned_by, endpoint.pages["/props"] = "llamacpp", {"total_slots": 3}
     with ServerThread(endpoint) as server:
         engine = OpenAIEngine(config_for(server))
         stats = await engine.ping()
@@ -46,7 +47,7 @@ async def test_a_llama_cpp_server_gives_its_slots_as_capacity_and_each_request_n
 
 async def test_a_configured_capacity_wins_and_slot_planning_can_be_turned_off():
     endpoint = ScriptedEndpoint(Reply())
-    endpoint.owned_by, endpoint.props = "llamacpp", {"total_slots": 3}
+    endpoint.owned_by, endpoint.pages["/props"] = "llamacpp", {"total_slots": 3}
     with ServerThread(endpoint) as server:
         engine = OpenAIEngine(config_for(server, capacity=5, plan_slots=False))
         assert (await engine.ping())["max_running"] == 5
@@ -84,12 +85,48 @@ async def test_vllm_gets_priorities_until_it_refuses_them(caplog):
     assert sum("refuses request priorities" in r.message for r in caplog.records) == 1
 
 
+@pytest.mark.parametrize(
+    ("page", "info", "sent", "capacity"),
+    [
+        # SGLang runs higher priority values first by default; its info page is flat ...
+        ("/server_info", {"enable_priority_scheduling": True, "max_running_requests": 48}, 1, 48),
+        # ... or, on older servers, /get_server_info, the arguments maybe under server_args
+        (
+            "/get_server_info",
+            {"server_args": {"enable_priority_scheduling": True, "schedule_low_priority_values_first": True}},
+            -1,
+            7,
+        ),
+        # without priority scheduling it gets none (it would ignore it, or abort the request)
+        ("/server_info", {"enable_priority_scheduling": False, "max_running_requests": None}, None, 7),
+        (None, {}, None, 7),  # no info page at all: plain requests
+    ],
+)
+async def test_sglang_gets_priorities_in_its_own_order_when_its_scheduler_takes_them(
+    page, info, sent, capacity
+):
+    endpoint = ScriptedEndpoint(Reply())
+    endpoint.owned_by = "sglang"
+    if page is not None:
+        endpoint.pages[page] = info
+    with ServerThread(endpoint) as server:
+        engine = OpenAIEngine(config_for(server, default_capacity=7))
+        stats = await engine.ping()
+        await _generate(engine, 1, "Latency work.", priority=1)
+        await _generate(engine, 2, "Throughput work.")
+        await engine.aclose()
+    found = (stats["backend"], stats["max_running"], stats["backend_priority"])
+    assert found == (SGLANG, capacity, sent or 0)
+    assert [body.get("priority") for _, _, body, _ in endpoint.requests] == [sent, None]
+    assert not {"id_slot", "cache_prompt"} & endpoint.requests[0][2].keys()
+
+
 async def test_the_server_kind_comes_from_its_models_page():
     class Model:
         def __init__(self, id: str, owned_by: str) -> None:
             self.id, self.owned_by = id, owned_by
 
-    assert kind_of([Model("a", "vllm")], "a") == VLLM
+    assert kind_of([Model("a", "vllm")], "a") == VLLM and kind_of([Model("a", "sglang")], "a") == SGLANG
     assert kind_of([Model("x", "llamacpp")], "not listed") == LLAMA_CPP
     assert kind_of([Model("a", "openai")], "a") == OTHER and kind_of([], "a") == OTHER
     assert (
