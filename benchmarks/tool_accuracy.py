@@ -11,6 +11,7 @@ generic format only: the comparison needs a model trained for tools, e.g.
 
     python benchmarks/tool_accuracy.py                              # the bundled model
     python benchmarks/tool_accuracy.py --model Qwen/Qwen2.5-1.5B-Instruct
+    python benchmarks/tool_accuracy.py --model "$(python benchmarks/tool_model.py)" --label qwen2.5-coder-0.5b
 
 (a hub id is fetched into the hub's cache once: it needs the network, or the files cached.)
 The table goes to docs/benchmarks.md (section ``tool-accuracy``, or ``tool-accuracy-LABEL``).
@@ -22,6 +23,7 @@ import argparse
 import json
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -157,7 +159,8 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=96)
     parser.add_argument("--label", default=None, help="docs section tool-accuracy-LABEL")
     args = parser.parse_args()
-    rows, described = [], args.model or "the bundled SmolLM2-135M-Instruct (GGUF)"
+    described = Path(args.model).name if args.model else "the bundled SmolLM2-135M-Instruct (GGUF)"
+    rows: list[str] = []
     for tool_format in ("auto", "generic"):
         launch, url = engine(args.model, tool_format)
         with launch:

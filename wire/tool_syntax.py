@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Final
@@ -45,6 +46,7 @@ from parrot.wire.tool_readers import (
     NamedCallsReader,
     PrefixedListReader,
     TaggedCallReader,
+    TaggedOrBareReader,
     XmlCallReader,
 )
 from parrot.wire.tool_stream import AnswerStream, read_answer
@@ -58,6 +60,8 @@ TEMPLATE_JSON: Final[dict[str, Any]] = {
     "lenient": True,  # keywords the grammar cannot enforce are left to the tool (as llama.cpp)
     "coerce_one_of": True,
 }
+# A call as the model lays it out itself (in a code fence: any whitespace between tokens).
+FLEXIBLE_JSON: Final[dict[str, Any]] = {"whitespace_flexible": True, "lenient": True, "coerce_one_of": True}
 
 
 @dataclass(frozen=True)
@@ -87,7 +91,9 @@ class ToolSyntax:
     def output_format(self, plan: ToolPlan) -> OutputFormat:
         return plan.output_format()
 
-    def reader(self) -> AnswerStream | TaggedCallReader | JsonCallReader | PrefixedListReader:
+    def reader(
+        self,
+    ) -> AnswerStream | TaggedCallReader | TaggedOrBareReader | JsonCallReader | PrefixedListReader:
         """A reader of one answer as it streams (``feed``, ``finish``)."""
         return AnswerStream()
 
@@ -138,20 +144,25 @@ class HermesSyntax(NativeSyntax):
     open, close = "<tool_call>\n", "\n</tool_call>"
 
     def output_format(self, plan: ToolPlan) -> OutputFormat:
-        call = f"%json {json.dumps(self.call_schema(plan))}"
         more = "" if not plan.parallel else f' ("\\n" {_lark(self.open)} body)*'
-        lines = [f"body: {call} {_lark(self.close)}"]
+        lines = [f"call: %json {json.dumps(self.call_schema(plan))}", f"body: call {_lark(self.close)}"]
         if plan.required:
             lines.insert(0, f"start: {_lark(self.open)} body{more}")
-        else:  # text, or text (possibly none) and then calls
-            lines.insert(0, f"start: TEXT | LEAD body{more}")
-            tag = self.open.strip()
-            lines.append(f"TEXT: /(?s:.+)/ & ~/(?s:.*{tag}.*)/")
-            lines.append(f"LEAD: /(?s:.*){tag}\\n/ & ~/(?s:.*{tag}.*{tag}.*)/")
+        else:  # text; or text (possibly none) and then calls, the tag spelled out (LEAD) or
+            # the model's own token (a token no text lexeme takes, so TEXT ends before it);
+            # or, as the whole answer, one call untagged (what small Qwen models write)
+            # or in a JSON code fence, its JSON laid out as the model likes
+            start = f"TEXT | LEAD body{more} | TEXT? {_lark(self.open)} body{more} | call | fenced"
+            flexible = {**self.call_schema(plan), "x-guidance": FLEXIBLE_JSON}
+            lines.insert(0, f"start: {start}")
+            lines.append(f'fenced: ("```json\\n" | "```\\n") %json {json.dumps(flexible)} "\\n```"')
+            tag, call_first = self.open.strip(), "\\s*(```(json)?\\n\\s*)?\\{(?s:.*)"
+            lines.append(f"TEXT: /(?s:.+)/ & ~/(?s:.*{tag}.*)/ & ~/{call_first}/")
+            lines.append(f"LEAD: /(?s:.*){tag}\\n/ & ~/(?s:.*{tag}.*{tag}.*)/ & ~/{call_first}/")
         return OutputFormat(grammar="\n".join(lines))
 
-    def reader(self) -> TaggedCallReader:
-        return TaggedCallReader(self.open.strip(), self.close.strip(), self.arguments_key)
+    def reader(self) -> TaggedOrBareReader:
+        return TaggedOrBareReader(self.open.strip(), self.close.strip(), self.arguments_key)
 
 
 class Llama3JsonSyntax(NativeSyntax):
@@ -272,7 +283,7 @@ class XmlSyntax(NativeSyntax):
         if plan.required:
             lines.insert(0, f"start: {_lark(self.open)} body{more}")
         else:  # text, or text (possibly none) and then calls
-            lines.insert(0, f"start: TEXT | LEAD body{more}")
+            lines.insert(0, f"start: TEXT | LEAD body{more} | TEXT? {_lark(self.open)} body{more}")
             lines.append("TEXT: /(?s:.+)/ & ~/(?s:.*<tool_call>.*)/")
             lines.append("LEAD: /(?s:.*)<tool_call>\\n/ & ~/(?s:.*<tool_call>.*<tool_call>.*)/")
         return OutputFormat(grammar="\n".join(lines))
@@ -324,8 +335,18 @@ def syntax_of_template(template: str | None, tool_format: str = "auto") -> ToolS
     return next((s for s in NATIVE if s.detects(template)), GENERIC)
 
 
+# Marker texts that tool-trained tokenizers hold as one token each: a grammar writes each as
+# a literal of its own, which the engine also matches as the model's token where its
+# tokenizer has it (parrot.engines.protocol.token_literals), and the engine's text keeps
+# them where the tokenizer calls them special (Mistral's).
+TOKEN_TEXTS = ("<tool_call>", "</tool_call>", "[TOOL_CALLS]", "[ARGS]", "[CALL_ID]")
+_TOKEN_SPLIT = re.compile("(" + "|".join(re.escape(t) for t in TOKEN_TEXTS) + ")")
+
+
 def _lark(text: str) -> str:
-    return json.dumps(text)  # a Lark string literal: JSON's escapes are Lark's
+    """``text`` as Lark string literals (JSON's escapes are Lark's), a marker token's text a
+    literal of its own: ``"<tool_call>" "\\n"``."""
+    return " ".join(json.dumps(piece) for piece in _TOKEN_SPLIT.split(text) if piece) or '""'
 
 
 def _template_tool(tool) -> dict[str, Any]:

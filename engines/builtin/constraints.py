@@ -38,8 +38,14 @@ class Constraint:
     def forced(self) -> list[int]:
         """Tokens the grammar forces next (keys, punctuation, the rest of a choice), in the
         tokenization the model would see for that text (llguidance stops short of a token
-        that could merge with what comes after it)."""
-        return self.matcher.compute_ff_tokens()
+        that could merge with what comes after it).
+
+        Only the run the grammar takes: llguidance tokenizes forced text with the model's
+        tokenizer, which turns an added token's text (Qwen's ``<tool_call>``, Qwen3's
+        ``<think>``) into that token, while its grammar matches added tokens only as special
+        tokens; from the first one it refuses, the row samples under its mask instead."""
+        tokens = self.matcher.compute_ff_tokens()
+        return tokens[: self.matcher.validate_tokens(tokens)] if tokens else tokens
 
     @property
     def stopped(self) -> bool:

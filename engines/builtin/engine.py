@@ -95,7 +95,7 @@ class BuiltinEngine:
         self.model_folder = resolve_model_folder(config.model, cache_dir, self._stage)
         self._stage("loading the tokenizer")
         self.model_config = mc = ModelConfig.from_folder(self.model_folder)
-        self.tokenizer = Tokenizer(self.model_folder)
+        self.tokenizer = Tokenizer(self.model_folder, config.tool_format)
         backend_name = config.attention_backend or default_backend(self.device.type)
         self.backend = create_backend(backend_name, mc.num_heads, mc.num_kv_heads, mc.head_dim)
         self._stage("loading the weights and timing the CPU's kernels")

@@ -25,6 +25,7 @@ import llguidance.numpy
 
 from parrot.engines.protocol.errors import BadFormatError
 from parrot.engines.protocol.grammar import check_grammar, check_size, matcher_error, to_grammar
+from parrot.engines.protocol.token_literals import with_token_literals
 from parrot.wire.formats import OutputFormat
 
 
@@ -62,6 +63,13 @@ class GrammarCompiler:
         self._tokenizer: Future[llguidance.LLTokenizer] = self._worker.submit(
             llguidance.hf.from_tokenizer, hf_tokenizer, n_vocab=n_vocab, eos_token=eos
         )
+        # Added tokens a grammar's literal may stand for (not the end of a generation, which
+        # the grammar's end stands for): see parrot.engines.protocol.token_literals.
+        self._added: dict[str, int] = {
+            text: id
+            for text, id in hf_tokenizer.get_added_vocab().items()
+            if len(text) > 1 and id < n_vocab and id not in eos_token_ids
+        }
         self._lock = threading.RLock()  # read by any event loop's thread and by the worker
         # Compiled formats, least recently used first; formats being compiled apart, so a bad
         # one (never kept) evicts nothing.
@@ -108,7 +116,19 @@ class GrammarCompiler:
         """On the worker: the format's grammar, checked for this vocabulary, as a matcher in
         its start state with its first mask computed."""
         tokenizer = self._tokenizer.result()
-        grammar = to_grammar(fmt)
+        if (
+            fmt.grammar is not None
+            and (tokens := with_token_literals(fmt.grammar, self._added)) != fmt.grammar
+        ):
+            try:
+                return self._checked(fmt, to_grammar(OutputFormat(grammar=tokens)), tokenizer)
+            except BadFormatError:
+                pass  # said as the format's own error below, if it has one
+        return self._checked(fmt, to_grammar(fmt), tokenizer)
+
+    def _checked(
+        self, fmt: OutputFormat, grammar: str, tokenizer: llguidance.LLTokenizer
+    ) -> llguidance.LLMatcher:
         check_grammar(fmt, grammar, tokenizer)
         matcher = llguidance.LLMatcher(tokenizer, grammar, log_level=0)
         bitmask = llguidance.numpy.allocate_token_bitmask(1, self.n_vocab)  # [1, words]

@@ -11,6 +11,7 @@ import transformers
 from parrot.engines.builtin.model.loader import NAME_MARKER
 from parrot.engines.builtin.model.model_config import read_eos_token_ids
 from parrot.engines.protocol.errors import ModelLoadError
+from parrot.wire.tool_syntax import GENERIC, TOKEN_TEXTS, syntax_of_template
 
 REPLACEMENT = "\ufffd"  # what a partial UTF-8 sequence decodes to
 
@@ -18,7 +19,8 @@ REPLACEMENT = "\ufffd"  # what a partial UTF-8 sequence decodes to
 class Tokenizer:
     """Text <-> token ids for one model folder; never touches the network."""
 
-    def __init__(self, folder: Path) -> None:
+    def __init__(self, folder: Path, tool_format: str = "auto") -> None:
+        """``tool_format``: as ``--tool-format`` (the model's own tool syntax, or generic)."""
         folder = Path(folder)
         try:
             self._tok = transformers.AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
@@ -36,6 +38,9 @@ class Tokenizer:
         self.chat_template: str = joined or ""
         marker = folder / NAME_MARKER
         self.name: str = marker.read_text().strip() if marker.is_file() else folder.name
+        self._hidden: frozenset[int] | None = None  # set by keep(): the special ids text leaves out
+        if syntax_of_template(self.chat_template, tool_format) is not GENERIC:
+            self.keep(TOKEN_TEXTS)  # the model writes calls in its own syntax: markers are text
 
     @property
     def hf(self) -> transformers.PreTrainedTokenizerBase:
@@ -46,8 +51,20 @@ class Tokenizer:
         """Token ids of ``text`` without added special tokens (templates add their own)."""
         return self._tok.encode(text, add_special_tokens=False)
 
+    def keep(self, texts: Sequence[str]) -> None:
+        """Special tokens whose text the decoded text keeps all the same: a tool syntax's
+        markers (Mistral's ``[TOOL_CALLS]`` is a special token, and its answer's reader
+        needs it)."""
+        specials = {i for i, t in self._tok.added_tokens_decoder.items() if t.special}
+        kept = {i for i in specials if self._tok.added_tokens_decoder[i].content in texts}
+        self._hidden = frozenset(specials - kept) if kept else None
+
     def decode(self, token_ids: Sequence[int], skip_special_tokens: bool = True) -> str:
-        """Text of ``token_ids``; special tokens (``<|im_end|>`` ...) are left out by default."""
+        """Text of ``token_ids``; special tokens (``<|im_end|>`` ...) are left out by default
+        (but for those :meth:`keep` keeps)."""
+        if skip_special_tokens and self._hidden is not None:
+            shown = [i for i in token_ids if i not in self._hidden]
+            return self._tok.decode(shown, skip_special_tokens=False)
         return self._tok.decode(list(token_ids), skip_special_tokens=skip_special_tokens)
 
     def apply_chat_template(

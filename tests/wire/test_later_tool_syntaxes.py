@@ -168,3 +168,77 @@ def test_a_mistral_v11_answer_streams_whole_calls(size):
     assert [c.function.name for c in content.tool_calls] == ["get_weather"] and not called  # half a call
     assert NAMED.read("Just words [TOOL_CALLS] here")[0].content == "Just words [TOOL_CALLS] here"
     assert NAMED.read("[TOOL_CA") == (type(content)(None), False)
+
+
+# Hermes answers as small Qwen models write them without the tags (Qwen2.5-Coder-0.5B, asked
+# the weather with tools: {"name": "get_weather", ...} and nothing else).
+BARE_OSLO = '{"name": "get_weather", "arguments": {"city": "Oslo"}}'
+
+
+@pytest.mark.parametrize(
+    ("choice", "text", "accepted"),
+    [
+        (None, BARE_OSLO, True),  # auto: one call, untagged, as the whole answer
+        (None, "  \n" + BARE_OSLO, False),  # a call starts the answer (as llguidance's JSON does)
+        (None, BARE_OSLO.replace("get_weather", "get_time"), False),  # not a tool
+        (None, '{"weather": "fine"}', False),  # an answer that starts as JSON is a call
+        (None, f"{BARE_OSLO}\n{BARE_OSLO}", False),  # one, untagged
+        (None, "It is {mild} today.", True),  # braces further in are text
+        ("required", BARE_OSLO, False),  # required: the model's tags (its token, or spelled)
+    ],
+)
+def test_the_hermes_grammar_takes_one_untagged_call_in_auto(choice, text, accepted):
+    assert accepts(SYNTAXES["hermes"], choice, text) is accepted
+
+
+@pytest.mark.parametrize("size", [1, 5, 1000])
+def test_a_hermes_answer_may_be_one_untagged_call(size):
+    reader = SYNTAXES["hermes"].reader()
+    said, calls = [], []
+    for piece in pieces("\n" + BARE_OSLO, size):
+        answer = reader.feed(piece)
+        said.append(answer.content or "")
+        calls += answer.tool_calls
+    said.append(reader.finish().content or "")
+    assert "".join(said) == "" and reader.called_tools
+    assert [(c.function.name, json.loads(c.function.arguments)) for c in calls] == [
+        ("get_weather", {"city": "Oslo"})
+    ]
+    content, called = SYNTAXES["hermes"].read("It is {mild} today.")
+    assert content.content == "It is {mild} today." and not content.tool_calls and not called
+    content, called = SYNTAXES["hermes"].read(BARE_OSLO[:20])  # cut: no half call, no text
+    assert not content.content and not content.tool_calls and not called
+
+
+FENCED_OSLO = '```json\n{\n  "name": "get_weather",\n  "arguments": {\n    "city": "Oslo"\n  }\n}\n```'
+
+
+@pytest.mark.parametrize(
+    ("text", "accepted"),
+    [
+        (FENCED_OSLO, True),  # in a JSON code fence, laid out as the model likes
+        (FENCED_OSLO.replace("```json", "```"), True),
+        (FENCED_OSLO.replace("get_weather", "get_time"), False),  # a fenced call is a call
+        ("```python\nprint('hi')\n```", True),  # other code is text
+    ],
+)
+def test_the_hermes_grammar_takes_one_fenced_call_in_auto(text, accepted):
+    assert accepts(SYNTAXES["hermes"], None, text) is accepted
+
+
+@pytest.mark.parametrize("size", [1, 4, 1000])
+def test_a_hermes_answer_may_be_one_fenced_call(size):
+    reader = SYNTAXES["hermes"].reader()
+    said, calls = [], []
+    for piece in pieces(FENCED_OSLO, size):
+        answer = reader.feed(piece)
+        said.append(answer.content or "")
+        calls += answer.tool_calls
+    said.append(reader.finish().content or "")
+    assert "".join(said) == "" and reader.called_tools
+    assert [(c.function.name, json.loads(c.function.arguments)) for c in calls] == [
+        ("get_weather", {"city": "Oslo"})
+    ]
+    code = "```python\nprint('hi')\n```"
+    assert SYNTAXES["hermes"].read(code) == (type(answer)(code), False)
+    assert SYNTAXES["hermes"].read("``") == (type(answer)("``"), False)
