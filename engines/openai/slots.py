@@ -203,13 +203,10 @@ class SlotPlanner:
 
     def _wait_ms(self, slot: Slot, prompt: str, shared: int) -> float:
         """Until ``prompt`` would have computed its new part in ``slot``, after what runs
-        there and what waits for it; its new part beside the others running, as
-        :meth:`_compute_ms` has it elsewhere (without that factor here too, a request waited
-        to save a few tokens: measured with 16 agent applications on one replica, half the
-        slots idled beside the waiters, and the server took 789 steps against 384)."""
+        there and what waits for it."""
         queued = sum(ms for _, ms in slot.waiting)
         running = max(0.0, slot.ends_at - self.clock()) * 1000
-        return running + queued + self._compute_ms(prompt, shared, max(0, self.running - 1))
+        return running + queued + self.rates.request_ms(len(prompt) - shared, 0)
 
     def _compute_ms(self, prompt: str, shared: int, busy: int) -> float:
         """Computing ``prompt`` past ``shared`` characters beside ``busy`` requests. Its own
