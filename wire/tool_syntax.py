@@ -40,13 +40,13 @@ from typing import Any, Final
 
 from parrot.wire.chat import ChatTurn
 from parrot.wire.formats import OutputFormat
+from parrot.wire.hermes_answers import TaggedOrBareReader
 from parrot.wire.tool_calls import NO_ARGUMENTS, ToolAnswer, ToolPlan, call_schema, render_turns
 from parrot.wire.tool_readers import (
     JsonCallReader,
     NamedCallsReader,
     PrefixedListReader,
     TaggedCallReader,
-    TaggedOrBareReader,
     XmlCallReader,
 )
 from parrot.wire.tool_stream import AnswerStream, read_answer
