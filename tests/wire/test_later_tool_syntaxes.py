@@ -14,7 +14,7 @@ from tool_models import ASSETS, FAMILIES, missing_assets
 
 from parrot.engines.protocol.grammar import text_mismatch
 from parrot.wire.openai_schemas import FunctionDefinition
-from parrot.wire.tool_calls import plan_tools
+from parrot.wire.tool_calls import ToolAnswer, plan_tools
 from parrot.wire.tool_syntax import SYNTAXES
 
 XML, NAMED = SYNTAXES["qwen3_xml"], SYNTAXES["mistral_v11"]
@@ -191,25 +191,6 @@ def test_the_hermes_grammar_takes_one_untagged_call_in_auto(choice, text, accept
     assert accepts(SYNTAXES["hermes"], choice, text) is accepted
 
 
-@pytest.mark.parametrize("size", [1, 5, 1000])
-def test_a_hermes_answer_may_be_one_untagged_call(size):
-    reader = SYNTAXES["hermes"].reader()
-    said, calls = [], []
-    for piece in pieces("\n" + BARE_OSLO, size):
-        answer = reader.feed(piece)
-        said.append(answer.content or "")
-        calls += answer.tool_calls
-    said.append(reader.finish().content or "")
-    assert "".join(said) == "" and reader.called_tools
-    assert [(c.function.name, json.loads(c.function.arguments)) for c in calls] == [
-        ("get_weather", {"city": "Oslo"})
-    ]
-    content, called = SYNTAXES["hermes"].read("It is {mild} today.")
-    assert content.content == "It is {mild} today." and not content.tool_calls and not called
-    content, called = SYNTAXES["hermes"].read(BARE_OSLO[:20])  # cut: no half call, no text
-    assert not content.content and not content.tool_calls and not called
-
-
 FENCED_OSLO = '```json\n{\n  "name": "get_weather",\n  "arguments": {\n    "city": "Oslo"\n  }\n}\n```'
 
 
@@ -227,10 +208,11 @@ def test_the_hermes_grammar_takes_one_fenced_call_in_auto(text, accepted):
 
 
 @pytest.mark.parametrize("size", [1, 4, 1000])
-def test_a_hermes_answer_may_be_one_fenced_call(size):
+@pytest.mark.parametrize("text", ["\n" + BARE_OSLO, FENCED_OSLO])
+def test_a_hermes_answer_may_be_one_untagged_or_fenced_call(text, size):
     reader = SYNTAXES["hermes"].reader()
     said, calls = [], []
-    for piece in pieces(FENCED_OSLO, size):
+    for piece in pieces(text, size):
         answer = reader.feed(piece)
         said.append(answer.content or "")
         calls += answer.tool_calls
@@ -239,6 +221,10 @@ def test_a_hermes_answer_may_be_one_fenced_call(size):
     assert [(c.function.name, json.loads(c.function.arguments)) for c in calls] == [
         ("get_weather", {"city": "Oslo"})
     ]
-    code = "```python\nprint('hi')\n```"
-    assert SYNTAXES["hermes"].read(code) == (type(answer)(code), False)
-    assert SYNTAXES["hermes"].read("``") == (type(answer)("``"), False)
+
+
+def test_a_hermes_answer_that_only_looks_like_a_call_is_text():
+    for text in ("It is {mild} today.", "```python\nprint('hi')\n```", "``"):
+        assert SYNTAXES["hermes"].read(text) == (ToolAnswer(text), False)
+    content, called = SYNTAXES["hermes"].read(BARE_OSLO[:20])  # cut: no half call, no text
+    assert not content.content and not content.tool_calls and not called
