@@ -7,6 +7,8 @@ GlaiveAI function calls), kept outside this repository and its tests:
     git clone https://github.com/guidance-ai/jsonschemabench /tmp/jsonschemabench
     python benchmarks/schemabench.py coverage --data /tmp/jsonschemabench/data
     python benchmarks/schemabench.py generate --data /tmp/jsonschemabench/data --per-subset 4
+    python benchmarks/schemabench.py generate --data /tmp/jsonschemabench/data --per-subset 8 \
+        --gguf "$(python benchmarks/tool_model.py)" --label qwen2.5-coder-0.5b
 
 - ``coverage``: every schema of every subset through what a server checks before it
   generates (Parrot: the OpenAI request body, the size limit, llguidance's compile, the
@@ -273,8 +275,9 @@ def generate(data: Path, args) -> str:
         sides[side] = by_subset
         print(f"{side}: {time.perf_counter() - started:.0f} s", flush=True)
     lines = [
-        f"Machine: {machine()}. {args.per_subset} schemas a subset (seed {args.seed}), the bundled "
-        f"GGUF on both sides, `max_tokens` {args.max_tokens}, greedy, {args.concurrency} at a time. "
+        f"Machine: {machine()}. {args.per_subset} schemas a subset (seed {args.seed}), "
+        f"{Path(args.gguf).name if args.gguf else 'the bundled GGUF'} on both sides, "
+        f"`max_tokens` {args.max_tokens}, greedy, {args.concurrency} at a time. "
         "valid: schema-valid with format checks, of those `jsonschema_rs` can judge; cut: "
         "`finish_reason` length; broke: not JSON, or JSON that breaks its schema; failed: 5xx or "
         "no answer; s: median seconds a schema.",
@@ -314,13 +317,14 @@ def main() -> None:
     both = ["parrot", "llama-server"]
     parser.add_argument("--sides", nargs="+", default=both, choices=both)
     parser.add_argument("--no-write", action="store_true", help="print the table only")
+    parser.add_argument("--label", default=None, help="a docs section of its own (schemabench-MEASURE-LABEL)")
     args = parser.parse_args()
     if args.measure == "generate" and "llama-server" in args.sides and not LLAMA_SERVER.exists():
         raise SystemExit(f"{LLAMA_SERVER} is missing: `make bench-peers` builds it (or --sides parrot)")
     table = coverage(args.data, args.timeout_s) if args.measure == "coverage" else generate(args.data, args)
     print(table)
     if not args.no_write:
-        write_section(f"schemabench-{args.measure}", table)
+        write_section(f"schemabench-{args.measure}" + (f"-{args.label}" if args.label else ""), table)
 
 
 if __name__ == "__main__":
