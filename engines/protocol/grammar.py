@@ -42,7 +42,7 @@ DEFAULT_MAX_FORMAT_CHARS: Final = 65_536
 MAX_FORMAT_FLAG: Final = "--max-format-chars"
 
 # How llguidance compiles JSON schemas here (see the module's docstring).
-JSON_OPTIONS: Final = {"whitespace_flexible": False, "lenient": False}
+JSON_OPTIONS: Final = {"whitespace_flexible": False, "lenient": False, "item_separator": ", ", "key_separator": ": "}
 # A schema the strict options refuse for what cannot be enforced while decoding.
 RELAXED_OPTIONS: Final = {**JSON_OPTIONS, "lenient": True, "coerce_one_of": True}
 ANY_OBJECT: Final = {"type": "object"}

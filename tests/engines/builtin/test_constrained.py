@@ -142,7 +142,7 @@ def test_eos_comes_only_when_the_value_is_complete(engine, ids):
 def test_max_tokens_inside_a_structure_ends_with_length(engine, ids):
     result = asyncio.run(generate(engine, next(ids), params(OutputFormat(json_schema=PERSON), max_tokens=5)))
     assert result.finish_reason == "length" and len(result.token_ids) == 5
-    assert result.text.startswith('{"name":"')
+    assert result.text.startswith('{"name": "')
     with pytest.raises(json.JSONDecodeError):
         json.loads(result.text)
 
@@ -326,4 +326,4 @@ def test_preempted_constrained_jobs_resume_with_their_grammar_state(small_engine
     squeezed = asyncio.run(run(small_engine))
     assert small_engine.stats_now()["preemptions"] > before
     assert squeezed == asyncio.run(run(engine))
-    assert all(text.startswith('{"story":"') for text in squeezed)
+    assert all(text.startswith('{"story": "') for text in squeezed)

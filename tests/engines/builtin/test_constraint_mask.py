@@ -47,7 +47,7 @@ def allowed_by(constraint: Constraint, vocab: int) -> torch.Tensor:  # [vocab] b
 def batch(hf, templates) -> list[Constraint | None]:
     rows: list[Constraint | None] = [Constraint(templates[0]), None, Constraint(templates[1])]
     rows += [Constraint(templates[2]), None]
-    for token in hf.encode('{"story":"Once', add_special_tokens=False):
+    for token in hf.encode('{"story": "Once', add_special_tokens=False):
         rows[0].consume(token)
     return rows
 

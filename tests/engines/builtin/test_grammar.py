@@ -46,7 +46,10 @@ def test_escape_regex_escapes_only_what_rust_regex_treats_as_syntax():
     assert escape_regex("#&-~") == "\\#\\&\\-\\~"
 
 
-def test_json_schema_is_compact_json_that_matches(lltok, hf):
+def test_json_schema_is_json_laid_out_as_models_write_it_that_matches(lltok, hf):
+    """One space after each separator, none elsewhere: Python's ``json.dumps`` layout, the
+    one models read and write most (compact JSON made Qwen2.5-Coder-0.5B loop to
+    ``max_tokens`` on 24 of 80 JSONSchemaBench schemas, against 10 with this layout)."""
     schema = {
         "type": "object",
         "properties": {"name": {"type": "string"}, "tags": {"type": "array", "items": {"type": "integer"}}},
@@ -54,16 +57,17 @@ def test_json_schema_is_compact_json_that_matches(lltok, hf):
         "additionalProperties": False,
     }
     fmt = OutputFormat(json_schema=schema)
-    assert accepts(lltok, hf, fmt, '{"name":"Ada","tags":[1,2]}')
-    assert not accepts(lltok, hf, fmt, '{"name": "Ada", "tags": [1, 2]}')  # no free whitespace
-    assert not accepts(lltok, hf, fmt, '{"name":"Ada"}')  # a required key missing
-    assert not accepts(lltok, hf, fmt, '{"name":"Ada","tags":[1],"x":1}')
+    assert accepts(lltok, hf, fmt, '{"name": "Ada", "tags": [1, 2]}')
+    assert not accepts(lltok, hf, fmt, '{"name":"Ada","tags":[1,2]}')  # one layout
+    assert not accepts(lltok, hf, fmt, '{ "name": "Ada", "tags": [1, 2] }')  # no free whitespace
+    assert not accepts(lltok, hf, fmt, '{"name": "Ada"}')  # a required key missing
+    assert not accepts(lltok, hf, fmt, '{"name": "Ada", "tags": [1], "x": 1}')
 
 
 def test_json_object_takes_any_object_only(lltok, hf):
     fmt = OutputFormat(json_object=True)
-    assert accepts(lltok, hf, fmt, '{"a":[1,{"b":null}],"c":"d"}')
-    assert not accepts(lltok, hf, fmt, "[1,2]")
+    assert accepts(lltok, hf, fmt, '{"a": [1, {"b": null}], "c": "d"}')
+    assert not accepts(lltok, hf, fmt, "[1, 2]")
     assert not accepts(lltok, hf, fmt, '"text"')
 
 
