@@ -6,10 +6,12 @@ answer a bad one with the same 4xx.
 
 What each kind becomes (:func:`to_grammar`):
 
-- ``json_schema``: llguidance's JSON-schema grammar, **compact**: no whitespace outside
-  strings, ``,`` and ``:`` as separators (``{"a":1,"b":[true]}``). Free whitespace would
-  let a small model pad its answer with newlines forever, and compact output makes every
-  key and separator forced text, which jump-forward then fills without decode steps.
+- ``json_schema``: llguidance's JSON-schema grammar in one fixed layout, Python's
+  ``json.dumps``: ``", "`` and ``": "`` as separators, no other whitespace outside strings
+  (``{"a": 1, "b": [true]}``). Free whitespace would let a small model pad its answer with
+  newlines forever; a fixed layout makes every key and separator forced text, which
+  jump-forward fills without decode steps; and this one is the layout models write (the
+  compact one made a 0.5B model loop: see ``JSON_OPTIONS``).
   What llguidance cannot enforce while decoding (``oneOf`` as such, ``uniqueItems``,
   ``not``, ``dependencies``, ``if``/``then``, ``propertyNames``, string formats it does not
   know, ...: a third of JSONSchemaBench's GitHub-Hard schemas, issue 36) is not refused:
@@ -41,8 +43,15 @@ from parrot.wire.formats import OutputFormat
 DEFAULT_MAX_FORMAT_CHARS: Final = 65_536
 MAX_FORMAT_FLAG: Final = "--max-format-chars"
 
-# How llguidance compiles JSON schemas here (see the module's docstring).
-JSON_OPTIONS: Final = {"whitespace_flexible": False, "lenient": False, "item_separator": ", ", "key_separator": ": "}
+# How llguidance compiles JSON schemas here (see the module's docstring): compact JSON
+# (llguidance's default separators) made Qwen2.5-Coder-0.5B loop to max_tokens on 24 of 80
+# JSONSchemaBench schemas, against 16 in this layout (docs/benchmarks.md).
+JSON_OPTIONS: Final = {
+    "whitespace_flexible": False,
+    "lenient": False,
+    "item_separator": ", ",
+    "key_separator": ": ",
+}
 # A schema the strict options refuse for what cannot be enforced while decoding.
 RELAXED_OPTIONS: Final = {**JSON_OPTIONS, "lenient": True, "coerce_one_of": True}
 ANY_OBJECT: Final = {"type": "object"}
