@@ -80,7 +80,7 @@ def test_structured_output_include_raw_and_json_mode(model):
     assert isinstance(result["raw"], AIMessage) and result["parsing_error"] is None
     assert City.model_validate_json(result["raw"].content) == result["parsed"]
     assert result["raw"].response_metadata["parrot_call_id"]  # a semantic call with a typed output
-    anything = model.with_structured_output(method="json_mode").invoke("Describe a cat as JSON.")
+    anything = model.with_structured_output(method="json_mode").invoke("Give a cat's name and age as JSON.")
     assert isinstance(anything, dict)
 
 
