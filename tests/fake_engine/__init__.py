@@ -13,7 +13,8 @@ cut the text (held back from the stream while they may still match), stop token 
 Knobs for the tests: ``step_s`` (seconds per generated token), ``max_running``,
 ``eos_after``, :meth:`FakeEngine.fail_next` (the next requests of an operation fail with an
 error), ``hang`` (every request, pings too, waits while it is set: a stopped process) and
-``kv_tokens`` (the KV capacity it reports). ``requests`` records every request it took.
+``kv_tokens`` (the KV capacity it reports), ``cpu`` (its pings say it runs on the CPU).
+``requests`` records every request it took.
 
 It is used in-process as an ``Engine``, or served over HTTP (:class:`FakeEngineServer`: the
 engine API's routes with the protocol's own request, response and error types), so a

@@ -59,8 +59,10 @@ class FakeEngine:
         eos_after: int | None = None,
         max_model_len: int = 8192,
         kv_tokens: int = 1 << 20,
+        cpu: bool = False,
     ) -> None:
         self.model_name = model
+        self.cpu = cpu  # its pings say it runs on the CPU (as the builtin engine's there)
         self.step_s = step_s  # seconds per step (a fill, or one generated token)
         self.max_running = max_running
         self.eos_after = eos_after  # generations end after this many tokens (unless ignore_eos)
@@ -226,6 +228,7 @@ class FakeEngine:
             "max_model_len": self.max_model_len,
             "max_running": self.max_running,
             "heartbeat_age_s": 0.0,
+            **({"cpu": {"isa": "fake"}} if self.cpu else {}),
         }
 
     # -- jobs -------------------------------------------------------------------------------

@@ -121,23 +121,35 @@ async def test_each_policy_of_the_order_can_be_switched_off():
         task("grouped", seq=7, app_seq=7, group=(7, 42)),
         task("latency", seq=8, app_seq=8, criteria=LATENCY, depth=1),
         task("latency-deeper", seq=9, app_seq=9, criteria=LATENCY, depth=2),
+        task("new-app-grouped", seq=10, app_seq=5, group=(5, 60)),
     ]
 
     def ordered(**policy) -> list[str]:
         return [t.session_id for t in sorted(tasks, key=SchedulingPolicy(**policy).order)]
 
-    assert ordered() == ["latency-deeper", "latency", "grouped", "old-app-downstream", "new-app"]
-    assert ordered(criteria=False)[:2] == ["grouped", "old-app-downstream"]
+    # An earlier application's own tasks (a reduce) go before a later one's groups (its
+    # maps); within an application, its groups first.
+    assert ordered() == [
+        "latency-deeper",
+        "latency",
+        "old-app-downstream",
+        "new-app-grouped",
+        "new-app",
+        "grouped",
+    ]
+    assert ordered(criteria=False)[:2] == ["old-app-downstream", "new-app-grouped"]
     assert ordered(task_groups=False) == [
         "latency-deeper",
         "latency",
         "old-app-downstream",
         "new-app",
+        "new-app-grouped",
         "grouped",
     ]
     assert ordered(app_fifo=False) == [
         "latency-deeper",
         "latency",
+        "new-app-grouped",
         "grouped",
         "new-app",
         "old-app-downstream",

@@ -126,6 +126,8 @@ class CallDriver:
         for chain in producers.values():
             if chain.group is None:
                 chain.group = (app_seq, call.seq)  # (read at the next dispatch, as above)
+        for chain in call.chains:
+            chain.gathers = True
 
     @staticmethod
     def _app_seq(session: Session) -> int:

@@ -76,6 +76,7 @@ class CompletionChain:
     # The consumer call that waits on this chain together with others (a task group):
     # (its application's start, its submission order), so groups sort by application.
     group: tuple[int, int] | None = None
+    gathers: bool = False  # it is such a consumer: it waits on a task group's outputs
     prompt_ids_by_model: dict[str, list[int]] = field(default_factory=dict)  # model -> prompt it ran with
 
     @property

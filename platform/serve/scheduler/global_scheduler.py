@@ -8,10 +8,9 @@ group, queued tasks sharing its prompt's prefix) go with it: the engine batches 
 prefix. A task whose engine is lost runs again elsewhere; a session that goes takes its
 queued and running tasks and its contexts with it.
 
-The scheduler changes no call: it reports what happened to each task (started, finished,
-failed) on the task's queue, and its submitter advances the call. It owns the engine slots
-and is the one writer of their state (running tasks and load; health and capacity, from the
-monitor's pings); what the engines hold is the context manager's.
+The scheduler changes no call: it reports what happened to each task (started, finished, failed)
+on the task's queue, and its submitter advances the call. It owns the engine slots, the one writer
+of their state (tasks, load; health, capacity from pings); the context manager owns what engines hold.
 """
 
 from __future__ import annotations
@@ -225,14 +224,14 @@ class GlobalScheduler:
 
     @property
     def idle(self) -> bool:
-        """No task is running."""
-        return not self._jobs
+        return not self._jobs  # no task is running
 
     # -- dispatch ---------------------------------------------------------------------------
     async def _dispatch_loop(self) -> None:
         while True:
             await self._wake.wait()
             self._wake.clear()
+            self.queue.recount()
             for task in self.queue.ordered():
                 if task not in self.queue:
                     continue  # placed with its group or a task sharing its prefix
@@ -287,7 +286,8 @@ class GlobalScheduler:
         """The engines of ``ready`` with room for ``task`` that its role allows now."""
         free = [s for s in ready if s.fits(self._need(task, s))]
         up = [s for s in self.serving(task.models) if s.up]
-        return self.roles.admissible(task, up, free, lambda s: self._need(task, s))
+        waiting = self.queue.waiting_throughput
+        return self.roles.admissible(task, up, free, lambda s: self._need(task, s), waiting)
 
     def _need(self, task: CompletionTask, slot: EngineSlot) -> int:
         """KV tokens the task may add on ``slot``: its output and the part of its prompt the
@@ -317,6 +317,7 @@ class GlobalScheduler:
     def _place(self, task: CompletionTask, slot: EngineSlot) -> tuple[Lease, int]:
         """The task's contexts and load on ``slot``; its lease, and the KV tokens it may add."""
         self.queue.remove(task)
+        task.tail = not task.latency and (task.chain.gathers or self.queue.ends_group(task))
         self.contexts.release_hold(task.key)
         need = self._need(task, slot)  # before placing: the task's own context joins the tree
         lease = self.contexts.place(task, slot, task.prompts[slot.prompt_key])

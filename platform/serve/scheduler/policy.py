@@ -30,7 +30,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from parrot.platform.serve.scheduler.slot import EngineSlot
-from parrot.platform.serve.scheduler.task import CompletionTask
+from parrot.platform.serve.scheduler.task import CompletionTask, PromptKey
 
 DEFAULT_STEP_TOKENS = 1024  # an engine's step budget when its pings do not say (OpenAI engines)
 
@@ -59,8 +59,9 @@ class SchedulingPolicy:
         """Sort key of the ready queue (smallest first)."""
         return (
             (not task.latency, -task.depth) if self.criteria else (False, 0),
-            (task.group is None, task.group or (0, 0)) if self.task_groups else (False, (0, 0)),
+            # An application's own tasks (its reduce) before a later one's groups (its maps).
             task.app_seq if self.app_fifo else 0,
+            (task.group is None, task.group or (0, 0)) if self.task_groups else (False, (0, 0)),
             task.seq,
         )
 
@@ -100,6 +101,18 @@ class EngineRoles:
       through everything. When every engine is a latency engine they share the throughput
       work by the usual placement.
 
+    - a CPU engine running the end of an application's critical path (the last tasks of a
+      task group to leave the queue, or the consumer that waits on a group: a reduce)
+      takes no other application's throughput work while it runs, nor for ``memory_s``
+      after a group's last task (its consumer comes next: :meth:`keeps_to_another`). A CPU
+      step's time grows with its rows: the last map of the first application in the mixed
+      benchmark shared a batch with six maps of the second and finished after 4.5 s instead
+      of ~1 s, and its reduce then waited behind the second's maps (on a GPU, rows beside
+      it cost the tail little, and keeping engines to single tails would cost throughput);
+    - at the end of the throughput work, an engine takes no more than its fair share of
+      what is left (:meth:`within_share`): taking a whole window left the other engine idle
+      for the last 2 s of that benchmark while its maps ran.
+
     The window counts a task's output with its prompt, so an engine runs its throughput
     work in batches. Counting only the prompts still to compute (until a task's first
     token) let an engine take new prompts beside its running tasks' decodes, whose every
@@ -134,18 +147,60 @@ class EngineRoles:
         up: list[EngineSlot],
         free: list[EngineSlot],
         need: Callable[[EngineSlot], int],
+        waiting: Callable[[PromptKey], int] = lambda key: 0,
     ) -> list[EngineSlot]:
         """The engines of ``free`` (those with room, of the engines ``up`` that serve the
-        task's models) that may take ``task`` now; none: it waits in the queue."""
+        task's models) that may take ``task`` now; none: it waits in the queue.
+        ``waiting``: the throughput tokens queued for a kind of engine, ``task``'s included."""
         if not self.enabled or len(up) < 2 or task.latency:
             return free
         plain = [s for s in up if not self.is_latency_engine(s)]
         if not plain:
             return free  # every engine serves latency work: they share the rest
-        return [s for s in free if s in plain and self.takes_throughput(s, need(s))]
+        return [s for s in free if s in plain and self.takes_throughput(task, s, need(s), plain, waiting)]
 
-    def takes_throughput(self, slot: EngineSlot, need: int) -> bool:
-        return slot.throughput_load == 0 or slot.throughput_load + need <= self.window(slot)
+    def takes_throughput(
+        self,
+        task: CompletionTask,
+        slot: EngineSlot,
+        need: int,
+        plain: Sequence[EngineSlot],
+        waiting: Callable[[PromptKey], int],
+    ) -> bool:
+        """Whether ``slot`` takes the throughput ``task`` (adding ``need``): unless it keeps
+        to another application's critical path, one task always fits an engine without
+        throughput work, more up to its window and its fair share."""
+        if self.keeps_to_another(slot, task.session_id):
+            return False
+        if slot.throughput_load == 0:
+            return True
+        if slot.throughput_load + need > self.window(slot):
+            return False
+        return self.within_share(slot, need, plain, waiting)
+
+    def within_share(
+        self, slot: EngineSlot, need: int, plain: Sequence[EngineSlot], waiting: Callable[[PromptKey], int]
+    ) -> bool:
+        """Whether a task adding ``need`` keeps ``slot`` within its fair share of the
+        throughput work left (at least half of the task fits): what is queued and what the
+        engines' running throughput tasks have yet to compute, over the engines that may
+        take it."""
+        alike = [s for s in plain if s.prompt_key == slot.prompt_key]
+        if len(alike) < 2:
+            return True
+        share = (waiting(slot.prompt_key) + sum(s.throughput_left() for s in alike)) / len(alike)
+        return slot.throughput_left() + need / 2 <= share
+
+    def keeps_to_another(self, slot: EngineSlot, session_id: str) -> bool:
+        """Whether ``slot``, a CPU engine, keeps to another application's critical path: its
+        end runs there, or a group's last task ended there under ``memory_s`` ago (its
+        consumer is on its way to the queue: the value is stored first)."""
+        if not slot.info.get("cpu"):
+            return False
+        if any(session != session_id for session in slot.tails.values()):
+            return True
+        session, ended_at = slot.tail_ended
+        return session != session_id and self.clock() - ended_at < self.settings.memory_s
 
     def rank(self, task: CompletionTask, slot: EngineSlot) -> tuple[int, int]:
         """The roles' part of the placement key (smallest first), before the work ahead.

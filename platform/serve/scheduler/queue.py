@@ -2,16 +2,18 @@
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Iterator
 
 from parrot.platform.serve.scheduler.policy import SchedulingPolicy
-from parrot.platform.serve.scheduler.task import CompletionTask
+from parrot.platform.serve.scheduler.task import CompletionTask, PromptKey
 
 
 class TaskQueue:
     def __init__(self, policy: SchedulingPolicy) -> None:
         self.policy = policy
         self._tasks: dict[str, CompletionTask] = {}  # by chain key, in arrival order
+        self._waiting: Counter | None = None  # see waiting_throughput
 
     def __len__(self) -> int:
         return len(self._tasks)
@@ -24,10 +26,29 @@ class TaskQueue:
 
     def add(self, task: CompletionTask) -> None:
         self._tasks[task.key] = task
+        self._waiting = None
 
     def remove(self, task: CompletionTask) -> None:
         if self._tasks.get(task.key) is task:
             del self._tasks[task.key]
+            if self._waiting is not None and not task.latency:
+                self._waiting.subtract({key: task.need(key) for key in task.prompts})
+
+    def recount(self) -> None:
+        """Count :meth:`waiting_throughput` afresh at its next call (a dispatch pass begins:
+        prompts were made and criteria changed since the last)."""
+        self._waiting = None
+
+    def waiting_throughput(self, key: PromptKey) -> int:
+        """Tokens the queued throughput tasks may add on an engine of ``key`` (prompts and
+        outputs): counted once a dispatch pass, then kept as tasks leave (a sum per
+        placement would make a pass over a long queue quadratic)."""
+        if self._waiting is None:
+            self._waiting = Counter()
+            for task in self._tasks.values():
+                if not task.latency:
+                    self._waiting.update({key: task.need(key) for key in task.prompts})
+        return self._waiting[key]
 
     def ordered(self) -> list[CompletionTask]:
         """The tasks in the order the policies give (criteria, groups, app-FIFO, arrival)."""
@@ -36,9 +57,14 @@ class TaskQueue:
     def in_group(self, group: tuple[int, int]) -> list[CompletionTask]:
         return sorted((t for t in self._tasks.values() if t.group == group), key=self.policy.order)
 
+    def ends_group(self, task: CompletionTask) -> bool:
+        """Whether ``task`` (just taken out) was the last of its task group here."""
+        return task.group is not None and all(t.group != task.group for t in self._tasks.values())
+
     def take_session(self, session_id: str) -> list[CompletionTask]:
         """Remove and return the session's queued tasks."""
         gone = [t for t in self._tasks.values() if t.session_id == session_id]
         for task in gone:
             del self._tasks[task.key]
+        self._waiting = None
         return gone

@@ -35,6 +35,8 @@ class EngineSlot:
     throughput_load: int = 0  # the part of ``load`` that is throughput tasks'
     latency_running: set[str] = field(default_factory=set)  # keys of latency-critical tasks
     latency_ended_at: float = float("-inf")  # monotonic time the last of them ended
+    tails: dict[str, str] = field(default_factory=dict)  # running throughput tails: key -> session
+    tail_ended: tuple[str, float] = ("", float("-inf"))  # the last tail's session, monotonic end
     placed: int = 0  # tasks placed here so far: among engines alike, the one given fewest
 
     @property
@@ -44,6 +46,11 @@ class EngineSlot:
     @property
     def prompt_key(self) -> PromptKey:
         return (self.model, self.text)
+
+    def throughput_left(self) -> int:
+        """Tokens its throughput tasks have yet to compute (``throughput_load`` counts what
+        they were placed with: a batch near its end still counts whole there)."""
+        return sum(t.left(self.prompt_key) for k, t in self.running.items() if k not in self.latency_running)
 
     def fits(self, need: int) -> bool:
         """Room for one more task needing ``need`` KV tokens (an idle engine takes any)."""
@@ -62,9 +69,13 @@ class EngineSlot:
             self.latency_running.add(task.key)
         else:
             self.throughput_load += need
+            if task.tail:
+                self.tails[task.key] = task.session_id
 
     def release(self, task: CompletionTask, need: int) -> bool:
-        """``task`` left (done, failed or moved); True if it was latency-critical here."""
+        """``task`` left (done, failed or moved); True if it was latency-critical here, or
+        the end of an application's critical path (what the engine may take changes after a
+        while: policy.EngineRoles)."""
         self.running.pop(task.key, None)
         self.load -= need
         if task.key in self.latency_running:
@@ -72,4 +83,7 @@ class EngineSlot:
             self.latency_ended_at = time.monotonic()
             return True
         self.throughput_load -= need
-        return False
+        if self.tails.pop(task.key, None) is None or task.group is None:
+            return False
+        self.tail_ended = (task.session_id, time.monotonic())  # the group's consumer comes next
+        return True

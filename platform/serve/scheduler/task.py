@@ -63,6 +63,7 @@ class CompletionTask:
     attempts: int = 0  # runs started (a rerun after an engine went away counts)
     stranded_at: float | None = None  # since when no engine that serves it is up (monotonic)
     lost: bool = False  # its engine was marked down while it ran (it runs again elsewhere)
+    tail: bool = False  # placed as its application's critical path's end (policy.EngineRoles)
     reports: asyncio.Queue[Report] = field(default_factory=asyncio.Queue)
 
     @property
@@ -90,6 +91,14 @@ class CompletionTask:
         """KV tokens the task may add on an engine of ``key`` (its prompt, its output)."""
         prompt = self.prompts.get(key)
         return (len(prompt) if prompt is not None else 0) + self.gen.sampling.max_tokens
+
+    def left(self, key: PromptKey) -> int:
+        """Tokens a running task has yet to compute: its need until its first token, then
+        the rest of its output (as far as its stream has told)."""
+        stream = self.gen.var.stream
+        if stream.first_token_at is None:
+            return self.need(key)
+        return max(0, self.gen.sampling.max_tokens - stream.token_count)
 
 
 @dataclass
