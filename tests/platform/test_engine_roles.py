@@ -161,11 +161,14 @@ async def test_a_cpu_engine_keeps_to_the_end_of_an_applications_critical_path():
     cpu = slot("cpu", info={"max_batched_tokens": 512, "cpu": {"isa": "avx512"}})
     gpu = slot("gpu")
     mine, theirs = Task(False, "app-a"), Task(False, "app-b")
-    for engine in (cpu, gpu):
-        engine.tails = {"a-map-7": "app-a"}  # app a's last map runs there
+    for engine in (cpu, gpu):  # app a's last map runs there, 300 tokens from its end
+        engine.tails, engine.running = {"a-map-7": "app-a"}, {"a-map-7": Running(300)}
     up = [cpu, gpu]
     assert roles.admissible(theirs, up, up, lambda s: 100) == [gpu]  # rows beside it cost little on a GPU
     assert roles.admissible(mine, up, up, lambda s: 100) == up
+    cpu.running = {"a-map-7": Running(5000)}  # a long tail (past the window) does not hold it
+    assert roles.admissible(theirs, up, up, lambda s: 100) == up
+    cpu.running = {}
     # Its group's last task ended: the consumer (the reduce) comes next, for memory_s.
     cpu.tails, cpu.tail_ended = {}, ("app-a", 99.5)
     assert roles.admissible(theirs, up, up, lambda s: 100) == [gpu]

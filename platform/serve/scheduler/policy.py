@@ -194,11 +194,13 @@ class EngineRoles:
     def keeps_to_another(self, slot: EngineSlot, session_id: str) -> bool:
         """Whether ``slot``, a CPU engine, keeps to another application's critical path: its
         end runs there, or a group's last task ended there under ``memory_s`` ago (its
-        consumer is on its way to the queue: the value is stored first)."""
+        consumer is on its way to the queue: the value is stored first). Not for a tail with
+        more than a window of work left: a long reduce would hold the engine for long."""
         if not slot.info.get("cpu"):
             return False
-        if any(session != session_id for session in slot.tails.values()):
-            return True
+        others = [key for key, session in slot.tails.items() if session != session_id]
+        if others:
+            return sum(slot.running[key].left(slot.prompt_key) for key in others) <= self.window(slot)
         session, ended_at = slot.tail_ended
         return session != session_id and self.clock() - ended_at < self.settings.memory_s
 
