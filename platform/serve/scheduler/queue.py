@@ -51,7 +51,7 @@ class TaskQueue:
         return self._waiting[key]
 
     def ordered(self) -> list[CompletionTask]:
-        """The tasks in the order the policies give (criteria, groups, app-FIFO, arrival)."""
+        """The tasks in the order the policies give (criteria, app-FIFO, groups, arrival)."""
         return sorted(self._tasks.values(), key=self.policy.order)
 
     def in_group(self, group: tuple[int, int]) -> list[CompletionTask]:
