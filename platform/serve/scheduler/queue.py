@@ -13,7 +13,10 @@ class TaskQueue:
     def __init__(self, policy: SchedulingPolicy) -> None:
         self.policy = policy
         self._tasks: dict[str, CompletionTask] = {}  # by chain key, in arrival order
-        self._waiting: Counter | None = None  # see waiting_throughput
+        # Counted once a dispatch pass, then kept as tasks leave (see recount): throughput
+        # tokens waiting per kind of engine, and tasks waiting per task group.
+        self._waiting: Counter | None = None
+        self._groups: Counter = Counter()
 
     def __len__(self) -> int:
         return len(self._tasks)
@@ -31,24 +34,30 @@ class TaskQueue:
     def remove(self, task: CompletionTask) -> None:
         if self._tasks.get(task.key) is task:
             del self._tasks[task.key]
-            if self._waiting is not None and not task.latency:
-                self._waiting.subtract({key: task.need(key) for key in task.prompts})
+            if self._waiting is not None:
+                self._groups[task.group] -= 1
+                if not task.latency:
+                    self._waiting.subtract({key: task.need(key) for key in task.prompts})
 
     def recount(self) -> None:
-        """Count :meth:`waiting_throughput` afresh at its next call (a dispatch pass begins:
-        prompts were made and criteria changed since the last)."""
+        """Count afresh at the next question (a dispatch pass begins: prompts were made,
+        groups formed and criteria changed since the last). Counting at each placement
+        would make a pass over a long queue quadratic."""
         self._waiting = None
 
-    def waiting_throughput(self, key: PromptKey) -> int:
-        """Tokens the queued throughput tasks may add on an engine of ``key`` (prompts and
-        outputs): counted once a dispatch pass, then kept as tasks leave (a sum per
-        placement would make a pass over a long queue quadratic)."""
+    def _counted(self) -> Counter:
         if self._waiting is None:
             self._waiting = Counter()
+            self._groups = Counter(task.group for task in self._tasks.values())
             for task in self._tasks.values():
                 if not task.latency:
                     self._waiting.update({key: task.need(key) for key in task.prompts})
-        return self._waiting[key]
+        return self._waiting
+
+    def waiting_throughput(self, key: PromptKey) -> int:
+        """Tokens the queued throughput tasks may add on an engine of ``key`` (prompts and
+        outputs)."""
+        return self._counted()[key]
 
     def ordered(self) -> list[CompletionTask]:
         """The tasks in the order the policies give (criteria, app-FIFO, groups, arrival)."""
@@ -59,7 +68,10 @@ class TaskQueue:
 
     def ends_group(self, task: CompletionTask) -> bool:
         """Whether ``task`` (just taken out) was the last of its task group here."""
-        return task.group is not None and all(t.group != task.group for t in self._tasks.values())
+        if task.group is None:
+            return False
+        self._counted()
+        return self._groups[task.group] <= 0
 
     def take_session(self, session_id: str) -> list[CompletionTask]:
         """Remove and return the session's queued tasks."""
