@@ -185,11 +185,11 @@ class EngineRoles:
         throughput work left (at least half of the task fits): what is queued and what the
         engines' running throughput tasks have yet to compute, over the engines that may
         take it."""
-        alike = [s for s in plain if s.prompt_key == slot.prompt_key]
-        if len(alike) < 2:
+        left = {s: s.throughput_left() for s in plain if s.prompt_key == slot.prompt_key}
+        if len(left) < 2:
             return True
-        share = (waiting(slot.prompt_key) + sum(s.throughput_left() for s in alike)) / len(alike)
-        return slot.throughput_left() + need / 2 <= share
+        share = (waiting(slot.prompt_key) + sum(left.values())) / len(left)
+        return left[slot] + need / 2 <= share
 
     def keeps_to_another(self, slot: EngineSlot, session_id: str) -> bool:
         """Whether ``slot``, a CPU engine, keeps to another application's critical path: its
