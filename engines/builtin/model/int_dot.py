@@ -7,8 +7,8 @@ multiplies in integers; so does this path, for steps of at most ``int_rows`` row
 another copy of the int4 codes (in llama.cpp's block layout, as big as torch's packed ones)
 and adds llama.cpp's activation rounding (test_weight_formats.py bounds the logits).
 
-``auto`` times both on one layer at load: it takes this path where it is at least
-``AUTO_MIN_SPEEDUP`` times faster at one row, up to the largest row count where it stays
+``auto`` times both on one layer at load: it takes this path where all the probes together
+run ``AUTO_MIN_SPEEDUP`` times faster, up to the largest row count where it stays
 ``AUTO_EXTEND_SPEEDUP`` times faster (none: it stays off).
 """
 
@@ -26,12 +26,13 @@ log = logging.getLogger(__name__)
 
 INT_DOT_CHOICES = ("auto", "on", "off")
 BLOCK = 32  # activations are quantized in blocks of this many; int4 weights need this group
-# Whether to take it at all needs a clear margin at one row (the choice changes the numerics,
-# so it must not flip with noise: on AVX-512 the two measure 1.0-1.3x apart, on AVX2 about
-# 2x); how far, only that it stays faster at more rows.
-AUTO_MIN_SPEEDUP = 1.5
+# Whether to take it at all: all the probes' time against torch's, with a clear margin (the
+# choice changes the numerics, so it must not flip with noise: with VNNI, AVX-512's dpbusd,
+# they measure 1.32-1.40x here on 2 threads, 1.51-1.57x on one; with AVX2 about 2x); how far:
+# up to the largest probe from which down every probe stays faster.
+AUTO_MIN_SPEEDUP = 1.15
 AUTO_EXTEND_SPEEDUP = 1.1
-PROBE_ROWS = (1, 2, 4, 8, 16)
+PROBE_ROWS = (1, 2, 4, 8, 16)  # and the most rows the path may take, when it is more
 
 
 @dataclass(frozen=True)
@@ -48,12 +49,42 @@ class IntDotChoice:
         return {"rows": self.rows, "reason": self.reason, "ms": {str(r): list(v) for r, v in self.ms.items()}}
 
 
+def group_order(in_features: int, size: int = 4) -> torch.Tensor:
+    """The positions of a row's values in the extension's group order (``int_dot.h``'s
+    ``Groups``): blocks of 32 in groups of ``size`` (what is left: a pair, then a block alone);
+    in a group of n blocks, chunk c holds values c * 32/n .. of each of its blocks in turn."""
+    blocks = in_features // BLOCK
+    whole = blocks // size * size
+    sizes = [size] * (whole // size)
+    if size == 4 and blocks - whole >= 2:
+        sizes.append(2)
+    sizes += [1] * (blocks - sum(sizes))
+    order, g0 = [], 0
+    for n in sizes:
+        width = BLOCK // n
+        for c in range(n):
+            for b in range(n):
+                start = (g0 + b) * BLOCK + c * width
+                order.extend(range(start, start + width))
+        g0 += n
+    return torch.tensor(order)
+
+
 def int4_layout(codes: Int4Codes) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """llama.cpp's block layout of int4 weights: codes [N, K / 2] uint8 (byte j of a block =
-    code j | code j + 16 << 4), d and m [N, K / 32] float32 with w = d * code + m."""
+    """The int4 weights as the extension reads them: codes [N, K / 2] uint8 in group order
+    (:func:`group_order`), each 32 bytes the low nibbles of a chunk and the high ones of the
+    next (a block alone: its 16 bytes, values 0-15 low and 16-31 high), and d and m
+    [N, K / 32] float32 with w = d * code + m."""
     n, k = codes.codes.shape
-    blocks = codes.codes.view(n, k // BLOCK, BLOCK)
-    packed = (blocks[..., :16] | (blocks[..., 16:] << 4)).to(torch.uint8).reshape(n, k // 2)
+    grouped = codes.codes[:, group_order(k)]
+    blocks = k // BLOCK
+    alone = blocks % 2  # (a block alone is always the last: groups of 4 and a pair are even)
+    paired = grouped[:, : (blocks - alone) * BLOCK].reshape(n, -1, 2, BLOCK)
+    parts = [(paired[:, :, 0] | (paired[:, :, 1] << 4)).reshape(n, -1)]
+    if alone:
+        last = grouped[:, -BLOCK:]
+        parts.append(last[:, :16] | (last[:, 16:] << 4))
+    packed = torch.cat(parts, dim=1).to(torch.uint8)
     d = codes.scale.float().contiguous()
     return packed.contiguous(), d, (codes.zero.float() - 8 * d).contiguous()
 
@@ -83,21 +114,34 @@ def choose_int_rows(
         return IntDotChoice(0, "off" if choice == "off" else "no C++ extension", {})
     if choice == "on":
         return IntDotChoice(max_rows, "asked", {})
+    if max_rows < 1:
+        return IntDotChoice(0, "every step takes the dense copies", {})
     generator = torch.Generator().manual_seed(0)
     weight = torch.randn(out_features, in_features, generator=generator) * 0.05
     codes = quantize_int4(weight, BLOCK)
     layer, packed = Int4Linear(codes, None), int4_layout(codes)
     ms: dict[int, tuple[float, float]] = {}
-    rows = 0
-    for r in (r for r in PROBE_ROWS if r <= max_rows):
+    for r in probe_rows(max_rows):
         x = torch.randn(r, in_features, generator=generator).to(torch.bfloat16)
         theirs = _best_ms(lambda x=x: layer.packed_mm(x))
-        ours = _best_ms(lambda x=x: extension.int4_rows(x, *packed))
-        ms[r] = (theirs, ours)
-        if theirs < (AUTO_MIN_SPEEDUP if rows == 0 else AUTO_EXTEND_SPEEDUP) * ours:
+        ms[r] = (theirs, _best_ms(lambda x=x: extension.int4_rows(x, *packed)))
+    return IntDotChoice(rows_taken(ms), "timed", ms)
+
+
+def probe_rows(max_rows: int) -> list[int]:
+    return [r for r in PROBE_ROWS if r < max_rows] + [max_rows]
+
+
+def rows_taken(ms: dict[int, tuple[float, float]]) -> int:
+    """The rows the path takes, from the probes' times (rows -> (torch's, ours) ms)."""
+    if sum(theirs for theirs, _ in ms.values()) < AUTO_MIN_SPEEDUP * sum(ours for _, ours in ms.values()):
+        return 0
+    rows = 0
+    for r, (theirs, ours) in sorted(ms.items()):
+        if theirs < AUTO_EXTEND_SPEEDUP * ours:
             break
         rows = r
-    return IntDotChoice(rows, "timed", ms)
+    return rows
 
 
 def _best_ms(fn, repeats: int = 5) -> float:
