@@ -311,17 +311,30 @@ inline void int8_rows_dot(const int8_t* w, const Rows& x, int64_t G, float* tota
 #endif
 }
 
-// For each weight row n (its product in total[t] for rows r0..r0+T), tiles of up to four
-// activation rows: the weight row stays in L1 across them.
-template <typename RowDot>
-inline void for_row_tiles(const Quantized& a, const Groups& groups, int64_t R, int64_t K, int64_t n, RowDot dot4,
-                          uint16_t* o, int64_t N, float scale) {
-  float total[kTile];
+// The activation rows in tiles of up to kTile, made once a product: a weight row stays in L1
+// across its tiles (and the tiles' pointers are not rebuilt for each of its N rows).
+struct Tile {
+  int64_t r0;
+  int T;
+  Rows rows;
+};
+
+inline std::vector<Tile> tiles_of(const Quantized& a, const Groups& groups, int64_t R, int64_t K) {
+  std::vector<Tile> tiles;
   for (int64_t r0 = 0; r0 < R; r0 += kTile) {
     const int T = static_cast<int>(std::min<int64_t>(kTile, R - r0));
-    const Rows rows = rows_at(a, groups, r0, T, K);
-    dot4(T, rows, total);
-    for (int t = 0; t < T; ++t) o[(r0 + t) * N + n] = float_to_bf16_bits(scale * total[t]);
+    tiles.push_back({r0, T, rows_at(a, groups, r0, T, K)});
+  }
+  return tiles;
+}
+
+// Weight row n's products with every tile (dot(T, rows, total)), scaled, into o [R, N].
+template <typename RowDot>
+inline void for_tiles(const std::vector<Tile>& tiles, int64_t n, RowDot dot, uint16_t* o, int64_t N, float scale) {
+  float total[kTile];
+  for (const Tile& tile : tiles) {
+    dot(tile.T, tile.rows, total);
+    for (int t = 0; t < tile.T; ++t) o[(tile.r0 + t) * N + n] = float_to_bf16_bits(scale * total[t]);
   }
 }
 
@@ -341,6 +354,7 @@ inline at::Tensor int4_rows(const at::Tensor& x, const at::Tensor& codes, const 
               "int4 weights must be codes [N, K / 2] uint8 with d, m [N, K / 32] float32");
   const Groups groups(G, 4);
   const Quantized a = quantize(reinterpret_cast<const uint16_t*>(x.data_ptr<c10::BFloat16>()), R, K, groups);
+  const std::vector<Tile> tiles = tiles_of(a, groups, R, K);
   at::Tensor out = at::empty({R, N}, at::TensorOptions().dtype(at::kBFloat16));
   uint16_t* o = reinterpret_cast<uint16_t*>(out.data_ptr<c10::BFloat16>());
   const uint8_t* q = codes.data_ptr<uint8_t>();
@@ -361,7 +375,7 @@ inline at::Tensor int4_rows(const at::Tensor& x, const at::Tensor& codes, const 
           default: int4_rows_dot<1>(qn, dn, mn, rows, G, total);
         }
       };
-      for_row_tiles(a, groups, R, K, n, dot, o, N, 1.f);
+      for_tiles(tiles, n, dot, o, N, 1.f);
     }
   });
   return out;
@@ -376,6 +390,7 @@ inline at::Tensor int8_rows(const at::Tensor& x, const at::Tensor& codes, const 
               "int8 weights must be codes [N, K] int8 with scales [N] float32");
   const Groups groups(G, 2);
   const Quantized a = quantize(reinterpret_cast<const uint16_t*>(x.data_ptr<c10::BFloat16>()), R, K, groups);
+  const std::vector<Tile> tiles = tiles_of(a, groups, R, K);
   at::Tensor out = at::empty({R, N}, at::TensorOptions().dtype(at::kBFloat16));
   uint16_t* o = reinterpret_cast<uint16_t*>(out.data_ptr<c10::BFloat16>());
   const int8_t* w = codes.data_ptr<int8_t>();
@@ -395,7 +410,7 @@ inline at::Tensor int8_rows(const at::Tensor& x, const at::Tensor& codes, const 
           default: int8_rows_dot<1>(wn, rows, G, total);
         }
       };
-      for_row_tiles(a, groups, R, K, n, dot, o, N, s[n]);
+      for_tiles(tiles, n, dot, o, N, s[n]);
     }
   });
   return out;
