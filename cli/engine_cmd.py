@@ -55,7 +55,7 @@ def add_parser(commands) -> None:
         default=None,
         choices=INT_DOT_CHOICES,
         help="quantized weights, small steps: int8 activations and integer products, as llama.cpp "
-        "(default auto: where faster at start, as on AVX2-only CPUs)",
+        "(default auto: where timed faster at start, as with VNNI or on AVX2-only CPUs)",
     )
     p.add_argument(
         "--tool-format",

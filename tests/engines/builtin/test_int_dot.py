@@ -8,6 +8,7 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -150,3 +151,19 @@ def test_without_avx2_the_plain_loops_compute_the_same_sums(extension, tmp_path)
     vector8 = extension.int8_rows(x, *int_dot.int_weights(Int8Linear.from_float(w, None), None))
     torch.testing.assert_close(plain4.float(), vector4.float(), atol=1e-2, rtol=1e-2)
     torch.testing.assert_close(plain8.float(), vector8.float(), atol=1e-2, rtol=1e-2)
+
+
+@pytest.mark.spawns
+def test_the_products_benchmark_runs(extension):
+    """``benchmarks/int_dot_products.py`` (the docs' figures), smallest size, so it cannot rot."""
+    script = Path(__file__).resolve().parents[3] / "benchmarks" / "int_dot_products.py"
+    args = [sys.executable, str(script), "--rows", "1", "--threads", "1", "--rounds", "1", "--no-docs"]
+    done = subprocess.run(args, capture_output=True, text=True, timeout=600, check=True)
+    lines = [line for line in done.stdout.splitlines() if line.startswith("| 1 |")]
+    assert [line.split(" | ")[1] for line in lines] == [
+        "qkv 576 x 960",
+        "o 576 x 576",
+        "gate+up 576 x 3072",
+        "down 1536 x 576",
+        "head 576 x 49152",
+    ]
