@@ -26,6 +26,6 @@ def _packages() -> list[str]:
 setup(
     packages=_packages(),
     package_dir={f"parrot.{root}": root for root in ROOTS},
-    package_data={"": ["*.html", "*.js", "*.css", "*.txt", "*.json", "*.ini", "*.mako", "*.cpp"]},
+    package_data={"": ["*.html", "*.js", "*.css", "*.txt", "*.json", "*.ini", "*.mako", "*.cpp", "*.h"]},
     include_package_data=True,
 )

@@ -5,7 +5,7 @@ int8-activation products (``engines/builtin/csrc/int_dot.h``), on the bundled mo
 
 Each product is timed best-of-N, the sides called in turn within a round, ``--rounds`` times;
 the table gives the median (min-max) over the rounds of each side's ms and the speed-ups of
-the medians. ``--before COMMIT`` adds the extension's header at that commit (``git show``),
+the medians. ``--before COMMIT`` adds the extension's headers at that commit (``git show``),
 built as an extension of its own with the same flags, so a change of the kernels is measured
 against what it replaced in the same process. ``--cpu avx2`` runs the script again as
 ``benchmarks/cpu_peer.py --cpu avx2`` does (torch's kernels lowered to AVX2, the extension
@@ -52,9 +52,12 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
 
 def build_before(commit: str, folder: Path):
     """The extension's products as they were at ``commit``, built beside this one."""
-    show = ["git", "show", f"{commit}:engines/builtin/csrc/int_dot.h"]
-    header = subprocess.run(show, cwd=ROOT, check=True, capture_output=True, text=True).stdout
-    (folder / "int_dot.h").write_text(header)
+    listed = ["git", "ls-tree", "--name-only", commit, "engines/builtin/csrc/"]
+    paths = subprocess.run(listed, cwd=ROOT, check=True, capture_output=True, text=True).stdout.split()
+    for path in (p for p in paths if p.endswith(".h")):  # int_dot.h and what it includes
+        show = ["git", "show", f"{commit}:{path}"]
+        text = subprocess.run(show, cwd=ROOT, check=True, capture_output=True, text=True).stdout
+        (folder / Path(path).name).write_text(text)
     (folder / "before.cpp").write_text(BINDINGS)
     from torch.utils.cpp_extension import load
 

@@ -228,3 +228,15 @@ def test_no_folder_of_the_serve_layer_holds_more_than_ten_modules():
             crowded.append(f"{folder.relative_to(REPO_ROOT)}: {len(modules)} modules")
     assert not crowded, "\n".join(crowded)
     assert (REPO_ROOT / "platform" / "serve" / "calls").is_dir()
+
+
+def test_the_extension_sources_ship_with_an_installed_server():
+    """setup.py's package data covers every file of the C++ extension's sources: an installed
+    (not editable) server compiles them where it runs (engines/builtin/native.py), and a
+    missing header would leave it on torch's slower ops."""
+    tree = ast.parse((REPO_ROOT / "setup.py").read_text())
+    call = next(n for n in ast.walk(tree) if isinstance(n, ast.Call) and getattr(n.func, "id", "") == "setup")
+    data = next(k.value for k in call.keywords if k.arg == "package_data")
+    patterns = next(ast.literal_eval(v) for v in data.values)
+    sources = sorted((REPO_ROOT / "engines" / "builtin" / "csrc").iterdir())
+    assert sources and all(any(p.match(pattern) for pattern in patterns) for p in sources), sources
