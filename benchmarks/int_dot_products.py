@@ -20,7 +20,6 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -74,16 +73,6 @@ def old_int4_layout(codes) -> tuple:
     return packed.contiguous(), d, (codes.zero.float() - 8 * d).contiguous()
 
 
-def best_ms(fn, repeats: int) -> float:
-    fn()
-    best = float("inf")
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        best = min(best, time.perf_counter() - start)
-    return best * 1e3
-
-
 def sides_of(name: str, k: int, n: int, extension, before) -> dict:
     """The ways to multiply [rows, k] by this layer's weights: side name -> fn(x)."""
     weight = torch.randn(n, k, generator=torch.Generator().manual_seed(n + k)) * 0.05
@@ -121,7 +110,7 @@ def measure(args, extension, before) -> list[str]:
                     for r in range(args.rounds):
                         order = list(sides) if r % 2 == 0 else list(reversed(sides))
                         for side in order:
-                            times[side].append(best_ms(lambda fn=sides[side], x=x: fn(x), repeats))
+                            times[side].append(int_dot.best_ms(lambda fn=sides[side], x=x: fn(x), repeats))
                 med = {side: statistics.median(v) for side, v in times.items()}
                 cells = [spread(times[side]) for side in ("torch", "before", "ours") if side in times]
                 ratios = [f"{med['torch'] / med['ours']:.2f}x"]

@@ -123,8 +123,8 @@ def choose_int_rows(
     ms: dict[int, tuple[float, float]] = {}
     for r in probe_rows(max_rows):
         x = torch.randn(r, in_features, generator=generator).to(torch.bfloat16)
-        theirs = _best_ms(lambda x=x: layer.packed_mm(x))
-        ms[r] = (theirs, _best_ms(lambda x=x: extension.int4_rows(x, *packed)))
+        theirs = best_ms(lambda x=x: layer.packed_mm(x))
+        ms[r] = (theirs, best_ms(lambda x=x: extension.int4_rows(x, *packed)))
     return IntDotChoice(rows_taken(ms), "timed", ms)
 
 
@@ -144,7 +144,8 @@ def rows_taken(ms: dict[int, tuple[float, float]]) -> int:
     return rows
 
 
-def _best_ms(fn, repeats: int = 5) -> float:
+def best_ms(fn, repeats: int = 5) -> float:
+    """The best of ``repeats`` timed calls of ``fn`` (after one untimed), in ms."""
     with torch.inference_mode():
         fn()
         best = float("inf")
