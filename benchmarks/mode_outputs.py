@@ -22,6 +22,10 @@ from parrot.engines.builtin.engine import BuiltinEngine
 from parrot.engines.builtin.engine_config import EngineConfig
 from parrot.wire.sampling import SamplingParams
 
+# A mode's variant (DTYPE/WEIGHTS[/VARIANT]): engine_throughput.py's torch matmuls for the
+# exact mode, and cpu_peer.py's torch-kernels (small steps without int8 activations)
+VARIANTS = {"": {}, "torch": {"cpu_matmul": "torch"}, "torch-kernels": {"int8_activations": "off"}}
+
 # The prompts of tests/engines/builtin/test_model_correctness.py
 PROMPTS = [
     "<|im_start|>user\nWhat is the capital of France?<|im_end|>\n<|im_start|>assistant\n",
@@ -31,8 +35,9 @@ PROMPTS = [
 
 
 def outputs(mode: str, tokens: int) -> list[tuple[list[int], str]]:
-    dtype, weights = mode.split("/")
-    engine = BuiltinEngine(EngineConfig(dtype=dtype, weights=weights))
+    dtype, weights, *variant = mode.split("/")
+    flags = VARIANTS[variant[0] if variant else ""]
+    engine = BuiltinEngine(EngineConfig(dtype=dtype, weights=weights, **flags))
 
     async def run() -> list[tuple[list[int], str]]:
         results = []
@@ -52,7 +57,7 @@ def outputs(mode: str, tokens: int) -> list[tuple[list[int], str]]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tokens", type=int, default=32)
-    parser.add_argument("--modes", nargs="+", default=MODES)
+    parser.add_argument("--modes", nargs="+", default=[*MODES, "float32/gguf/torch-kernels"])
     parser.add_argument("--no-write", action="store_true")
     args = parser.parse_args()
     results = {mode: outputs(mode, args.tokens) for mode in args.modes}
