@@ -20,41 +20,15 @@
 #include <cstring>
 #include <vector>
 
+#include "decode_attention.h"
 #include "int_dot.h"
 
 namespace {
 
 using bf16 = c10::BFloat16;
-
-// bfloat16 as its bits, so that the loops below vectorize (c10's conversion branches on
-// NaN). Rounding is to nearest even, as torch's float -> bfloat16 cast.
-inline uint16_t to_bf16(float f) {
-  uint32_t u;
-  std::memcpy(&u, &f, 4);
-  u += 0x7FFFu + ((u >> 16) & 1u);
-  return static_cast<uint16_t>(u >> 16);
-}
-
-inline float from_bf16(uint16_t h) {
-  const uint32_t u = static_cast<uint32_t>(h) << 16;
-  float f;
-  std::memcpy(&f, &u, 4);
-  return f;
-}
-
-// KV cache elements: float32, or bfloat16 as its bits (--kv-dtype bfloat16), which widens
-// with one shift. (float16 was tried: GCC 12 converts _Float16 one element at a time, and its
-// conversion in integer operations costs ~6 operations an element in these compute-bound
-// loops: attention at 2,000 keys was 2.3-3.4x slower than with either.)
-inline float widen(float x) { return x; }
-inline float widen(uint16_t x) { return from_bf16(x); }
-
-template <typename C>
-C narrow(float x);
-template <>
-inline float narrow<float>(float x) { return x; }
-template <>
-inline uint16_t narrow<uint16_t>(float x) { return to_bf16(x); }
+using decode::from_bf16;
+using decode::narrow;
+using decode::to_bf16;
 
 inline const uint16_t* bits(const at::Tensor& t) {
   return reinterpret_cast<const uint16_t*>(t.data_ptr<bf16>());
@@ -116,14 +90,6 @@ inline float sum_of_squares(const float* x, int64_t n) {
 #pragma omp simd reduction(+ : sum)
   for (int64_t i = 0; i < n; ++i) sum += x[i] * x[i];
   return sum;
-}
-
-template <typename C>
-inline float dot(const float* a, const C* b, int64_t n) {
-  float s = 0.f;
-#pragma omp simd reduction(+ : s)
-  for (int64_t i = 0; i < n; ++i) s += a[i] * widen(b[i]);
-  return s;
 }
 
 // rows of x [rows, n] float32 -> x / rms(x) * w, rounded to bfloat16 (the kernels' input)
@@ -253,7 +219,8 @@ class DecodeModel {
 #pragma omp simd
         for (int64_t i = 0; i < kv_row; ++i) kc[i] = narrow<C>(k[i]), vc[i] = narrow<C>(k[kv_row + i]);
       }
-      attend(qs, width, k_cache, v_cache, table, kv_lens, block_size, bits(attn));
+      decode::attend(decode::Heads{nh_, nkv_, hd_, scale_}, qs, width, k_cache, v_cache, table, kv_lens, block_size,
+                     bits(attn));
       from_product<true>(L.o.mm(attn), L.o.bias.data_ptr<float>(), xs, B, H_);
       rms_norm_bf16(xs, L.post_norm.data_ptr<float>(), bits(normed), B, H_, eps_);
       gate_times_up(L.gate_up.mm(normed), L.gate_up.bias.data_ptr<float>(), bits(act), B);
@@ -291,99 +258,6 @@ class DecodeModel {
       h[i] = lo[i] * c[i] + hi[i] * s[i];
       h[half + i] = hi[i] * c[half + i] + lo[i] * s[half + i];
     }
-  }
-
-  // Each query head over its sequence's keys 0..kv_len-1, read through the block table block
-  // by block (the key at position p is in slot table[p / block_size] * block_size + p %
-  // block_size). Softmax in float32.
-  template <typename C>
-  void attend(const float* qs, int64_t width, const C* k_cache, const C* v_cache,
-              const at::Tensor& table, const at::Tensor& kv_lens, int64_t block_size,
-              uint16_t* out) const {
-    const int64_t B = kv_lens.size(0);
-    const int64_t W = table.size(1);
-    const int64_t group = nh_ / nkv_;
-    const int64_t* lens = kv_lens.data_ptr<int64_t>();
-    const int64_t* tab = table.data_ptr<int64_t>();
-    int64_t keys = 0;
-    for (int64_t b = 0; b < B; ++b) keys += lens[b];
-    // One task per (sequence, KV head): the KV head's keys are read once for its query heads.
-    // Threads only where there is enough to share.
-    const int64_t grain = keys * nh_ * hd_ < (1 << 15) ? B * nkv_ : 1;
-    at::parallel_for(0, B * nkv_, grain, [&](int64_t begin, int64_t end) {
-      std::vector<float> scores;
-      std::vector<float> acc(group * hd_);
-      for (int64_t task = begin; task < end; ++task) {
-        const int64_t b = task / nkv_, g = task % nkv_;
-        const int64_t len = lens[b];
-        const float* q = qs + b * width + g * group * hd_;
-        scores.resize(group * len);
-        float* sc = scores.data();
-        for (int64_t first = 0; first < len; first += block_size) {  // block by block: no division
-          const C* k = k_cache + (tab[b * W + first / block_size] * block_size * nkv_ + g) * hd_;
-          const int64_t n = std::min(block_size, len - first);
-          const int64_t stride = nkv_ * hd_;
-          for (int64_t j = 0; j < group; ++j) {
-            const float* qj = q + j * hd_;
-            float* sj = sc + j * len + first;
-            int64_t t = 0;
-            for (; t + 4 <= n; t += 4) {  // four keys a pass: four independent sums
-              const C *k0 = k + t * stride, *k1 = k0 + stride, *k2 = k1 + stride, *k3 = k2 + stride;
-              float s0 = 0.f, s1 = 0.f, s2 = 0.f, s3 = 0.f;
-#pragma omp simd reduction(+ : s0, s1, s2, s3)
-              for (int64_t i = 0; i < hd_; ++i) {
-                s0 += qj[i] * widen(k0[i]);
-                s1 += qj[i] * widen(k1[i]);
-                s2 += qj[i] * widen(k2[i]);
-                s3 += qj[i] * widen(k3[i]);
-              }
-              sj[t] = s0 * scale_, sj[t + 1] = s1 * scale_, sj[t + 2] = s2 * scale_, sj[t + 3] = s3 * scale_;
-            }
-            for (; t < n; ++t) sj[t] = dot(qj, k + t * stride, hd_) * scale_;  // (widens C)
-          }
-        }
-        for (int64_t j = 0; j < group; ++j) {
-          float* sj = sc + j * len;
-          float m = -INFINITY;
-#pragma omp simd reduction(max : m)
-          for (int64_t p = 0; p < len; ++p) m = std::max(m, sj[p]);
-          float sum = 0.f;
-#pragma omp simd reduction(+ : sum)
-          for (int64_t p = 0; p < len; ++p) {
-            sj[p] = std::exp(sj[p] - m);
-            sum += sj[p];
-          }
-          const float inv = 1.f / sum;
-#pragma omp simd
-          for (int64_t p = 0; p < len; ++p) sj[p] *= inv;
-        }
-        std::fill(acc.begin(), acc.end(), 0.f);
-        for (int64_t first = 0; first < len; first += block_size) {
-          const C* v = v_cache + (tab[b * W + first / block_size] * block_size * nkv_ + g) * hd_;
-          const int64_t n = std::min(block_size, len - first);
-          const int64_t stride = nkv_ * hd_;
-          for (int64_t j = 0; j < group; ++j) {
-            const float* w = sc + j * len + first;
-            float* a = acc.data() + j * hd_;
-            int64_t t = 0;
-            for (; t + 4 <= n; t += 4) {  // four keys a pass: a quarter of the stores to a
-              const C *v0 = v + t * stride, *v1 = v0 + stride, *v2 = v1 + stride, *v3 = v2 + stride;
-#pragma omp simd
-              for (int64_t i = 0; i < hd_; ++i)
-                a[i] += w[t] * widen(v0[i]) + w[t + 1] * widen(v1[i]) + w[t + 2] * widen(v2[i]) + w[t + 3] * widen(v3[i]);
-            }
-            for (; t < n; ++t) {
-              const C* vt = v + t * stride;
-#pragma omp simd
-              for (int64_t i = 0; i < hd_; ++i) a[i] += w[t] * widen(vt[i]);
-            }
-          }
-        }
-        uint16_t* o = out + b * nh_ * hd_ + g * group * hd_;
-#pragma omp simd
-        for (int64_t i = 0; i < group * hd_; ++i) o[i] = to_bf16(acc[i]);
-      }
-    });
   }
 
   int64_t H_, nh_, nkv_, hd_, inter_;
