@@ -6,6 +6,12 @@ time, the number of ops per step and the step time. Speed is noisy on a shared m
 read the op counts and the shares, not the absolute times.
 
     python benchmarks/decode_profile.py [--batch 1] [--dtype float32] [--weights exact] [--no-fused-decode]
+    python benchmarks/decode_profile.py --batch 8 --contexts 32 512 1024   # step times only
+
+``--contexts`` times the steps over contexts of those lengths (attention's share grows with
+them), best of 3 runs of ``--steps`` steps each, and prints one line per length instead of
+a profile. With ``PYTHONPATH`` at a folder whose ``parrot`` links to another checkout, the
+same script times that checkout's engine (as ``benchmarks/cpu_peer.py --before`` does).
 
 Steps run as the engine runs them: fused (one C++ call, fused_decode.py) where the model
 allows, unless ``--no-fused-decode``; the profiler then sees the ATen ops inside the call.
@@ -80,9 +86,20 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--rows", type=int, default=25)
     parser.add_argument("--no-fused-decode", action="store_true", help="every step op by op")
+    parser.add_argument("--contexts", type=int, nargs="+", help="time steps over contexts of these lengths")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     config = EngineConfig(dtype=args.dtype, weights=args.weights, fused_decode=not args.no_fused_decode)
+    if args.contexts:
+        runner = make_runner(config, num_blocks=args.batch * (max(args.contexts) + 4 * args.steps) // 16 + 64)
+        for length in args.contexts:
+            contexts = prepare(runner, args.batch, length)
+            decode_steps(runner, contexts, 2)  # warm-up
+            best = min(decode_steps(runner, contexts, args.steps) for _ in range(3))
+            print(f"batch {args.batch}, context {length}: {best * 1e3:.1f} ms per step", flush=True)
+            for ctx in contexts:
+                runner.pool.free(ctx)
+        return
     runner = make_runner(config)
     contexts = prepare(runner, args.batch)
     decode_steps(runner, contexts, 5)  # warm-up
