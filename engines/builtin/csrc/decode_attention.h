@@ -4,11 +4,12 @@
 // Softmax in float32.
 //
 // One task per (sequence, KV head), so that a KV head's keys are read once for its group of
-// query heads. With AVX2 and a head of 64 or 128 dims, a block's keys (then values) are
-// widened to float once into a small buffer that every query head of the group reads, and
-// eight keys' dot products are summed across their lanes at once (hadd): at 8 rows of 512
-// keys the loops that widened each key for each query head and summed each dot product alone
-// were 55% of a decode step of the bundled model. Other heads run the plain loops.
+// query heads. With AVX2 and heads of 32, 64, 80, 96 or 128 dims, a block's keys (then
+// values) are widened to float once into a small buffer that every query head of the group
+// reads, and eight keys' dot products are summed across their lanes at once (hadd): at 8
+// rows of 512 keys the loops that widened each key for each query head and summed each dot
+// product alone were 55% of a decode step of the bundled model. Other heads run the plain
+// loops.
 
 #pragma once
 
@@ -245,12 +246,15 @@ void attend(const Heads& h, const float* qs, int64_t width, const C* k_cache, co
       const float* q = qs + b * width + g * group * hd;
       scores.resize(group * kv.len);
 #if defined(__AVX2__)
-      if (hd == 64)
-        attend_blocks<64>(h, q, kv, scores.data(), acc.data(), buffer.data());
-      else if (hd == 128)
-        attend_blocks<128>(h, q, kv, scores.data(), acc.data(), buffer.data());
-      else
-        attend_plain(h, q, kv, scores.data(), acc.data());
+      float *sc = scores.data(), *a = acc.data(), *buf = buffer.data();
+      switch (hd) {  // the head sizes of common models (Phi-3: 96; Llama 3.2, Qwen2.5: 64; Qwen3: 128)
+        case 32: attend_blocks<32>(h, q, kv, sc, a, buf); break;
+        case 64: attend_blocks<64>(h, q, kv, sc, a, buf); break;
+        case 80: attend_blocks<80>(h, q, kv, sc, a, buf); break;
+        case 96: attend_blocks<96>(h, q, kv, sc, a, buf); break;
+        case 128: attend_blocks<128>(h, q, kv, sc, a, buf); break;
+        default: attend_plain(h, q, kv, sc, a);
+      }
 #else
       attend_plain(h, q, kv, scores.data(), acc.data());
 #endif

@@ -29,11 +29,12 @@ CASES = {
     "qwen2-linear-rope": CONFIGS["qwen2-linear-rope"],
     "qwen3-tied-bias": FAMILIES["qwen3-tied-bias"],  # q/k norms, head_dim of its own, biases
     "phi4-mini-partial-longrope": FAMILIES["phi4-mini-partial-longrope"],  # partial rotary
-    # heads of 64 and 128 dims: the attention's blocked loops (csrc/decode_attention.h)
+    # heads of 64, 128 and 96 dims: the attention's blocked loops (csrc/decode_attention.h)
     "llama-head-64": lambda: transformers.LlamaConfig(
         **{**SMALL, "hidden_size": 128, "num_attention_heads": 2, "num_key_value_heads": 1}
     ),
     "qwen3-head-128": lambda: transformers.Qwen3Config(**SMALL, head_dim=128, tie_word_embeddings=False),
+    "qwen3-head-96": lambda: transformers.Qwen3Config(**SMALL, head_dim=96, tie_word_embeddings=False),
 }
 PROMPTS = (5, 13, 22)  # block size 4: partial last blocks, and tables of 2 to 6 blocks
 # max |fused - eager| / max |eager| of the hidden rows and the new KV, over a few decode
