@@ -57,8 +57,14 @@ struct Groups {
   int64_t offset(int64_t g, int64_t p) const {  // where value p of block g goes
     int64_t g0, n, index;
     of(g, g0, n, index);
-    const int64_t W = kBlock / n;
-    return g0 * kBlock + (p / W) * kBlock + (g - g0) * W + p % W;
+    return place(g0, n, g, p);
+  }
+  // ... with block g's group known (first block g0, n blocks)
+  // (W = 32 / n values of a block a chunk: a power of two, so shifts, not divisions, on the
+  // quantization's path)
+  static int64_t place(int64_t g0, int64_t n, int64_t g, int64_t p) {
+    const int shift = n == 4 ? 3 : n == 2 ? 4 : 5;
+    return g0 * kBlock + ((p >> shift) << 5) + ((g - g0) << shift) + (p & ((int64_t{1} << shift) - 1));
   }
 };
 
@@ -77,12 +83,11 @@ inline Quantized quantize(const uint16_t* x, int64_t R, int64_t K, const Groups&
   const int64_t G = K / kBlock, L = groups.count() * kLanes;
   Quantized a{std::vector<int8_t>(R * K), std::vector<float>(R * G), std::vector<float>(R * G),
               std::vector<float>(R * L), std::vector<float>(R * L), L};
-  std::vector<int64_t> where(K);
-  for (int64_t g = 0; g < G; ++g)
-    for (int64_t i = 0; i < kBlock; ++i) where[g * kBlock + i] = groups.offset(g, i);
   for (int64_t r = 0; r < R; ++r) {
     int8_t* q = a.xq.data() + r * K;
     for (int64_t g = 0; g < G; ++g) {
+      int64_t g0, n, index;
+      groups.of(g, g0, n, index);
       const uint16_t* xb = x + r * K + g * kBlock;
       float v[kBlock];
       float amax = 0.f;
@@ -92,13 +97,11 @@ inline Quantized quantize(const uint16_t* x, int64_t R, int64_t K, const Groups&
       int32_t sum = 0;
       for (int64_t i = 0; i < kBlock; ++i) {
         const int8_t c = static_cast<int8_t>(std::nearbyint(v[i] * inv));
-        q[where[g * kBlock + i]] = c;
+        q[Groups::place(g0, n, g, i)] = c;
         sum += c;
       }
       a.dx[r * G + g] = d;
       a.sx[r * G + g] = d * static_cast<float>(sum);
-      int64_t g0, n, index;
-      groups.of(g, g0, n, index);
       const int64_t per = kLanes / n, first = index * kLanes + (g - g0) * per;
       for (int64_t l = first; l < first + per; ++l) {
         a.dxl[r * L + l] = d;
